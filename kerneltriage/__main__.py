@@ -1,0 +1,3 @@
+from kerneltriage.cli import main
+
+main()

@@ -1,0 +1,330 @@
+"""Attribution: every GPU activity → the step it belongs to → the op that launched it → its
+top-level op → (for backward kernels) the forward op it differentiates → a module or region.
+
+The chain, with the trace fields it uses:
+
+- kernel ``correlation`` = runtime call ``correlation`` (cudaLaunchKernel, cuLaunchKernelEx …);
+- runtime call ``External id`` = the launching cpu op's ``External id`` (else: the innermost
+  cpu op on the calling thread whose interval holds the call);
+- cpu ops nest by time on each thread: the outermost cpu op is the *top-level* op
+  (``aten::linear``, not ``aten::mm``); annotations on the stack give the module path
+  (``kerneltriage.module:``) or a named region;
+- a backward top-level op (``autograd::engine::evaluate_function: MmBackward0``) carries the
+  autograd ``Sequence number`` of the forward op that recorded the node; that forward op's
+  top-level op is what the backward kernel is attributed to.
+
+Steps are assigned by when a kernel was *launched* (its runtime call lies in the step's CPU
+range), never by when it ran: with an asynchronous GPU, work of step N-1 still runs while the
+CPU is inside step N. Kernels whose launch is not in the trace (launched before profiling
+started) are counted apart, not in any step.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from kerneltriage.annotate import MODULE_PREFIX, REGION_PREFIX, STEP_RANGE
+from kerneltriage.ingest.tables import Timeline
+
+_PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
+_OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
+_OPTIMIZER = re.compile(r"^Optimizer\.(step|zero_grad)#")
+_BACKWARD_ROOT = "autograd::engine::evaluate_function"
+_NEST_TOLERANCE_NS = 1000
+# Annotations that frame work rather than name a part of the model.
+_FRAMING = re.compile(
+    r"^(ProfilerStep#|Optimizer\.|enumerate\(DataLoader\)|## |" + re.escape(STEP_RANGE) + ")"
+)
+
+
+@dataclass
+class Step:
+    index: int
+    name: str
+    start: int
+    end: int
+
+    @property
+    def dur(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class Attribution:
+    """Per-activity attribution (``kernels``: the timeline's kernel table plus columns below).
+
+    Added columns: ``step`` (index into ``steps``, -1: outside every step), ``launch_start``,
+    ``launch_tid``, ``op`` (cpu row of the launching op, -1), ``root`` (its top-level op, -1),
+    ``fwd_root`` (forward top-level op: ``root`` itself for forward work, the differentiated
+    op for backward work, -1 when unknown), ``phase`` ("fwd", "bwd", "opt", "none"),
+    ``module`` and ``region`` (innermost module / named-region annotation of the forward op).
+    """
+
+    steps: list[Step]
+    step_source: str
+    kernels: pd.DataFrame
+    cpu_parent: np.ndarray
+    cpu_root: np.ndarray
+    cpu_children_of_root: dict[int, list[int]]
+    cpu_module: np.ndarray  # innermost module annotation of each cpu row (None)
+    cpu_region: np.ndarray  # innermost named-region annotation of each cpu row (None)
+    carried_over_ns: int
+    warnings: list[str] = field(default_factory=list)
+
+    def in_steps(self) -> pd.DataFrame:
+        return self.kernels[self.kernels["step"] >= 0]
+
+
+def find_steps(tl: Timeline, marker: str | None = None) -> tuple[list[Step], str, list[str]]:
+    """The active steps: ProfilerStep#N, else optimizer steps, else kerneltriage.step ranges,
+    else the whole trace (``marker``, a regex on annotation names, overrides all of these)."""
+    warnings: list[str] = []
+    ann = tl.cpu[tl.cpu["cat"] == "user_annotation"]
+    names = ann["name"].astype(str)
+
+    def ranges(mask: pd.Series, source: str) -> tuple[list[Step], str, list[str]] | None:
+        rows = ann[mask.to_numpy()]
+        unfinished = rows[~rows["finished"]]
+        if len(unfinished):
+            warnings.append(
+                f"{len(unfinished)} {source} range(s) still open when the profiler stopped; not counted as steps"
+            )
+        rows = rows[rows["finished"]].drop_duplicates(subset=["name", "start"]).sort_values("start")
+        if rows.empty:
+            return None
+        steps = [
+            Step(i, str(r.name), int(r.start), int(r.start + r.dur)) for i, r in enumerate(rows.itertuples())
+        ]
+        return steps, source, warnings
+
+    if marker:
+        try:
+            pattern = re.compile(marker)
+        except re.error as exc:
+            from kerneltriage.errors import InputError
+
+            raise InputError(f"--step-marker {marker!r} is not a valid regular expression ({exc})") from None
+        found = ranges(names.map(lambda n: bool(pattern.search(n))), f"--step-marker {marker}")
+        if found:
+            return found
+        warnings.append(f"no annotation matches --step-marker {marker!r}")
+    found = ranges(names.str.match(_PROFILER_STEP), "ProfilerStep")
+    if found:
+        return found
+    opt = ann[names.str.match(_OPTIMIZER_STEP).to_numpy() & ann["finished"].to_numpy()].sort_values("start")
+    if len(opt) >= 2:
+        ends = (opt["start"] + opt["dur"]).to_numpy()
+        steps = [Step(i, f"step {i}", int(a), int(b)) for i, (a, b) in enumerate(itertools.pairwise(ends))]
+        return steps, "optimizer steps", warnings
+    found = ranges(names == STEP_RANGE, STEP_RANGE)
+    if found:
+        return found
+    start, end = _extent(tl)
+    warnings.append(
+        "no step annotations (ProfilerStep, optimizer step, kerneltriage.step): the whole trace is one step"
+    )
+    return [Step(0, "whole trace", start, end)], "whole trace", warnings
+
+
+def _extent(tl: Timeline) -> tuple[int, int]:
+    starts, ends = [], []
+    for table in (tl.cpu, tl.kernels, tl.runtime):
+        if len(table):
+            starts.append(int(table["start"].min()))
+            ends.append(int((table["start"] + table["dur"]).max()))
+    return (min(starts), max(ends)) if starts else (0, 0)
+
+
+def _nest(cpu: pd.DataFrame) -> tuple[np.ndarray, list[int]]:
+    """Parent row of every cpu row on its thread (-1: top level), by interval containment,
+    and an order of the rows in which every parent comes before its children."""
+    n = len(cpu)
+    parent = np.full(n, -1, dtype=np.int64)
+    if n == 0:
+        return parent, []
+    order = np.lexsort(
+        (-cpu["dur"].to_numpy(), cpu["start"].to_numpy(), cpu["tid"].to_numpy(), cpu["pid"].to_numpy())
+    )
+    start = cpu["start"].to_numpy()
+    end = start + cpu["dur"].to_numpy()
+    pid = cpu["pid"].to_numpy()
+    tid = cpu["tid"].to_numpy()
+    stack: list[int] = []
+    last_thread = None
+    order_list = order.tolist()
+    for i in order_list:
+        thread = (pid[i], tid[i])
+        if thread != last_thread:
+            stack.clear()
+            last_thread = thread
+        s, e = start[i], end[i]
+        # Pop ranges that ended before this one starts, and ranges this one outlasts: such
+        # partial overlaps happen between annotations (ProfilerStep#N+1 starts inside the
+        # optimizer step whose hook started it). A child may end a little after its parent
+        # from timestamp rounding, hence the tolerance.
+        while stack and (end[stack[-1]] <= s or e > end[stack[-1]] + _NEST_TOLERANCE_NS):
+            stack.pop()
+        if stack:
+            parent[i] = stack[-1]
+        stack.append(i)
+    # Sorted by start, longest first: a parent always precedes its children.
+    return parent, order_list
+
+
+def attribute(tl: Timeline, marker: str | None = None) -> Attribution:
+    steps, source, warnings = find_steps(tl, marker)
+    cpu = tl.cpu
+    n = len(cpu)
+    parent, order = _nest(cpu)
+    names = cpu["name"].astype(str).to_numpy()
+    is_op = (cpu["cat"] == "cpu_op").to_numpy()
+    seqs = cpu["seq"].to_numpy()
+
+    root = np.full(n, -1, dtype=np.int64)
+    module = np.full(n, None, dtype=object)
+    region = np.full(n, None, dtype=object)
+    optimizer = np.zeros(n, dtype=bool)
+    for i in order:
+        p = parent[i]
+        if p >= 0:
+            root[i] = root[p] if root[p] >= 0 else (i if is_op[i] else -1)
+            module[i], region[i], optimizer[i] = module[p], region[p], optimizer[p]
+        elif is_op[i]:
+            root[i] = i
+        if not is_op[i]:
+            name = names[i]
+            if name.startswith(MODULE_PREFIX):
+                module[i] = name[len(MODULE_PREFIX) :]
+            elif name.startswith(REGION_PREFIX):
+                region[i] = name[len(REGION_PREFIX) :]
+            elif _OPTIMIZER.match(name):
+                optimizer[i] = True
+            elif not _FRAMING.match(name):
+                region[i] = name
+
+    children: dict[int, list[int]] = {}
+    for i in np.flatnonzero(root >= 0).tolist():
+        children.setdefault(int(root[i]), []).append(i)
+
+    # Backward top-level op → forward top-level op, through the autograd sequence number.
+    is_bwd_root = (
+        is_op & (root == np.arange(n)) & cpu["name"].astype(str).str.startswith(_BACKWARD_ROOT).to_numpy()
+    )
+    fwd_by_seq: dict[int, list[int]] = {}
+    for i in np.flatnonzero(is_op & (seqs >= 0)).tolist():
+        r = root[i]
+        if r >= 0 and not is_bwd_root[r]:
+            fwd_by_seq.setdefault(int(seqs[i]), []).append(i)
+    starts = cpu["start"].to_numpy()
+    fwd_of = np.full(n, -1, dtype=np.int64)
+    for r in np.flatnonzero(is_bwd_root).tolist():
+        seq = seqs[r]
+        if seq < 0:
+            seq = next((seqs[c] for c in children.get(r, []) if seqs[c] >= 0), -1)
+        candidates = fwd_by_seq.get(int(seq), [])
+        before = [c for c in candidates if starts[c] <= starts[r]]
+        if before:
+            fwd_of[r] = root[max(before, key=lambda c: starts[c])]
+
+    kernels = _join_launches(tl, cpu, root, fwd_of, is_bwd_root, optimizer, module, region, steps)
+    carried = kernels[(kernels["launch_start"] < 0)]
+    carried_ns = 0
+    if len(carried):
+        first_launched = kernels.loc[kernels["launch_start"] >= 0, "start"].min()
+        early = carried[carried["start"] < first_launched] if pd.notna(first_launched) else carried
+        carried_ns = int(early["dur"].sum())
+        if len(early):
+            warnings.append(
+                f"{len(early)} GPU activities ({carried_ns / 1e6:.1f} ms) were launched before the "
+                "profiled window (their launch is not in the trace); they belong to an earlier step "
+                "and are left out"
+            )
+    return Attribution(
+        steps=steps,
+        step_source=source,
+        kernels=kernels,
+        cpu_parent=parent,
+        cpu_root=root,
+        cpu_children_of_root=children,
+        cpu_module=module,
+        cpu_region=region,
+        carried_over_ns=carried_ns,
+        warnings=warnings,
+    )
+
+
+def _join_launches(tl, cpu, root, fwd_of, is_bwd_root, optimizer, module, region, steps) -> pd.DataFrame:
+    k = tl.kernels.copy()
+    rt = tl.runtime.drop_duplicates(subset=["correlation"], keep="first")
+    rt = rt[rt["correlation"] >= 0].set_index("correlation")
+    launch = rt.reindex(k["correlation"].to_numpy())
+    k["launch_start"] = launch["start"].fillna(-1).astype("int64").to_numpy()
+    k["launch_tid"] = launch["tid"].fillna(-1).astype("int64").to_numpy()
+    ext = launch["ext_id"].fillna(-1).astype("int64").to_numpy()
+
+    # External id → cpu op row (ops only: annotations share the id space).
+    ops = cpu[cpu["cat"] == "cpu_op"]
+    by_ext = pd.Series(ops.index.to_numpy(), index=ops["ext_id"].to_numpy())
+    by_ext = by_ext[~by_ext.index.duplicated(keep="first")]
+    op = by_ext.reindex(ext).fillna(-1).astype("int64").to_numpy().copy()
+    op[ext < 0] = -1
+    missing = np.flatnonzero((op < 0) & (k["launch_start"].to_numpy() >= 0))
+    if len(missing):
+        op[missing] = _innermost_at(
+            cpu, k["launch_tid"].to_numpy()[missing], k["launch_start"].to_numpy()[missing]
+        )
+
+    k["op"] = op
+    has_op = op >= 0
+    r = np.where(has_op, root[np.where(has_op, op, 0)], -1)
+    k["root"] = r
+    bwd = np.zeros(len(k), dtype=bool)
+    bwd[r >= 0] = is_bwd_root[r[r >= 0]]
+    fwd_root = np.where(bwd, np.where(r >= 0, fwd_of[np.where(r >= 0, r, 0)], -1), r)
+    k["fwd_root"] = fwd_root
+    opt = np.zeros(len(k), dtype=bool)
+    opt[has_op] = optimizer[op[has_op]]
+    k["phase"] = np.where(opt, "opt", np.where(bwd, "bwd", np.where(has_op, "fwd", "none")))
+    # Module / region of the forward op (backward work inherits its forward op's place).
+    anchor = np.where(fwd_root >= 0, fwd_root, op)
+    k["module"] = [module[a] if a >= 0 else None for a in anchor.tolist()]
+    k["region"] = [region[a] if a >= 0 else None for a in anchor.tolist()]
+    # For ops launched inside annotations but outside any cpu op (Triton kernels called from
+    # Python), the annotation still names the region.
+    if (~has_op).any() and len(cpu):
+        inner = _innermost_at(cpu, k["launch_tid"].to_numpy(), k["launch_start"].to_numpy(), ops_only=False)
+        for i in np.flatnonzero(~has_op & (inner >= 0)).tolist():
+            a = inner[i]
+            k.at[k.index[i], "module"] = module[a]
+            k.at[k.index[i], "region"] = region[a]
+            if optimizer[a]:
+                k.at[k.index[i], "phase"] = "opt"
+
+    step_idx = np.full(len(k), -1, dtype=np.int64)
+    ls = k["launch_start"].to_numpy()
+    for s in steps:
+        step_idx[(ls >= s.start) & (ls < s.end)] = s.index
+    k["step"] = step_idx
+    return k.reset_index(drop=True)
+
+
+def _innermost_at(
+    cpu: pd.DataFrame, tids: np.ndarray, times: np.ndarray, ops_only: bool = True
+) -> np.ndarray:
+    """For each (thread, time): the innermost cpu row on that thread holding the time (-1)."""
+    out = np.full(len(times), -1, dtype=np.int64)
+    rows = cpu[cpu["cat"] == "cpu_op"] if ops_only else cpu
+    by_tid = {tid: g for tid, g in rows.groupby("tid")}
+    for j, (tid, t) in enumerate(zip(tids.tolist(), times.tolist())):
+        g = by_tid.get(tid)
+        if g is None or t < 0:
+            continue
+        hold = g[(g["start"] <= t) & (g["start"] + g["dur"] >= t)]
+        if len(hold):
+            out[j] = int(hold["dur"].idxmin())
+    return out

@@ -1,0 +1,226 @@
+"""Analytic FLOPs and bytes from recorded shapes and dtypes (when there are no counters, and
+for the ideal ceilings of fused regions).
+
+Bytes are the fewest a kernel must move through HBM: each input read once, each output
+written once. FLOPs count a multiply-add as 2. Backward work is derived from forward work by
+the op's math (stated at each factor). Every figure here is marked ``estimate`` in the report.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+DTYPE_BYTES = {
+    "float": 4,
+    "double": 8,
+    "c10::Half": 2,
+    "c10::BFloat16": 2,
+    "c10::Float8_e4m3fn": 1,
+    "c10::Float8_e5m2": 1,
+    "c10::Float8_e4m3fnuz": 1,
+    "c10::Float8_e5m2fnuz": 1,
+    "long int": 8,
+    "long": 8,
+    "int": 4,
+    "short int": 2,
+    "short": 2,
+    "signed char": 1,
+    "unsigned char": 1,
+    "bool": 1,
+    "c10::complex<float>": 8,
+    "c10::complex<double>": 16,
+}
+# Which peak a tensor-core op runs at, by input dtype.
+TENSOR_PRECISION = {
+    "c10::BFloat16": "bf16",
+    "c10::Half": "fp16_tensor",
+    "float": "fp32",
+    "double": "fp64",
+    "c10::Float8_e4m3fn": "fp8",
+    "c10::Float8_e5m2": "fp8",
+}
+# Backward ÷ forward work. GEMM: dX and dW are each one GEMM of the forward's size.
+# Attention: dV, dP, dS·K, dSᵀ·Q plus the recomputed QKᵀ: 2.5× the forward FLOPs (the
+# FlashAttention count); it reads q, k, v, o, dO and writes dq, dk, dv: about 2× the bytes.
+# Row-wise and elementwise ops read the saved input and dY and write dX: 1.5× the bytes.
+BWD_FLOPS = {"gemm": 2.0, "attention": 2.5}
+BWD_BYTES = {"gemm": 2.0, "attention": 2.0}
+BWD_DEFAULT = 1.5
+
+
+@dataclass
+class Work:
+    """FLOPs and bytes of one op instance (one direction) and the precision its FLOPs run at."""
+
+    flops: float
+    bytes: float
+    precision: str  # a key of the GPU table's peak_tflops
+
+    def scaled(self, flops: float, bytes_: float) -> Work:
+        return Work(self.flops * flops, self.bytes * bytes_, self.precision)
+
+
+def numel(dims) -> int:
+    return math.prod(int(d) for d in dims) if dims else 1
+
+
+def is_tensor(dims, type_name) -> bool:
+    return isinstance(dims, list) and type_name not in ("Scalar", "ScalarList", "", None, "TensorList")
+
+
+def dtype_bytes(type_name: str | None, default: int = 4) -> int:
+    return DTYPE_BYTES.get(type_name or "", default)
+
+
+def tensor_inputs(dims, types) -> list[tuple[list[int], str]]:
+    """(dims, dtype) of each tensor argument (scalars and empty lists dropped)."""
+    dims = dims or []
+    types = types or [""] * len(dims)
+    out = []
+    for d, t in zip(dims, types):
+        if t == "TensorList" and isinstance(d, list):
+            out.extend((x, "") for x in d if isinstance(x, list) and x)
+        elif is_tensor(d, t) and (d or t not in ("Scalar",)) and t:
+            out.append((list(d), t))
+    return out
+
+
+def bwd_factor(kind: str) -> tuple[float, float]:
+    """(FLOPs, bytes) of the backward pass as multiples of the forward's."""
+    return BWD_FLOPS.get(kind, 1.0), BWD_BYTES.get(kind, BWD_DEFAULT)
+
+
+def gemm_work(name: str, dims, types, compute_type: str | None) -> Work | None:
+    """GEMM-like ops: linear, mm, bmm, matmul, addmm, baddbmm."""
+    tensors = tensor_inputs(dims, types)
+    op = name.split("::")[-1]
+    es = dtype_bytes(compute_type or (tensors[0][1] if tensors else None))
+    precision = TENSOR_PRECISION.get(compute_type or (tensors[0][1] if tensors else ""), "fp32")
+    try:
+        if op == "linear":
+            (x, _), (w, _) = tensors[0], tensors[1]
+            m, k, n = numel(x[:-1]), x[-1], w[0]
+            extra = w[0] if len(tensors) > 2 else 0
+            return Work(2.0 * m * n * k, es * (m * k + n * k + m * n + extra), precision)
+        if op in ("mm", "addmm", "_addmm_activation"):
+            a, b = (tensors[1][0], tensors[2][0]) if op != "mm" else (tensors[0][0], tensors[1][0])
+            m, k, n = a[0], a[1], b[1]
+            return Work(2.0 * m * n * k, es * (m * k + k * n + m * n), precision)
+        if op in ("bmm", "baddbmm"):
+            a, b = (tensors[0][0], tensors[1][0]) if op == "bmm" else (tensors[1][0], tensors[2][0])
+            bt, m, k, n = a[0], a[1], a[2], b[2]
+            return Work(2.0 * bt * m * n * k, es * bt * (m * k + k * n + m * n), precision)
+        if op == "matmul":
+            a, b = tensors[0][0], tensors[1][0]
+            if len(b) == 1:
+                b = [*b, 1]
+            if len(a) == 1:
+                a = [1, *a]
+            batch = max(numel(a[:-2]), numel(b[:-2]))
+            m, k, n = a[-2], a[-1], b[-1]
+            b_batch = numel(b[:-2])
+            return Work(
+                2.0 * batch * m * n * k, es * (batch * m * k + b_batch * k * n + batch * m * n), precision
+            )
+    except (IndexError, TypeError, ValueError):
+        return None
+    return None
+
+
+def sdpa_work(dims, types, concrete) -> Work | None:
+    """scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)."""
+    tensors = tensor_inputs(dims, types)
+    if len(tensors) < 3:
+        return None
+    (q, qt), (k, _), (v, _) = tensors[:3]
+    causal = _flag(concrete, 5)
+    return attention_work(q, k, v, qt, causal)
+
+
+def attention_work(q, k, v, type_name: str, causal: bool, window: int | None = None) -> Work:
+    """Ideal fused attention forward: read q, k, v, write o (+ the fp32 log-sum-exp)."""
+    *batch, sq, d = q
+    sk, dv = k[-2], v[-1]
+    b_h = numel(batch)
+    es = dtype_bytes(type_name, 2)
+    pairs = sq * sk
+    if causal:
+        # Bottom-right aligned causal mask: query i sees keys up to i + (sk - sq).
+        pairs = sum(min(sk, max(0, i + 1 + sk - sq)) for i in range(sq)) if sq <= 65536 else sq * sk / 2
+    if window is not None:
+        pairs = min(pairs, sq * min(sk, window))
+    flops = 2.0 * b_h * pairs * (d + dv)
+    bytes_ = es * (numel(q) + numel(k) + numel(v) + b_h * sq * dv) + 4 * b_h * sq
+    return Work(flops, bytes_, TENSOR_PRECISION.get(type_name, "bf16"))
+
+
+def _flag(concrete, index: int) -> bool:
+    try:
+        return str(concrete[index]).strip().lower() in ("true", "1")
+    except (IndexError, TypeError):
+        return False
+
+
+_ROWWISE_FLOPS = {"norm": 5.0, "softmax": 5.0, "cross-entropy": 6.0, "reduction": 1.0, "elementwise": 1.0}
+
+
+def simple_work(kind: str, dims, types) -> Work | None:
+    """Elementwise, reduction and row-wise ops: read each tensor input, write one output the
+    size of the largest input (a reduction writes a small output: counted as the largest
+    input divided by its last dim)."""
+    tensors = tensor_inputs(dims, types)
+    if not tensors:
+        return None
+    read = sum(numel(d) * dtype_bytes(t) for d, t in tensors)
+    big, big_t = max(tensors, key=lambda x: numel(x[0]))
+    n = numel(big)
+    out = n * dtype_bytes(big_t)
+    if kind == "reduction":
+        out = out // max(1, big[-1] if big else 1)
+    elif kind == "cross-entropy":
+        out = 4 * (n // max(1, big[-1] if big else 1))
+    flops = _ROWWISE_FLOPS.get(kind, 1.0) * n
+    precision = "fp32" if big_t in ("float", "double") else "fp16"
+    return Work(flops, read + out, precision)
+
+
+def op_work(kind: str, name: str, dims, types, concrete, compute_type: str | None) -> Work | None:
+    """Forward work of one top-level op, or None when no model applies."""
+    if kind == "gemm":
+        return gemm_work(name, dims, types, compute_type)
+    if kind == "attention" and re.search(r"scaled_dot_product", name):
+        return sdpa_work(dims, types, concrete)
+    if kind == "embedding":
+        return embedding_work(dims, types)
+    if kind == "optimizer":
+        return optimizer_work(name, dims, types)
+    if kind in ("elementwise", "reduction", "norm", "softmax", "cross-entropy"):
+        return simple_work(kind, dims, types)
+    return None
+
+
+def embedding_work(dims, types) -> Work | None:
+    """embedding(weight [V, D], indices): read the indices and the selected rows, write them."""
+    tensors = tensor_inputs(dims, types)
+    if len(tensors) < 2 or len(tensors[0][0]) != 2:
+        return None
+    (weight, wt), (idx, it) = tensors[0], tensors[1]
+    rows = numel(idx)
+    es = dtype_bytes(wt)
+    return Work(0.0, rows * dtype_bytes(it, 8) + 2 * rows * weight[1] * es, "fp32")
+
+
+def optimizer_work(name: str, dims, types) -> Work | None:
+    """Multi-tensor optimizer ops: read every tensor list once; write the parameters (and,
+    for Adam, both moment buffers). About 12 FLOPs per parameter for Adam(W)."""
+    lists = [d for d, t in zip(dims or [], types or []) if t == "TensorList" and isinstance(d, list)]
+    if not lists:
+        return None
+    sizes = [sum(numel(x) for x in lst if isinstance(x, list) and x) for lst in lists]
+    params = sizes[0]
+    es = 4
+    adam = bool(re.search(r"adam", name))
+    written = sizes[0] + (sizes[2] + sizes[3] if adam and len(sizes) >= 4 else 0)
+    return Work((12.0 if adam else 1.0) * params, es * (sum(sizes) + written), "fp32")

@@ -1,0 +1,163 @@
+"""The report's data model (schema ``kerneltriage.report/1``): plain dataclasses that the
+analysis fills and every renderer reads. ``to_json`` gives the documented JSON."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SCHEMA = "kerneltriage.report/1"
+KINDS = (
+    "attention",
+    "norm",
+    "gemm",
+    "elementwise",
+    "reduction",
+    "softmax",
+    "cross-entropy",
+    "embedding",
+    "optimizer",
+    "communication",
+    "memcpy",
+    "other",
+)
+
+
+@dataclass
+class Condition:
+    """One of the three conditions: its measured value against its threshold."""
+
+    value: float | None
+    threshold: float
+    passed: bool | None  # None: could not be measured
+    detail: str = ""
+
+
+@dataclass
+class Roofline:
+    bytes: float | None
+    flops: float | None
+    intensity: float | None
+    achieved_gbs: float | None
+    achieved_tflops: float | None
+    bound: str | None  # "memory" or "compute"
+    ceiling_ms: float | None  # per step
+    source: str  # "ncu", "estimate", "ncu+estimate", "fused estimate" or "none"
+    precision: str | None = None
+    measured_dram_bytes: float | None = None  # ncu DRAM bytes actually moved, per step
+    counters_coverage: float = 0.0  # share of the candidate's time with joined counters
+
+
+@dataclass
+class Shapes:
+    distinct: int
+    dominant_coverage: float
+    varying_dims: list[str]
+    signatures: list[dict[str, Any]]  # [{"shape": …, "share": …, "count": …}] most time first
+    row_wise_stable: bool = False
+
+
+@dataclass
+class KernelInfo:
+    name: str
+    full_name: str
+    launches_per_step: float
+    time_ms_per_step: float
+    phase: str
+    joined: bool
+
+
+@dataclass
+class Candidate:
+    id: str
+    name: str
+    kind: str
+    level: str  # "region", "op" or "kernel"
+    variant: str | None
+    time_ms_per_step: float
+    time_share: float  # of the step's wall time
+    gpu_share: float  # of the step's GPU-busy time
+    fwd_ms_per_step: float
+    bwd_ms_per_step: float
+    instances_per_step: float
+    ops: list[str]
+    module: str | None
+    kernels: list[KernelInfo]
+    roofline: Roofline
+    headroom: float | None
+    shapes: Shapes
+    conditions: dict[str, Condition]
+    verdict: str = "skip"
+    reason: str = ""
+    builtin: str | None = None
+    note: str = ""
+    expected_saving_share: float = 0.0
+    rank: int = 0
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def expected_saving_ms(self) -> float:
+        return (
+            self.expected_saving_share * (self.time_ms_per_step / self.time_share) if self.time_share else 0.0
+        )
+
+
+@dataclass
+class Gap:
+    cause: str
+    ms_per_step: float
+    count_per_step: float
+    example_ms: float
+
+
+@dataclass
+class Report:
+    gpu: dict[str, Any]
+    source: dict[str, Any]
+    steps: int
+    step_source: str
+    step_time_ms: float
+    gpu_busy_ms: float
+    gpu_busy_pct: float
+    idle_pct: float
+    gaps: list[Gap]
+    join: dict[str, Any] | None
+    unattributed_ms_per_step: float
+    unattributed_share: float  # of GPU-busy time
+    kind_breakdown: dict[str, float]  # kind -> ms per step
+    candidates: list[Candidate]
+    thresholds: dict[str, float]
+    warnings: list[str]
+    notes: list[str] = field(default_factory=list)
+    schema: str = SCHEMA
+
+    @property
+    def idle_bound(self) -> bool:
+        return self.idle_pct / 100.0 >= self.thresholds.get("idle_warn", 1.0)
+
+    def candidate(self, ident: str) -> Candidate | None:
+        for c in self.candidates:
+            if c.id.lower() == ident.lower():
+                return c
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data = {"schema": data.pop("schema"), **data}
+        return _clean(data)
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: NaN/inf → null, floats rounded to what the measurement supports."""
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return None
+        return float(f"{value:.6g}")
+    if hasattr(value, "item"):  # numpy scalars
+        return _clean(value.item())
+    return value

@@ -1,0 +1,219 @@
+"""Fused regions: the parts of one step's forward pass that a single kernel could replace.
+
+The forward top-level ops of a step, in order, are cut into segments:
+
+- the **attention pattern**: matmul → (scale, mask, softcap) → softmax → (dropout) → matmul,
+  with its S×S intermediates, however it was written;
+- **runs** of non-boundary ops between boundary ops (GEMMs, attention, embeddings …): an
+  eager RMSNorm with the residual add before it, a GELU, the cast + cross-entropy after the
+  LM head. A run of several ops is a region; a run of one op is just that op;
+- every boundary op on its own.
+
+A region's ceiling counts only the bytes of its external inputs, outputs and parameters
+(``ideal``): what a fused kernel must move. That is where a fusion shows up: naive attention
+moves the S×S score matrix several times, its fused ceiling does not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kerneltriage.analysis import estimate
+from kerneltriage.analysis.estimate import Work, dtype_bytes, numel, tensor_inputs
+from kerneltriage.analysis.rules import Rules
+
+
+@dataclass
+class OpInfo:
+    """A forward top-level op as the segmenter sees it."""
+
+    row: int
+    name: str
+    kind: str
+    dims: Any
+    types: Any
+    concrete: Any
+    compute_type: str | None = None
+
+
+@dataclass
+class Segment:
+    level: str  # "region" or "op"
+    kind: str
+    variant: str | None
+    ops: list[OpInfo]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    ideal: Work | None = None  # forward work of a fused kernel (regions only)
+
+    @property
+    def rows(self) -> list[int]:
+        return [op.row for op in self.ops]
+
+    @property
+    def signature_ops(self) -> tuple[str, ...]:
+        return tuple(op.name for op in self.ops)
+
+
+def segment(ops: list[OpInfo], rules: Rules) -> list[Segment]:
+    """Cut one step's forward op sequence into regions and single ops."""
+    boundary = set(rules.regions.get("boundary_kinds") or [])
+    segments: list[Segment] = []
+    run: list[OpInfo] = []
+
+    def flush() -> None:
+        if run:
+            segments.append(_run_segment(list(run), rules))
+            run.clear()
+
+    i = 0
+    while i < len(ops):
+        end = _attention_end(ops, i, rules)
+        if end is not None:
+            flush()
+            segments.append(_attention_segment(ops[i : end + 1], rules))
+            i = end + 1
+            continue
+        op = ops[i]
+        if op.kind in boundary:
+            flush()
+            segments.append(Segment("op", op.kind, None, [op]))
+        else:
+            run.append(op)
+        i += 1
+    flush()
+    return segments
+
+
+def _matches(name: str, patterns) -> bool:
+    return any(p.search(name) for p in patterns)
+
+
+def _is_activation_matmul(op: OpInfo) -> bool:
+    """A batched matmul of two activations (q @ kᵀ), not an activation times a weight."""
+    tensors = tensor_inputs(op.dims, op.types)
+    return len(tensors) >= 2 and len(tensors[0][0]) >= 3 and len(tensors[1][0]) >= 3
+
+
+def _attention_end(ops: list[OpInfo], i: int, rules: Rules) -> int | None:
+    """Index of the closing matmul when an attention pattern starts at ``ops[i]``."""
+    matmul = rules.patterns("attention", "matmul_ops")
+    softmax = rules.patterns("attention", "softmax_ops")
+    limit = int(rules.regions.get("attention", {}).get("max_ops_between", 32))
+    boundary = set(rules.regions.get("boundary_kinds") or [])
+    if not (_matches(ops[i].name, matmul) and _is_activation_matmul(ops[i])):
+        return None
+    seen_softmax = False
+    for j in range(i + 1, min(len(ops), i + 2 + limit)):
+        op = ops[j]
+        if _matches(op.name, softmax):
+            seen_softmax = True
+        elif _matches(op.name, matmul) and _is_activation_matmul(op):
+            return j if seen_softmax else None
+        elif op.kind in boundary:
+            return None
+    return None
+
+
+def _attention_segment(ops: list[OpInfo], rules: Rules) -> Segment:
+    names = [op.name for op in ops]
+    causal = any(_matches(n, rules.patterns("attention", "causal_ops")) for n in names)
+    masked = any(_matches(n, rules.patterns("attention", "mask_ops")) for n in names)
+    softcap = any(_matches(n, rules.patterns("attention", "softcap_ops")) for n in names)
+    dropout = any(_matches(n, rules.patterns("attention", "dropout_ops")) for n in names)
+    first, last = ops[0], ops[-1]
+    (q, qt), (kt, _) = tensor_inputs(first.dims, first.types)[:2]
+    v = tensor_inputs(last.dims, last.types)[1][0]
+    k = [*kt[:-2], kt[-1], kt[-2]]  # q @ kᵀ: the second operand is k transposed
+    type_name = first.compute_type or qt
+    mask = "causal" if causal else ("custom-mask" if masked else "none")
+    attrs = {
+        "mask": mask,
+        "softcap": softcap,
+        "dropout": dropout,
+        "q": q,
+        "k": k,
+        "v": v,
+        "dtype": type_name,
+        "head_dim": q[-1],
+        "heads": q[-3] if len(q) >= 4 else None,
+        "written": "naive",
+    }
+    variant = "softcap" if softcap else mask
+    ideal = estimate.attention_work(q, k, v, type_name, causal)
+    return Segment("region", "attention", variant, ops, attrs, ideal)
+
+
+def _norm_variant(ops: list[OpInfo], rules: Rules) -> str | None:
+    names = [op.name for op in ops]
+    for variant, any_of, all_of in rules.norms:
+        if any_of and any(p.search(n) for p in any_of for n in names):
+            return variant
+        if all_of and all(any(p.search(n) for n in names) for p in all_of):
+            return variant
+    return None
+
+
+def _is_residual_add(op: OpInfo, rules: Rules) -> bool:
+    if not _matches(op.name, rules.patterns("residual_add_ops")):
+        return False
+    tensors = tensor_inputs(op.dims, op.types)
+    return len(tensors) >= 2 and tensors[0][0] == tensors[1][0] and len(tensors[0][0]) >= 2
+
+
+def _run_segment(ops: list[OpInfo], rules: Rules) -> Segment:
+    if len(ops) == 1:
+        return Segment("op", ops[0].kind, None, ops)
+    variant = _norm_variant(ops, rules)
+    if variant is not None:
+        fused_add = _is_residual_add(ops[0], rules)
+        if fused_add:
+            variant = f"fused_add_{variant}"
+        return Segment(
+            "region", "norm", variant, ops, {"residual_add": fused_add}, _norm_ideal(ops, fused_add)
+        )
+    kinds = {op.kind for op in ops}
+    kind = next((k for k in rules.regions.get("kind_priority") or [] if k in kinds), "elementwise")
+    return Segment("region", kind, None, ops, {}, _generic_ideal(ops, kind))
+
+
+def _norm_ideal(ops: list[OpInfo], fused_add: bool) -> Work | None:
+    """Read x (and the residual), the weight; write y (and the new residual)."""
+    tensors = tensor_inputs(ops[0].dims, ops[0].types)
+    if not tensors:
+        return None
+    x, x_type = tensors[0]
+    n = numel(x)
+    es = dtype_bytes(x_type)
+    weight = 0
+    for op in ops:
+        for d, t in tensor_inputs(op.dims, op.types):
+            if len(d) == 1 and d[0] == x[-1]:
+                weight = d[0] * dtype_bytes(t)
+    streams = 4 if fused_add else 2
+    return Work(5.0 * n, streams * n * es + weight, "fp32")
+
+
+def _generic_ideal(ops: list[OpInfo], kind: str) -> Work | None:
+    """External inputs (first op's tensors, and tensors of new shapes later on) + one output."""
+    first = tensor_inputs(ops[0].dims, ops[0].types)
+    if not first:
+        return None
+    seen = {(tuple(d), t) for d, t in first}
+    total = sum(numel(d) * dtype_bytes(t) for d, t in first)
+    flops = 0.0
+    for op in ops:
+        tensors = tensor_inputs(op.dims, op.types)
+        flops += max((numel(d) for d, _ in tensors), default=0)
+        for d, t in tensors:
+            key = (tuple(d), t)
+            if key not in seen and not any(tuple(d) == s[0] for s in seen):
+                seen.add(key)
+                total += numel(d) * dtype_bytes(t)
+    last = tensor_inputs(ops[-1].dims, ops[-1].types)
+    big, big_t = max(last, key=lambda x: numel(x[0])) if last else first[0]
+    out = numel(big) * dtype_bytes(big_t)
+    if kind in ("cross-entropy", "reduction"):
+        out = 4 * numel(big[:-1]) if big else 4
+    precision = "fp32" if big_t in ("float", "double") else "fp16"
+    return Work(flops, total + out, precision)

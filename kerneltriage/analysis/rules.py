@@ -1,0 +1,230 @@
+"""Rules: the thresholds, op classes, region patterns and recommendations, as data.
+
+``rules/default.yaml`` is the base; a user file given with ``--rules`` is merged over it
+(mappings merge key by key, lists replace). Patterns are compiled regular expressions used
+with ``re.search``; nothing from a rules file is evaluated as code.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kerneltriage.errors import RulesError
+
+SCHEMA = "kerneltriage.rules/1"
+VERDICTS = ("write", "use-builtin", "compile", "skip")
+THRESHOLDS = {
+    "min_headroom": float,
+    "min_share": float,
+    "top_fraction": float,
+    "min_share_floor": float,
+    "max_shapes": int,
+    "min_dominant_coverage": float,
+    "idle_warn": float,
+    "gap_us": float,
+    "join_warn": float,
+    "join_max_duration_ratio": float,
+}
+
+
+def data_dir(name: str) -> Path:
+    """A data folder (``rules`` or ``templates``): inside the installed package, else the repo."""
+    package = Path(__file__).resolve().parents[1]
+    installed = package / f"_{name}"
+    return installed if installed.is_dir() else package.parent / name
+
+
+def default_rules_path() -> Path:
+    return data_dir("rules") / "default.yaml"
+
+
+@dataclass(frozen=True)
+class OpClass:
+    kind: str
+    ops: tuple[re.Pattern[str], ...]
+    kernels: tuple[re.Pattern[str], ...]
+    activity: tuple[str, ...]
+
+
+@dataclass
+class Rules:
+    """Validated rules. ``raw`` keeps the merged YAML for the report's provenance."""
+
+    thresholds: dict[str, float]
+    classes: list[OpClass]
+    library_ops: tuple[re.Pattern[str], ...]
+    regions: dict[str, Any]
+    recommendations: dict[str, dict[str, Any]]
+    sources: list[str]
+    raw: dict[str, Any]
+    norms: list[tuple[str, tuple[re.Pattern[str], ...], tuple[re.Pattern[str], ...]]] = field(
+        default_factory=list
+    )
+
+    def threshold(self, name: str) -> float:
+        return self.thresholds[name]
+
+    def classify(self, op: str | None, kernel: str | None, activity: str = "kernel") -> str:
+        """Kind of a kernel: by activity, then by its op, then by its own name."""
+        for c in self.classes:
+            if c.activity and activity in c.activity:
+                return c.kind
+        if activity != "kernel":
+            return "memcpy"
+        if op:
+            for c in self.classes:
+                if any(p.search(op) for p in c.ops):
+                    return c.kind
+        if kernel:
+            for c in self.classes:
+                if any(p.search(kernel) for p in c.kernels):
+                    return c.kind
+        return "other"
+
+    def classify_op(self, op: str) -> str | None:
+        """Kind of an op name alone (None if no op pattern matches)."""
+        for c in self.classes:
+            if any(p.search(op) for p in c.ops):
+                return c.kind
+        return None
+
+    def is_library_op(self, op: str) -> bool:
+        return any(p.search(op) for p in self.library_ops)
+
+    def recommendation(self, kind: str, variant: str | None = None) -> dict[str, Any]:
+        if variant and f"{kind}/{variant}" in self.recommendations:
+            return self.recommendations[f"{kind}/{variant}"]
+        return self.recommendations.get(kind) or self.recommendations.get("other", {"verdict": "write"})
+
+    def patterns(self, *keys: str) -> tuple[re.Pattern[str], ...]:
+        """Compiled patterns from ``regions`` (e.g. ``patterns("attention", "matmul_ops")``)."""
+        node: Any = self.regions
+        for key in keys:
+            node = node.get(key, {}) if isinstance(node, dict) else {}
+        return tuple(_compile(p, ".".join(("regions", *keys))) for p in (node or []))
+
+
+def load_rules(user_file: str | Path | None = None, overrides: dict[str, float] | None = None) -> Rules:
+    """Default rules, merged with ``user_file`` and then with threshold ``overrides``."""
+    sources = [str(default_rules_path())]
+    raw = _read_yaml(default_rules_path())
+    if user_file is not None:
+        user = _read_yaml(Path(user_file))
+        raw = _merge(raw, user)
+        sources.append(str(user_file))
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            raw.setdefault("thresholds", {})[key] = value
+    return _validate(raw, sources)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise RulesError("no such rules file", path=str(path)) from None
+    except yaml.YAMLError as exc:
+        raise RulesError(f"not valid YAML ({str(exc).splitlines()[0]})", path=str(path)) from None
+    if not isinstance(data, dict):
+        raise RulesError("a rules file must be a YAML mapping", path=str(path))
+    schema = data.get("schema", SCHEMA)
+    if schema != SCHEMA:
+        raise RulesError(f"schema {schema!r} is not {SCHEMA!r}", path=str(path))
+    return data
+
+
+def _merge(base: Any, over: Any) -> Any:
+    if isinstance(base, dict) and isinstance(over, dict):
+        merged = copy.deepcopy(base)
+        for key, value in over.items():
+            merged[key] = _merge(base.get(key), value) if key in base else copy.deepcopy(value)
+        return merged
+    return copy.deepcopy(over)
+
+
+def _compile(pattern: Any, where: str) -> re.Pattern[str]:
+    if not isinstance(pattern, str):
+        raise RulesError(f"{where}: pattern {pattern!r} is not a string")
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise RulesError(f"{where}: bad regular expression {pattern!r} ({exc})") from None
+
+
+def _validate(raw: dict[str, Any], sources: list[str]) -> Rules:
+    where = sources[-1]
+    thresholds: dict[str, float] = {}
+    given = raw.get("thresholds") or {}
+    unknown = sorted(set(given) - set(THRESHOLDS))
+    if unknown:
+        raise RulesError(
+            f"unknown threshold(s) {', '.join(unknown)}; known: {', '.join(THRESHOLDS)}", path=where
+        )
+    for name, kind in THRESHOLDS.items():
+        if name not in given:
+            raise RulesError(f"threshold {name!r} is missing", path=where)
+        try:
+            value = kind(given[name])
+        except (TypeError, ValueError):
+            raise RulesError(
+                f"threshold {name!r} must be a number, got {given[name]!r}", path=where
+            ) from None
+        if value < 0:
+            raise RulesError(f"threshold {name!r} must not be negative", path=where)
+        thresholds[name] = value
+    if thresholds["min_headroom"] < 1.0:
+        raise RulesError("min_headroom is a ratio of times and must be at least 1", path=where)
+
+    classes = []
+    for i, entry in enumerate(raw.get("op_classes") or []):
+        if not isinstance(entry, dict) or "kind" not in entry:
+            raise RulesError(f"op_classes[{i}] needs a 'kind'", path=where)
+        classes.append(
+            OpClass(
+                kind=str(entry["kind"]),
+                ops=tuple(_compile(p, f"op_classes[{i}].ops") for p in entry.get("ops") or []),
+                kernels=tuple(_compile(p, f"op_classes[{i}].kernels") for p in entry.get("kernels") or []),
+                activity=tuple(str(a) for a in entry.get("activity") or []),
+            )
+        )
+    if not classes:
+        raise RulesError("op_classes is empty", path=where)
+
+    recommendations = raw.get("recommendations") or {}
+    for key, rec in recommendations.items():
+        if not isinstance(rec, dict) or rec.get("verdict") not in VERDICTS:
+            raise RulesError(
+                f"recommendations.{key}.verdict must be one of {', '.join(VERDICTS)}", path=where
+            )
+        if rec["verdict"] == "skip" and not rec.get("reason"):
+            raise RulesError(f"recommendations.{key}: a skip needs a 'reason'", path=where)
+
+    regions = raw.get("regions") or {}
+    if not isinstance(regions, dict):
+        raise RulesError("regions must be a mapping", path=where)
+    rules = Rules(
+        thresholds=thresholds,
+        classes=classes,
+        library_ops=tuple(_compile(p, "library_ops") for p in raw.get("library_ops") or []),
+        regions=regions,
+        recommendations=recommendations,
+        sources=sources,
+        raw=raw,
+    )
+    # Compile every region pattern once now, so a bad one fails here and not mid-report.
+    for key in ("matmul_ops", "softmax_ops", "causal_ops", "mask_ops", "softcap_ops", "dropout_ops"):
+        rules.patterns("attention", key)
+    rules.patterns("residual_add_ops")
+    for i, norm in enumerate(regions.get("norms") or []):
+        if not isinstance(norm, dict) or "variant" not in norm:
+            raise RulesError(f"regions.norms[{i}] needs a 'variant'", path=where)
+        any_of = tuple(_compile(p, f"regions.norms[{i}].any_of") for p in norm.get("any_of") or [])
+        all_of = tuple(_compile(p, f"regions.norms[{i}].all_of") for p in norm.get("all_of") or [])
+        rules.norms.append((str(norm["variant"]), any_of, all_of))
+    return rules

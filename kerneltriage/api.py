@@ -1,0 +1,65 @@
+"""Library entry points: read a profile, analyse it, return ``Report`` objects.
+
+from kerneltriage.api import build_report
+report = build_report("runs/exp1")
+for c in report.candidates[:3]:
+    print(c.id, c.name, c.verdict, c.expected_saving_share)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from kerneltriage.analysis.gpus import resolve_gpu
+from kerneltriage.analysis.model import Report
+from kerneltriage.analysis.rules import load_rules
+from kerneltriage.analysis.triage import triage
+from kerneltriage.ingest.source import Profile, load_profile
+
+
+def build_reports(
+    path: str | Path,
+    *,
+    ncu: str | Path | None = None,
+    rules_file: str | Path | None = None,
+    gpu: str | None = None,
+    overrides: dict[str, float | None] | None = None,
+    step_marker: str | None = None,
+    ranks: list[int] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[int, Report]:
+    """One report per rank (a single-process run has rank 0)."""
+    say = progress or (lambda _m: None)
+    rules = load_rules(rules_file, overrides)
+    profile = load_profile(path, ncu=ncu, ranks=ranks, progress=say)
+    return {
+        rank: report_for(profile, rank, rules=rules, gpu=gpu, step_marker=step_marker, progress=say)
+        for rank in profile.timelines
+    }
+
+
+def build_report(path: str | Path, **kwargs) -> Report:
+    """The report of the first rank (the only one for a single-process run)."""
+    return next(iter(build_reports(path, **kwargs).values()))
+
+
+def report_for(
+    profile: Profile,
+    rank: int,
+    *,
+    rules,
+    gpu: str | None = None,
+    step_marker: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Report:
+    timeline = profile.timelines[rank]
+    calibration = profile.manifest.calibration if profile.manifest else None
+    spec = resolve_gpu(timeline.gpu_name, gpu, calibration)
+    if progress:
+        progress(f"analysing {Path(timeline.source).name}")
+    # Counters are measured on one rank (the one ncu profiled); join them there only.
+    counters = profile.counters if rank == min(profile.timelines) else None
+    report = triage(timeline, spec, rules, counters, step_marker=step_marker, source=profile.source_info())
+    report.warnings = profile.warnings + report.warnings
+    return report

@@ -1,0 +1,218 @@
+"""The command line: parse, call the core, render. Nothing else lives here.
+
+Core errors (``KernelTriageError``) become a one-line message and their exit code:
+2 for bad input, 3 for a failing external tool, 1 otherwise; Ctrl-C exits 130.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+import click
+
+from kerneltriage import __version__
+from kerneltriage.errors import KernelTriageError
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"kerneltriage: error: {message}", err=True)
+    sys.exit(code)
+
+
+def handle_errors(func):
+    """Turn core exceptions into messages and exit codes (never a traceback for user errors)."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except KernelTriageError as exc:
+            _fail(str(exc), exc.exit_code)
+        except KeyboardInterrupt:
+            _fail("interrupted", 130)
+        except BrokenPipeError:  # `kerneltriage report … | head`
+            sys.exit(0)
+
+    return wrapper
+
+
+class _Progress:
+    """Status line on stderr while reading and analysing (only on a terminal)."""
+
+    def __init__(self, enabled: bool):
+        self.status = None
+        if enabled:
+            from rich.console import Console
+
+            self.status = Console(stderr=True).status("starting")
+
+    def __enter__(self):
+        if self.status:
+            self.status.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.status:
+            self.status.__exit__(*exc)
+
+    def __call__(self, message: str) -> None:
+        if self.status:
+            self.status.update(message)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="kerneltriage")
+def main() -> None:
+    """Decide whether a custom GPU kernel is worth writing.
+
+    A kernel pays only when three conditions hold for an op: HEADROOM (the profiler shows it
+    far below its roofline ceiling), HOTNESS (it is a large share of step time) and SHAPE
+    STABILITY (it runs on one or a few shapes). kerneltriage measures all three.
+
+    \b
+    Typical session:
+      kerneltriage profile -- python train.py --lr 3e-4     # writes runs/<name>/
+      kerneltriage report runs/<name>                       # ranked write-or-skip verdicts
+      kerneltriage scaffold runs/<name> C1 --out kernels/c1 # a Triton kernel package to start from
+    """
+
+
+# --- report ---------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("run", type=click.Path(path_type=Path))
+@click.option(
+    "--ncu",
+    "ncu",
+    type=click.Path(path_type=Path),
+    help="Nsight Compute counters for a bare trace: 'ncu --csv --page raw' export (.csv, .csv.gz) "
+    "or a .ncu-rep (needs ncu on PATH). Overrides a run directory's own ncu.csv.gz.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["terminal", "markdown", "json", "html"]),
+    default="terminal",
+    show_default=True,
+    help="Output format. json follows the schema kerneltriage.report/1 (README).",
+)
+@click.option(
+    "-o", "--output", type=click.Path(path_type=Path), help="Write to this file instead of standard output."
+)
+@click.option("--top", type=click.IntRange(min=1), help="Show only the first N candidates.")
+@click.option(
+    "--rules",
+    "rules_file",
+    type=click.Path(path_type=Path),
+    help="A rules YAML merged over rules/default.yaml (thresholds, op classes, recommendations).",
+)
+@click.option(
+    "--gpu", help="GPU table entry to use instead of the trace's device name, e.g. H100-SXM, H200, A100-80GB."
+)
+@click.option(
+    "--min-headroom",
+    type=click.FloatRange(min=1.0),
+    help="Headroom threshold (measured ÷ ceiling time). Default 2.",
+)
+@click.option(
+    "--min-share",
+    type=click.FloatRange(0.0, 1.0),
+    help="Hotness threshold as a share of step time. Default 0.03.",
+)
+@click.option(
+    "--max-shapes",
+    type=click.IntRange(min=1),
+    help="Shape-stability threshold: distinct shape signatures. Default 4.",
+)
+@click.option(
+    "--step-marker",
+    help="Regex on annotation names that mark steps, if not ProfilerStep/optimizer/kerneltriage.step.",
+)
+@click.option(
+    "--rank", "ranks", type=int, multiple=True, help="For multi-rank runs: report these ranks only."
+)
+@click.option("--plot", type=click.Path(path_type=Path), help="Also write the roofline chart as PNG or SVG.")
+@click.option("--color/--no-color", default=None, help="Force or disable colour in terminal output.")
+@handle_errors
+def report(
+    run,
+    ncu,
+    fmt,
+    output,
+    top,
+    rules_file,
+    gpu,
+    min_headroom,
+    min_share,
+    max_shapes,
+    step_marker,
+    ranks,
+    plot,
+    color,
+):
+    """Rank every op and fused region of a profile by whether a custom kernel would pay.
+
+    RUN is a run directory written by `kerneltriage profile`, or a PyTorch profiler trace
+    (.json / .json.gz) — add --ncu for Nsight Compute counters — or an Nsight Systems export
+    (.sqlite / .nsys-rep).
+
+    \b
+    Examples:
+      kerneltriage report runs/exp1
+      kerneltriage report trace.json.gz --ncu counters.csv.gz
+      kerneltriage report runs/exp1 --format json --top 20 --gpu H100-SXM
+      kerneltriage report runs/exp1 --format html -o report.html
+    """
+    from kerneltriage.api import build_reports
+    from kerneltriage.report import render
+
+    overrides = {"min_headroom": min_headroom, "min_share": min_share, "max_shapes": max_shapes}
+    interactive = sys.stderr.isatty() and output is None and fmt == "terminal"
+    with _Progress(interactive) as progress:
+        reports = build_reports(
+            run,
+            ncu=ncu,
+            rules_file=rules_file,
+            gpu=gpu,
+            overrides=overrides,
+            step_marker=step_marker,
+            ranks=list(ranks) or None,
+            progress=progress,
+        )
+    run_ref = str(run)
+    texts = []
+    for rank, rep in reports.items():
+        if len(reports) > 1 and fmt != "json":
+            texts.append(f"\n=== rank {rank} ===\n")
+        texts.append(render(rep, fmt, top=top, run_ref=run_ref, color=color if output is None else False))
+    if fmt == "json" and len(reports) > 1:
+        import json
+
+        texts = [
+            json.dumps(
+                {
+                    "schema": "kerneltriage.report-ranks/1",
+                    "ranks": {str(r): json.loads(t) for r, t in zip(reports, texts)},
+                },
+                indent=2,
+            )
+            + "\n"
+        ]
+    text = "".join(texts)
+    if output:
+        output.write_text(text)
+        click.echo(f"wrote {output}", err=True)
+    else:
+        click.echo(text, nl=False)
+    if plot:
+        from kerneltriage.report.plots import save_roofline
+
+        save_roofline(next(iter(reports.values())), plot)
+        click.echo(f"wrote {plot}", err=True)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,395 @@
+"""Read Nsight Compute raw CSV exports (``ncu --csv --page raw``) into ``Counters``.
+
+The raw page has a header row, a units row, then one row per profiled kernel launch. Units
+differ per column and can change scale between captures (``Mbyte`` in one, ``Gbyte`` in the
+next), numbers carry thousands separators, and cells can be ``n/a`` or empty. Each metric is
+scaled to base units (bytes, nanoseconds, instructions, FLOPs) here, so nothing downstream
+sees a unit.
+
+Different metric sets give the same quantities different ways; ``_derive`` takes the most
+direct one present:
+
+- DRAM bytes: ``dram__bytes_read.sum + dram__bytes_write.sum``, else ``dram__bytes.sum``, else
+  ``dram__bytes.sum.per_second × duration`` (the SpeedOfLight/roofline sections).
+- FP32/FP64/FP16 FLOPs: ``add + mul + 2·fma`` thread-instruction counts (``*.sum``), else the
+  roofline sections' ``*.sum.per_cycle_elapsed × smsp__cycles_elapsed.avg.per_second × duration``.
+- Tensor-core FLOPs: the ``sm__ops_path_tensor_*`` op counters, summed (they count FLOPs).
+  ``sm__inst_executed_pipe_tensor`` counts instructions of varying shape and cannot be turned
+  into FLOPs, so without op counters tensor FLOPs are left unknown (NaN).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import math
+import os
+import re
+import subprocess
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from kerneltriage.errors import CountersFormatError, ToolError
+from kerneltriage.ingest.names import base_name
+
+_NAME_COLUMNS = ("Kernel Name", "Function Name", "Name")
+
+# Unit prefix scaling to base units. ncu writes SI prefixes (Kbyte = 1000 bytes).
+_PREFIX = {
+    "": 1.0,
+    "K": 1e3,
+    "k": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "P": 1e15,
+    "m": 1e-3,
+    "u": 1e-6,
+    "n": 1e-9,
+}
+_TIME = {
+    "ns": 1.0,
+    "nsecond": 1.0,
+    "us": 1e3,
+    "usecond": 1e3,
+    "ms": 1e6,
+    "msecond": 1e6,
+    "s": 1e9,
+    "second": 1e9,
+}
+_UNIT = re.compile(
+    r"^([KkMGTPmun]?)(byte|inst|hz|Hz|cycle|warp|thread|block|register|sector|request|pass|SM|B)(/.*)?$"
+)
+
+# Output columns of Counters.rows, all numbers in base units (NaN: not measured).
+ROW_COLUMNS = [
+    "id",
+    "kernel_name",
+    "base_name",
+    "grid_x",
+    "grid_y",
+    "grid_z",
+    "block_x",
+    "block_y",
+    "block_z",
+    "device",
+    "stream",
+    "process",
+    "nvtx",
+    "duration_ns",
+    "dram_bytes",
+    "dram_read_bytes",
+    "dram_write_bytes",
+    "l2_bytes",
+    "flops_fp32",
+    "flops_fp64",
+    "flops_fp16",
+    "flops_tensor",
+    "sm_pct",
+    "memory_pct",
+    "dram_pct",
+]
+
+
+@dataclass
+class Counters:
+    """Per-launch counters from one ncu export. ``metrics`` lists what the export measured."""
+
+    source: str
+    rows: pd.DataFrame
+    metrics: list[str]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def has_tensor_flops(self) -> bool:
+        return bool(self.rows["flops_tensor"].notna().any())
+
+    @property
+    def has_bytes(self) -> bool:
+        return bool(self.rows["dram_bytes"].notna().any())
+
+
+def read_counters(path: str | os.PathLike[str]) -> Counters:
+    """Read ``.csv``/``.csv.gz`` raw-page exports, or export a ``.ncu-rep`` through ``ncu``."""
+    path = Path(path)
+    if not path.is_file():
+        raise CountersFormatError("no such file", path=str(path))
+    text = _export_report(path) if path.suffix == ".ncu-rep" else _read_text(path)
+    return parse_counters(text, source=str(path))
+
+
+def _read_text(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+        return raw.decode("utf-8-sig")
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise CountersFormatError(
+            f"compressed data is truncated or corrupt ({exc})", path=str(path)
+        ) from None
+    except UnicodeDecodeError:
+        raise CountersFormatError("not a text CSV file", path=str(path)) from None
+
+
+def _export_report(path: Path) -> str:
+    try:
+        proc = subprocess.run(
+            ["ncu", "--import", str(path), "--csv", "--page", "raw"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    except FileNotFoundError:
+        raise ToolError(
+            "reading a .ncu-rep needs Nsight Compute's 'ncu' on PATH",
+            path=str(path),
+            hint="or export it yourself: ncu --import FILE --csv --page raw > counters.csv",
+        ) from None
+    if proc.returncode != 0:
+        raise ToolError(f"ncu could not export the report: {proc.stderr.strip()[-300:]}", path=str(path))
+    return proc.stdout
+
+
+def parse_counters(text: str, source: str = "<csv>") -> Counters:
+    lines = text.splitlines()
+    # Captured stdout may begin with ncu's own ==PROF== / ==WARNING== lines.
+    while lines and (lines[0].startswith("==") or not lines[0].strip()):
+        lines.pop(0)
+    try:
+        table = list(csv.reader(io.StringIO("\n".join(lines))))
+    except csv.Error as exc:
+        raise CountersFormatError(f"not a CSV file ({exc})", path=source) from None
+    if not table or not table[0]:
+        raise CountersFormatError("empty file", path=source)
+    header = table[0]
+    if "Metric Name" in header and "Metric Value" in header:
+        raise CountersFormatError(
+            "this is ncu's details page; kerneltriage reads the raw page",
+            path=source,
+            hint="export with: ncu --import REPORT --csv --page raw",
+        )
+    name_col = next((c for c in _NAME_COLUMNS if c in header), None)
+    if name_col is None or "ID" not in header:
+        raise CountersFormatError(
+            "not an Nsight Compute raw CSV (no 'ID' and 'Kernel Name' columns)", path=source
+        )
+    if len(table) < 2 or table[1][header.index("ID")].strip() != "":
+        raise CountersFormatError(
+            "no units row after the header: not an 'ncu --csv --page raw' export", path=source
+        )
+    units = table[1]
+    body = [r for r in table[2:] if any(cell.strip() for cell in r)]
+    if not body:
+        raise CountersFormatError("the export holds no profiled kernels", path=source)
+    index = {name: i for i, name in enumerate(header)}
+    bad = [i for i, r in enumerate(body) if len(r) != len(header)]
+    if bad:
+        raise CountersFormatError(
+            f"row {bad[0] + 3} has {len(body[bad[0]])} cells, the header has {len(header)}",
+            path=source,
+        )
+    warnings: list[str] = []
+    unknown: set[str] = set()
+    raw = {
+        name: _column(body, index[name], units[index[name]], name, unknown)
+        for name in header
+        if _is_metric(name)
+    }
+    rows = _derive(body, index, name_col, raw, unknown, warnings)
+    if rows["duration_ns"].isna().all():
+        raise CountersFormatError(
+            "the export lacks gpu__time_duration: cannot place kernels on a roofline", path=source
+        )
+    if rows["dram_bytes"].isna().all():
+        warnings.append(
+            f"{source}: no DRAM byte counters (dram__bytes_read/write); memory-bound headroom "
+            "will come from shape estimates"
+        )
+    metrics = sorted(
+        {m.rsplit(".", 1)[0] if m.endswith((".sum", ".avg", ".min", ".max")) else m for m in raw}
+    )
+    return Counters(source=source, rows=rows, metrics=metrics, warnings=warnings)
+
+
+def _is_metric(name: str) -> bool:
+    return "__" in name and not name.startswith(("device__attribute", "nvlink__", "numa__"))
+
+
+def _scale(unit: str) -> float | None:
+    """Factor to base units, or None for units that are not a plain quantity (%, rates)."""
+    unit = unit.strip()
+    if unit in _TIME:
+        return _TIME[unit]
+    if unit in ("", "%"):
+        return 1.0
+    match = _UNIT.match(unit)
+    if match is None:
+        if unit.endswith(("/s", "/second")):
+            return _rate_scale(unit)
+        return None
+    prefix, _, per = match.groups()
+    factor = _PREFIX[prefix]
+    if per:
+        rest = per[1:]
+        if rest in ("s", "second"):
+            return factor
+        if rest in _TIME:
+            return factor / (_TIME[rest] / 1e9)
+    return factor
+
+
+def _rate_scale(unit: str) -> float | None:
+    num, _, den = unit.partition("/")
+    num_scale = _scale(num)
+    if num_scale is None:
+        return None
+    return num_scale / (_TIME.get(den, 1e9) / 1e9)
+
+
+def _parse_number(cell: str) -> float:
+    cell = cell.strip().replace(",", "")
+    if cell in ("", "n/a", "N/A", "nan"):
+        return math.nan
+    try:
+        return float(cell)
+    except ValueError:
+        return math.nan
+
+
+def _column(body: list[list[str]], i: int, unit: str, name: str, unknown: set[str]) -> list[float]:
+    factor = _scale(unit)
+    if factor is None:  # a unit we do not know: keep the printed values, warn if it is used
+        factor = 1.0
+        unknown.add(f"{name} [{unit}]")
+    return [_parse_number(r[i]) * factor for r in body]
+
+
+def _derive(body, index, name_col, raw, unknown, warnings) -> pd.DataFrame:
+    n = len(body)
+    nan = [math.nan] * n
+
+    def get(*names: str):
+        for name in names:
+            if name in raw:
+                flagged = [u for u in unknown if u.startswith(name + " [")]
+                if flagged:
+                    warnings.append(f"unknown unit for {flagged[0]}; values used as printed")
+                    unknown.difference_update(flagged)
+                return raw[name]
+        return None
+
+    def add(*columns):
+        present = [c for c in columns if c is not None]
+        if not present:
+            return None
+        return [
+            sum(v for v in values if not math.isnan(v))
+            if not all(math.isnan(v) for v in values)
+            else math.nan
+            for values in zip(*present)
+        ]
+
+    duration = get("gpu__time_duration.sum", "gpu__time_duration.avg") or nan
+    read = get("dram__bytes_read.sum")
+    write = get("dram__bytes_write.sum")
+    dram = add(read, write) if (read or write) else get("dram__bytes.sum")
+    if dram is None:
+        rate = get("dram__bytes.sum.per_second")
+        if rate is not None:
+            dram = [r * d * 1e-9 for r, d in zip(rate, duration)]
+    cycles_per_s = get("smsp__cycles_elapsed.avg.per_second", "sm__cycles_elapsed.avg.per_second")
+
+    def flops(prefix: str):
+        counts = [
+            get(f"smsp__sass_thread_inst_executed_op_{prefix}{op}_pred_on.sum")
+            for op in ("add", "mul", "fma")
+        ]
+        if all(c is None for c in counts):
+            per_cycle = [
+                get(f"smsp__sass_thread_inst_executed_op_{prefix}{op}_pred_on.sum.per_cycle_elapsed")
+                for op in ("add", "mul", "fma")
+            ]
+            if all(c is None for c in per_cycle) or cycles_per_s is None:
+                return None
+            counts = [
+                None if c is None else [v * f * d * 1e-9 for v, f, d in zip(c, cycles_per_s, duration)]
+                for c in per_cycle
+            ]
+        a, m, f = (c if c is not None else [0.0] * n for c in counts)
+        return [x + y + 2.0 * z for x, y, z in zip(a, m, f)]
+
+    tensor_cols = [name for name in raw if name.startswith("sm__ops_path_tensor") and name.endswith(".sum")]
+    tensor = add(*(raw[c] for c in tensor_cols)) if tensor_cols else None
+
+    def cell(row, name, default=""):
+        i = index.get(name)
+        return row[i] if i is not None else default
+
+    records = {c: [] for c in ROW_COLUMNS}
+    for r in body:
+        grid = _triple(cell(r, "Grid Size"))
+        block = _triple(cell(r, "Block Size"))
+        name = cell(r, name_col)
+        records["id"].append(int(_parse_number(cell(r, "ID", "-1")) if cell(r, "ID") else -1))
+        records["kernel_name"].append(name)
+        records["base_name"].append(base_name(name))
+        for axis, value in zip("xyz", grid):
+            records[f"grid_{axis}"].append(value)
+        for axis, value in zip("xyz", block):
+            records[f"block_{axis}"].append(value)
+        records["device"].append(int(_parse_number(cell(r, "Device", "0")) or 0))
+        records["stream"].append(int(_parse_number(cell(r, "Stream", "-1")) if cell(r, "Stream") else -1))
+        records["process"].append(cell(r, "Process ID"))
+        records["nvtx"].append(_nvtx(r, index))
+    rows = pd.DataFrame(records["id"], columns=["id"])
+    for c in ROW_COLUMNS[1:13]:
+        rows[c] = records[c]
+    rows["duration_ns"] = duration
+    rows["dram_bytes"] = dram if dram is not None else nan
+    rows["dram_read_bytes"] = read if read is not None else nan
+    rows["dram_write_bytes"] = write if write is not None else nan
+    rows["l2_bytes"] = get("lts__t_bytes.sum") or nan
+    rows["flops_fp32"] = flops("f") or nan
+    rows["flops_fp64"] = flops("d") or nan
+    rows["flops_fp16"] = flops("h") or nan
+    rows["flops_tensor"] = tensor if tensor is not None else nan
+    rows["sm_pct"] = get("sm__throughput.avg.pct_of_peak_sustained_elapsed") or nan
+    rows["memory_pct"] = get("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed") or nan
+    rows["dram_pct"] = (
+        get(
+            "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+            "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+        )
+        or nan
+    )
+    if (rows["grid_x"] < 0).all():
+        warnings.append("export has no Grid Size/Block Size columns: joins by name and order only")
+    return rows
+
+
+def _triple(text: str) -> tuple[int, int, int]:
+    parts = [p for p in re.split(r"[(),\s]+", text) if p]
+    try:
+        values = [int(p) for p in parts][:3]
+    except ValueError:
+        return (-1, -1, -1)
+    while len(values) < 3:
+        values.append(1 if values else -1)
+    return tuple(values)  # type: ignore[return-value]
+
+
+def _nvtx(row: list[str], index: dict[str, int]) -> str:
+    for name, i in index.items():
+        if name.startswith("thread Domain:Push/Pop_Range") and row[i].strip():
+            # e.g. '557  "<default domain>:step:none:…"': keep the range names.
+            text = row[i].strip()
+            quoted = re.findall(r'"([^"]*)"', text)
+            ranges = [q.split(":")[1] for q in quoted if q.count(":") >= 1]
+            return "/".join(ranges)
+    return ""

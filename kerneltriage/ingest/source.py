@@ -1,0 +1,134 @@
+"""Open what the user points ``report`` at: a run directory, or a trace file plus counters.
+
+A run directory is read through ``rundir``; a bare trace (``.json``/``.json.gz`` Kineto trace,
+``.sqlite``/``.nsys-rep`` Nsight Systems export) and an optional ``--ncu`` file work too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kerneltriage import rundir
+from kerneltriage.errors import InputError, TraceFormatError
+from kerneltriage.ingest.kineto import read_trace
+from kerneltriage.ingest.ncu import Counters, read_counters
+from kerneltriage.ingest.tables import Timeline
+
+
+@dataclass
+class Profile:
+    """Everything read from disk for one report."""
+
+    timelines: dict[int, Timeline]  # rank -> timeline (rank 0 for one process)
+    counters: Counters | None
+    manifest: rundir.Manifest | None
+    run_dir: Path | None
+    regions: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def timeline(self) -> Timeline:
+        return self.timelines[min(self.timelines)]
+
+    def source_info(self) -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "path": str(self.run_dir) if self.run_dir else self.timeline.source,
+            "traces": {str(r): t.source for r, t in self.timelines.items()},
+            "counters": self.counters.source if self.counters else None,
+        }
+        if self.manifest:
+            info["command"] = self.manifest.command
+            info["versions"] = self.manifest.versions
+            info["status"] = self.manifest.status
+        return info
+
+
+def _is_nsys(path: Path) -> bool:
+    return path.suffix in (".sqlite", ".nsys-rep", ".qdrep")
+
+
+def read_timeline(path: Path) -> Timeline:
+    if _is_nsys(path):
+        from kerneltriage.ingest.nsys import read_nsys  # only needed for Nsight Systems input
+
+        return read_nsys(path)
+    return read_trace(path)
+
+
+def load_profile(
+    path: str | Path,
+    ncu: str | Path | None = None,
+    ranks: list[int] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Profile:
+    """Read a run directory or a trace file (and counters) from disk."""
+    path = Path(path)
+    say = progress or (lambda _msg: None)
+    if not path.exists():
+        raise InputError("no such file or directory", path=str(path))
+    if path.is_dir():
+        run = rundir.open_run(path)
+        wanted = sorted(run.traces) if ranks is None else ranks
+        missing = [r for r in wanted if r not in run.traces]
+        if missing:
+            raise InputError(
+                f"rank(s) {', '.join(map(str, missing))} not in the run directory "
+                f"(it has {', '.join(map(str, sorted(run.traces)))})",
+                path=str(path),
+            )
+        timelines = {}
+        for r in wanted:
+            say(f"reading {run.traces[r].name}")
+            timelines[r] = read_timeline(run.traces[r])
+            timelines[r].rank = r
+        counters_path = Path(ncu) if ncu else run.ncu_csv
+        counters = None
+        if counters_path is not None:
+            say(f"reading {counters_path.name}")
+            counters = read_counters(counters_path)
+        profile = Profile(timelines, counters, run.manifest, path)
+        if run.regions:
+            profile.regions = _read_regions(run.regions, profile.warnings)
+        expected = run.manifest.ranks
+        if expected and sorted(run.traces) != sorted(expected):
+            absent = sorted(set(expected) - set(run.traces))
+            profile.warnings.append(
+                f"the run recorded ranks {expected} but traces of rank(s) {absent} are missing; "
+                "reporting the ranks present"
+            )
+        if run.manifest.status != "ok":
+            profile.warnings.append(
+                f"the run's status is {run.manifest.status!r}: it may hold fewer steps than asked"
+            )
+        return profile
+    if path.suffix not in (".json", ".gz", ".sqlite", ".nsys-rep", ".qdrep") and not path.name.endswith(
+        ".json.gz"
+    ):
+        raise TraceFormatError(
+            "unrecognised file type: expected a run directory, a Kineto trace (.json, .json.gz) "
+            "or an Nsight Systems export (.sqlite, .nsys-rep)",
+            path=str(path),
+        )
+    say(f"reading {path.name}")
+    timeline = read_timeline(path)
+    counters = None
+    if ncu:
+        say(f"reading {Path(ncu).name}")
+        counters = read_counters(ncu)
+    return Profile({timeline.rank or 0: timeline}, counters, None, None)
+
+
+def _read_regions(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
+    out = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            warnings.append(f"{path}: line {i} is not JSON; skipped")
+    return out

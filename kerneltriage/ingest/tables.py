@@ -1,0 +1,118 @@
+"""Typed tables shared by every timeline reader.
+
+Times are integer nanoseconds on the profiler's clock; durations too. Each table is a pandas
+DataFrame with exactly the columns listed here (readers build them through ``frame``), so the
+analysis layer never guesses a column name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+#: GPU activity: kernels, memcpy and memset. ``kind`` is "kernel", "memcpy" or "memset".
+KERNEL_COLUMNS: dict[str, str] = {
+    "name": "object",
+    "kind": "object",
+    "device": "int32",
+    "stream": "int64",
+    "start": "int64",
+    "dur": "int64",
+    "correlation": "int64",
+    "grid_x": "int32",
+    "grid_y": "int32",
+    "grid_z": "int32",
+    "block_x": "int32",
+    "block_y": "int32",
+    "block_z": "int32",
+    "registers": "int32",
+    "shared_mem": "int64",
+    "bytes": "int64",
+    "pid": "int64",
+}
+
+#: CUDA runtime/driver calls. ``ext_id`` links to the cpu op that made the call (-1: none).
+RUNTIME_COLUMNS: dict[str, str] = {
+    "name": "object",
+    "start": "int64",
+    "dur": "int64",
+    "pid": "int64",
+    "tid": "int64",
+    "correlation": "int64",
+    "ext_id": "int64",
+}
+
+#: CPU-side ranges: aten/autograd ops (``cat`` "cpu_op") and annotations (``cat``
+#: "user_annotation": record_function / NVTX ranges such as ProfilerStep#N or module paths).
+#: ``dims``/``types``/``strides``/``concrete`` index ``Timeline.args`` (-1: not recorded).
+CPU_COLUMNS: dict[str, str] = {
+    "name": "object",
+    "cat": "object",
+    "start": "int64",
+    "dur": "int64",
+    "pid": "int64",
+    "tid": "int64",
+    "ext_id": "int64",
+    "seq": "int64",
+    "dims": "int64",
+    "types": "int64",
+    "strides": "int64",
+    "concrete": "int64",
+    "finished": "bool",
+}
+
+#: GPU-side projections of annotations (Kineto's gpu_user_annotation).
+GPU_ANNOTATION_COLUMNS: dict[str, str] = {
+    "name": "object",
+    "start": "int64",
+    "dur": "int64",
+    "device": "int32",
+    "ext_id": "int64",
+}
+
+
+def frame(columns: dict[str, list[Any]], spec: dict[str, str]) -> pd.DataFrame:
+    """Build a DataFrame with exactly ``spec``'s columns and dtypes (missing columns → empty)."""
+    n = len(next(iter(columns.values()))) if columns else 0
+    data = {}
+    for name, dtype in spec.items():
+        values = columns.get(name)
+        if values is None:
+            values = [None if dtype == "object" else (False if dtype == "bool" else -1)] * n
+        data[name] = np.asarray(values, dtype=dtype) if dtype != "object" else pd.array(values, dtype=object)
+    return pd.DataFrame(data, columns=list(spec))
+
+
+@dataclass
+class Timeline:
+    """One process's profile: what ran on the GPU, what launched it, and what the CPU did.
+
+    ``args`` is an interning table: the same shape list recorded by a million ops is stored
+    once, and ops refer to it by index (``json`` text, parsed on demand by ``arg``).
+    """
+
+    source: str
+    format: str  # "kineto" or "nsys"
+    kernels: pd.DataFrame
+    runtime: pd.DataFrame
+    cpu: pd.DataFrame
+    gpu_annotations: pd.DataFrame
+    device_properties: list[dict[str, Any]] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    args: list[Any] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    rank: int | None = None
+
+    def arg(self, index: int) -> Any:
+        """The recorded argument list behind an interned index (None when not recorded)."""
+        return None if index < 0 else self.args[index]
+
+    @property
+    def gpu_name(self) -> str | None:
+        for props in self.device_properties:
+            if props.get("name"):
+                return str(props["name"])
+        return None

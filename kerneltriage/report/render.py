@@ -1,0 +1,235 @@
+"""Terminal (rich), Markdown and JSON renderings of a ``Report``."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import TextIO
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from kerneltriage.analysis.model import Candidate, Report
+from kerneltriage.report.text import (
+    condition_line,
+    ms,
+    pct,
+    roofline_line,
+    times,
+    verdict_text,
+)
+
+FORMATS = ("terminal", "markdown", "json", "html")
+_VERDICT_STYLE = {"write": "bold green", "use-builtin": "bold cyan", "compile": "bold yellow", "skip": "dim"}
+
+
+def render(
+    report: Report,
+    fmt: str,
+    *,
+    top: int | None = None,
+    out: TextIO | None = None,
+    run_ref: str = "RUN",
+    width: int | None = None,
+    color: bool | None = None,
+) -> str:
+    """Render ``report`` as ``fmt``. Returns the text (and writes it to ``out`` if given)."""
+    if fmt == "json":
+        data = report.to_json()
+        if top is not None:
+            data["candidates"] = data["candidates"][:top]
+        text = json.dumps(data, indent=2) + "\n"
+    elif fmt == "markdown":
+        text = markdown(report, top=top, run_ref=run_ref)
+    elif fmt == "terminal":
+        text = terminal(report, top=top, run_ref=run_ref, width=width, color=color, out=out)
+        return text
+    elif fmt == "html":
+        from kerneltriage.report.html import html  # matplotlib is imported only for HTML
+
+        text = html(report, top=top, run_ref=run_ref)
+    else:
+        raise ValueError(f"unknown format {fmt!r}")
+    if out is not None:
+        out.write(text)
+    return text
+
+
+def _header_lines(report: Report) -> list[str]:
+    gpu = report.gpu
+    peaks = gpu["peak_tflops"]
+    compute = ", ".join(f"{peaks[p]:g} {p}" for p in ("bf16", "fp32") if p in peaks)
+    lines = [
+        f"GPU: {gpu['name']} — {gpu['peak_bandwidth_gbs']:g} GB/s, {compute} TFLOP/s ({gpu['source']})",
+        f"Steps: {report.steps} ({report.step_source}) · step time {ms(report.step_time_ms)} · "
+        f"GPU busy {report.gpu_busy_pct:.1f}% · idle {report.idle_pct:.1f}%",
+    ]
+    if report.join:
+        j = report.join
+        lines.append(
+            f"Counters: {j['rows_joined']}/{j['rows']} ncu rows joined, covering "
+            f"{pct(j['kernel_time_joined_share'])} of kernel time"
+        )
+    else:
+        lines.append(
+            "Counters: none (roofline from shape estimates; run `kerneltriage profile` for ncu counters)"
+        )
+    lines.append(
+        f"Unattributed kernel time: {ms(report.unattributed_ms_per_step)} per step "
+        f"({pct(report.unattributed_share)} of GPU-busy time)"
+    )
+    return lines
+
+
+def _idle_lines(report: Report) -> list[str]:
+    lines = [
+        f"The GPU is idle {report.idle_pct:.0f}% of the step: the step is bound by the host, not by kernels. "
+        "No kernel fixes an idle GPU — every saving below shrinks only the busy part."
+    ]
+    for g in report.gaps[:5]:
+        lines.append(f"  {ms(g.ms_per_step)} per step in {g.count_per_step:.0f} gap(s): {g.cause}")
+    return lines
+
+
+def _saving(c: Candidate) -> str:
+    return pct(c.expected_saving_share) if c.expected_saving_share else "—"
+
+
+# --- terminal -------------------------------------------------------------------------------
+
+
+def terminal(
+    report: Report,
+    *,
+    top: int | None,
+    run_ref: str,
+    width: int | None,
+    color: bool | None,
+    out: TextIO | None,
+) -> str:
+    buffer = io.StringIO()
+    console = Console(
+        file=out or buffer,
+        width=width or 140,
+        force_terminal=color,
+        no_color=color is False,
+        highlight=False,
+        soft_wrap=False,
+        markup=False,
+    )
+    console.print(
+        Text("kerneltriage report", style="bold"), Text(str(report.source.get("path", "")), style="dim")
+    )
+    for line in _header_lines(report):
+        console.print(line)
+    if report.idle_bound:
+        console.print(Panel("\n".join(_idle_lines(report)), title="GPU idle", border_style="red"))
+    candidates = report.candidates[:top] if top else report.candidates
+    table = Table(
+        title="Candidates (actionable first, by expected saving)", title_justify="left", expand=False
+    )
+    for col, kw in (
+        ("#", {"justify": "right"}),
+        ("id", {}),
+        ("candidate", {"max_width": 52, "overflow": "fold"}),
+        ("kind", {}),
+        ("share", {"justify": "right"}),
+        ("headroom", {"justify": "right"}),
+        ("bound", {}),
+        ("shapes", {"justify": "right"}),
+        ("verdict", {"max_width": 44, "overflow": "fold"}),
+        ("saving", {"justify": "right"}),
+    ):
+        table.add_column(col, **kw)
+    for c in candidates:
+        table.add_row(
+            str(c.rank),
+            c.id,
+            c.name,
+            c.kind,
+            pct(c.time_share),
+            times(c.headroom),
+            c.roofline.bound or "—",
+            str(c.shapes.distinct),
+            Text(verdict_text(c, short=True), style=_VERDICT_STYLE[c.verdict]),
+            _saving(c),
+        )
+    console.print(table)
+    detail = [c for c in candidates if c.verdict != "skip"] or candidates[:1]
+    shown = {id(c) for c in detail}
+    detail += [c for c in candidates if c.verdict == "skip" and c.time_share >= 0.05 and id(c) not in shown][
+        :3
+    ]
+    for c in detail:
+        console.print()
+        console.print(
+            Text(f"{c.id}  {c.name}", style="bold"),
+            Text(f"→ {verdict_text(c)}", style=_VERDICT_STYLE[c.verdict]),
+        )
+        for name in ("headroom", "hotness", "stability"):
+            mark, label, text = condition_line(name, c.conditions[name])
+            style = "green" if mark == "✓" else ("red" if mark == "✗" else "yellow")
+            console.print(Text(f"  {mark} ", style=style), Text(f"{label:<10}", style="bold"), text)
+        console.print(f"  roofline   {roofline_line(c)}")
+        console.print(
+            f"  time       {ms(c.time_ms_per_step)} per step (fwd {ms(c.fwd_ms_per_step)}, bwd {ms(c.bwd_ms_per_step)}), "
+            f"{c.instances_per_step:g} instance(s) per step"
+        )
+        if c.expected_saving_share:
+            console.print(
+                f"  saving     up to {pct(c.expected_saving_share)} of step time "
+                f"({ms(c.expected_saving_ms)}) = share × (1 − 1/headroom)"
+            )
+        if c.verdict != "skip":
+            why = c.reason + (f"; {c.note}" if c.note else "")
+            console.print(f"  why        {why}")
+            console.print(f"  start      kerneltriage scaffold {run_ref} {c.id}")
+    if report.warnings:
+        console.print()
+        for w in report.warnings:
+            console.print(Text(f"warning: {w}", style="yellow"))
+    return buffer.getvalue()
+
+
+# --- markdown -------------------------------------------------------------------------------
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def markdown(report: Report, *, top: int | None, run_ref: str) -> str:
+    out = [f"## kerneltriage report: `{report.source.get('path', '')}`", ""]
+    out += [f"- {line}" for line in _header_lines(report)]
+    out.append("")
+    if report.idle_bound:
+        out += ["> **" + _idle_lines(report)[0] + "**", ">"]
+        out += [f"> - {line.strip()}" for line in _idle_lines(report)[1:]]
+        out.append("")
+    candidates = report.candidates[:top] if top else report.candidates
+    out += [
+        "| # | id | candidate | kind | share | headroom | bound | shapes | verdict | saving |",
+        "|---:|---|---|---|---:|---:|---|---:|---|---:|",
+    ]
+    for c in candidates:
+        out.append(
+            f"| {c.rank} | {c.id} | {_md_escape(c.name)} | {c.kind} | {pct(c.time_share)} | {times(c.headroom)} | "
+            f"{c.roofline.bound or '—'} | {c.shapes.distinct} | {_md_escape(verdict_text(c, short=True))} | {_saving(c)} |"
+        )
+    for c in [c for c in candidates if c.verdict != "skip"]:
+        out += ["", f"### {c.id} {_md_escape(c.name)} → {verdict_text(c)}", ""]
+        for name in ("headroom", "hotness", "stability"):
+            mark, label, text = condition_line(name, c.conditions[name])
+            out.append(f"- {mark} **{label}**: {text}")
+        out.append(f"- roofline: {roofline_line(c)}")
+        if c.expected_saving_share:
+            out.append(
+                f"- saving: up to {pct(c.expected_saving_share)} of step time ({ms(c.expected_saving_ms)})"
+            )
+        out.append(f"- why: {c.reason}" + (f"; {c.note}" if c.note else ""))
+        out.append(f"- start: `kerneltriage scaffold {run_ref} {c.id}`")
+    if report.warnings:
+        out += ["", "**Warnings**", ""] + [f"- {w}" for w in report.warnings]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,85 @@
+"""Number formatting shared by the renderers."""
+
+from __future__ import annotations
+
+from kerneltriage.analysis.model import Candidate, Condition
+
+
+def pct(x: float | None, digits: int = 1) -> str:
+    return "—" if x is None else f"{100 * x:.{digits}f}%"
+
+
+def times(x: float | None) -> str:
+    if x is None:
+        return "—"
+    return f"{x:.0f}×" if x >= 100 else f"{x:.1f}×"
+
+
+def ms(x: float | None) -> str:
+    if x is None:
+        return "—"
+    if x >= 100:
+        return f"{x:.0f} ms"
+    if x >= 1:
+        return f"{x:.2f} ms"
+    return f"{x * 1000:.0f} µs"
+
+
+def bytes_(x: float | None) -> str:
+    if x is None:
+        return "—"
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x:.0f} B"
+
+
+def flops(x: float | None) -> str:
+    if x is None:
+        return "—"
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x:.0f} FLOP"
+
+
+def verdict_text(c: Candidate, short: bool = False) -> str:
+    """``use-builtin: torch.nn.functional.scaled_dot_product_attention``; ``short`` keeps only
+    the last name (``use-builtin: scaled_dot_product_attention``) for tables."""
+    if c.verdict == "skip":
+        return f"skip ({c.reason})"
+    if c.builtin:
+        name = c.builtin.split(" ")[0].rsplit(".", 1)[-1] if short else c.builtin
+        return f"{c.verdict}: {name}"
+    return c.verdict
+
+
+def condition_line(name: str, cond: Condition) -> tuple[str, str, str]:
+    """(mark, name, text) for one condition."""
+    mark = "?" if cond.passed is None else ("✓" if cond.passed else "✗")
+    if name == "headroom":
+        value = "unknown" if cond.value is None else f"{times(cond.value)} (needs ≥ {cond.threshold:g}×)"
+    elif name == "hotness":
+        value = f"{pct(cond.value)} of step (needs ≥ {pct(cond.threshold, 0)} or top share)"
+    else:
+        value = f"{cond.value:.0f} shape(s) (≤ {cond.threshold:.0f}, or dominant coverage / row-wise)"
+    return mark, name, f"{value} — {cond.detail}"
+
+
+def roofline_line(c: Candidate) -> str:
+    r = c.roofline
+    if r.ceiling_ms is None:
+        return "no roofline placement (no counters, no shape model)"
+    parts = [
+        f"{bytes_(r.bytes)} and {flops(r.flops)} per step",
+        f"intensity {r.intensity:.3g} FLOP/B" if r.intensity else "",
+        f"achieved {r.achieved_gbs:.0f} GB/s" if r.achieved_gbs else "",
+        f"{r.achieved_tflops:.1f} TFLOP/s" if r.achieved_tflops else "",
+        f"{r.bound}-bound",
+        f"ceiling {ms(r.ceiling_ms)}",
+        f"[{r.source}]",
+    ]
+    line = ", ".join(p for p in parts[:-1] if p) + " " + parts[-1]
+    if r.measured_dram_bytes and r.source == "fused estimate":
+        line += f"; today it moves {bytes_(r.measured_dram_bytes)} of DRAM traffic per step (ncu)"
+    return line

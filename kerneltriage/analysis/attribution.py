@@ -231,7 +231,7 @@ def attribute(tl: Timeline, marker: str | None = None) -> Attribution:
         if before:
             fwd_of[r] = root[max(before, key=lambda c: starts[c])]
 
-    kernels = _join_launches(tl, cpu, root, fwd_of, is_bwd_root, optimizer, module, region, steps)
+    kernels = _join_launches(tl, cpu, parent, root, fwd_of, is_bwd_root, optimizer, module, region, steps)
     carried = kernels[(kernels["launch_start"] < 0)]
     carried_ns = 0
     if len(carried):
@@ -258,7 +258,9 @@ def attribute(tl: Timeline, marker: str | None = None) -> Attribution:
     )
 
 
-def _join_launches(tl, cpu, root, fwd_of, is_bwd_root, optimizer, module, region, steps) -> pd.DataFrame:
+def _join_launches(
+    tl, cpu, parent, root, fwd_of, is_bwd_root, optimizer, module, region, steps
+) -> pd.DataFrame:
     k = tl.kernels.copy()
     rt = tl.runtime.drop_duplicates(subset=["correlation"], keep="first")
     rt = rt[rt["correlation"] >= 0].set_index("correlation")
@@ -276,7 +278,7 @@ def _join_launches(tl, cpu, root, fwd_of, is_bwd_root, optimizer, module, region
     missing = np.flatnonzero((op < 0) & (k["launch_start"].to_numpy() >= 0))
     if len(missing):
         op[missing] = _innermost_at(
-            cpu, k["launch_tid"].to_numpy()[missing], k["launch_start"].to_numpy()[missing]
+            cpu, parent, k["launch_tid"].to_numpy()[missing], k["launch_start"].to_numpy()[missing]
         )
 
     k["op"] = op
@@ -297,7 +299,9 @@ def _join_launches(tl, cpu, root, fwd_of, is_bwd_root, optimizer, module, region
     # For ops launched inside annotations but outside any cpu op (Triton kernels called from
     # Python), the annotation still names the region.
     if (~has_op).any() and len(cpu):
-        inner = _innermost_at(cpu, k["launch_tid"].to_numpy(), k["launch_start"].to_numpy(), ops_only=False)
+        inner = _innermost_at(
+            cpu, parent, k["launch_tid"].to_numpy(), k["launch_start"].to_numpy(), ops_only=False
+        )
         for i in np.flatnonzero(~has_op & (inner >= 0)).tolist():
             a = inner[i]
             k.at[k.index[i], "module"] = module[a]
@@ -314,17 +318,33 @@ def _join_launches(tl, cpu, root, fwd_of, is_bwd_root, optimizer, module, region
 
 
 def _innermost_at(
-    cpu: pd.DataFrame, tids: np.ndarray, times: np.ndarray, ops_only: bool = True
+    cpu: pd.DataFrame, parent: np.ndarray, tids: np.ndarray, times: np.ndarray, ops_only: bool = True
 ) -> np.ndarray:
-    """For each (thread, time): the innermost cpu row on that thread holding the time (-1)."""
+    """For each (thread, time): the innermost cpu row on that thread holding the time (-1).
+
+    The latest row starting at or before ``t`` holds ``t`` unless it already ended; then the
+    innermost holder is its nearest ancestor that still holds ``t`` (rows nest per thread).
+    """
     out = np.full(len(times), -1, dtype=np.int64)
-    rows = cpu[cpu["cat"] == "cpu_op"] if ops_only else cpu
-    by_tid = {tid: g for tid, g in rows.groupby("tid")}
-    for j, (tid, t) in enumerate(zip(tids.tolist(), times.tolist())):
-        g = by_tid.get(tid)
-        if g is None or t < 0:
+    if len(cpu) == 0 or len(times) == 0:
+        return out
+    start = cpu["start"].to_numpy()
+    end = start + cpu["dur"].to_numpy()
+    is_op = (cpu["cat"] == "cpu_op").to_numpy()
+    tid_all = cpu["tid"].to_numpy()
+    for tid in np.unique(tids):
+        rows = np.flatnonzero(tid_all == tid)
+        if len(rows) == 0:
             continue
-        hold = g[(g["start"] <= t) & (g["start"] + g["dur"] >= t)]
-        if len(hold):
-            out[j] = int(hold["dur"].idxmin())
+        rows = rows[np.argsort(start[rows], kind="stable")]
+        want = np.flatnonzero((tids == tid) & (times >= 0))
+        pos = np.searchsorted(start[rows], times[want], side="right") - 1
+        for j, p in zip(want.tolist(), pos.tolist()):
+            if p < 0:
+                continue
+            t = times[j]
+            r = int(rows[p])
+            while r >= 0 and (end[r] < t or (ops_only and not is_op[r])):
+                r = int(parent[r])
+            out[j] = r
     return out

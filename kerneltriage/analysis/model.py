@@ -95,6 +95,8 @@ class Candidate:
     expected_saving_share: float = 0.0
     rank: int = 0
     attrs: dict[str, Any] = field(default_factory=dict)
+    # The ops of one instance, in order, as recorded: [{"name", "dims", "types", "concrete"}].
+    example: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def expected_saving_ms(self) -> float:

@@ -384,11 +384,28 @@ def _candidate(
         conditions={},
         attrs=_json_attrs(g),
         builtin=None,
+        example=_example(g),
     )
 
 
+def _example(g: _Group) -> list[dict[str, Any]]:
+    if not g.segments:
+        return []
+    _, seg = g.segments[0]
+    return [
+        {
+            "name": op.name,
+            "dims": op.dims,
+            "types": op.types,
+            "concrete": op.concrete,
+            "compute_type": op.compute_type,
+        }
+        for op in seg.ops
+    ]
+
+
 def _json_attrs(g: _Group) -> dict[str, Any]:
-    attrs = {k: v for k, v in g.attrs.items() if k not in ("q", "k", "v")}
+    attrs = dict(g.attrs)
     if g.library:
         attrs["library_op"] = True
     return attrs

@@ -116,7 +116,12 @@ def find_steps(tl: Timeline, marker: str | None = None) -> tuple[list[Step], str
     found = ranges(names.str.match(_PROFILER_STEP), "ProfilerStep")
     if found:
         return found
-    opt = ann[names.str.match(_OPTIMIZER_STEP).to_numpy() & ann["finished"].to_numpy()].sort_values("start")
+    opt_all = ann[names.str.match(_OPTIMIZER_STEP).to_numpy()]
+    opt = opt_all[opt_all["finished"].to_numpy()].sort_values("start")
+    if len(opt) < len(opt_all):
+        warnings.append(
+            f"{len(opt_all) - len(opt)} optimizer step range(s) still open when the profiler stopped; not used"
+        )
     if len(opt) >= 2:
         ends = (opt["start"] + opt["dur"]).to_numpy()
         steps = [Step(i, f"step {i}", int(a), int(b)) for i, (a, b) in enumerate(itertools.pairwise(ends))]

@@ -36,9 +36,7 @@ def idle_gaps(
 ) -> tuple[int, list[Gap]]:
     """(busy ns summed over steps, the biggest gap causes averaged per step)."""
     k = attr.kernels
-    cpu = timeline.cpu
-    names = cpu["name"].astype(str).to_numpy()
-    runtime = timeline.runtime
+    host = _HostIndex(timeline)
     busy_total = 0
     by_cause: dict[str, list[float]] = defaultdict(list)
     for step in attr.steps:
@@ -49,7 +47,7 @@ def idle_gaps(
         ends = starts + mine["dur"].to_numpy()
         spans = _union(starts, ends)
         busy_total += sum(e - s for s, e in spans)
-        first_launch = {}
+        first_launch: dict[int, tuple[int, int]] = {}
         for s, launch, tid in zip(
             starts.tolist(), mine["launch_start"].tolist(), mine["launch_tid"].tolist()
         ):
@@ -61,7 +59,7 @@ def idle_gaps(
                 continue
             launch, tid = first_launch.get(next_start, (-1, -1))
             if launch > prev_end:
-                cause = _host_cause(cpu, names, runtime, tid, prev_end, launch)
+                cause = host.cause(tid, prev_end, launch)
             else:
                 cause = "dependency wait (kernel queued, waiting on another stream or event)"
             by_cause[cause].append(gap / 1e6)
@@ -74,37 +72,63 @@ def idle_gaps(
     return busy_total, gaps[:top]
 
 
-def _host_cause(cpu, names, runtime, tid: int, t0: int, t1: int) -> str:
-    """The longest CPU activity on the launching thread overlapping (t0, t1)."""
-    rt = runtime[(runtime["tid"] == tid) & (runtime["start"] < t1) & (runtime["start"] + runtime["dur"] > t0)]
-    sync = rt[
-        rt["name"].astype(str).str.contains("Synchronize|Memcpy|cudaStreamWait|EventSynchronize", regex=True)
-    ]
-    if len(sync):
-        longest = sync.loc[(sync["dur"]).idxmax()]
-        op = _enclosing_op(cpu, names, tid, int(longest["start"]))
-        return f"host sync: {longest['name']}" + (f" in {op}" if op else "")
-    ops = cpu[
-        (cpu["tid"] == tid)
-        & (cpu["cat"] == "cpu_op")
-        & (cpu["start"] < t1)
-        & (cpu["start"] + cpu["dur"] > t0)
-    ]
-    if len(ops):
-        overlap = np.minimum(ops["start"] + ops["dur"], t1) - np.maximum(ops["start"], t0)
-        # The outermost (longest overlapping) op says what the host was busy with.
-        i = int(overlap.idxmax())
-        return f"host busy: {names[i]}"
-    return "host: no profiled CPU activity (Python, data loading, or untraced work)"
+_SYNC = ("Synchronize", "Memcpy", "cudaStreamWait", "EventSynchronize")
 
 
-def _enclosing_op(cpu, names, tid: int, t: int) -> str | None:
-    hold = cpu[
-        (cpu["tid"] == tid)
-        & (cpu["cat"] == "cpu_op")
-        & (cpu["start"] <= t)
-        & (cpu["start"] + cpu["dur"] >= t)
-    ]
-    if hold.empty:
-        return None
-    return names[int(hold["dur"].idxmax())]
+class _HostIndex:
+    """Per-thread sorted CPU activity, to ask "what was the host doing between t0 and t1"."""
+
+    def __init__(self, timeline: Timeline):
+        self.threads: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]] = {}
+        self.runtime: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]] = {}
+        ops = timeline.cpu[timeline.cpu["cat"] == "cpu_op"]
+        for tid, g in ops.groupby("tid"):
+            self.threads[int(tid)] = self._index(g)
+        rt = timeline.runtime
+        sync = rt[rt["name"].astype(str).str.contains("|".join(_SYNC))]
+        for tid, g in sync.groupby("tid"):
+            self.runtime[int(tid)] = self._index(g)
+
+    @staticmethod
+    def _index(g):
+        order = np.argsort(g["start"].to_numpy(), kind="stable")
+        start = g["start"].to_numpy()[order]
+        end = start + g["dur"].to_numpy()[order]
+        # Longest end so far: lets a bisect find every range that may overlap a window.
+        reach = np.maximum.accumulate(end)
+        return start, end, reach, [str(n) for n in g["name"].to_numpy()[order]]
+
+    @staticmethod
+    def _overlapping(index, t0: int, t1: int) -> list[int]:
+        start, end, reach, _ = index
+        lo = int(np.searchsorted(reach, t0, side="right"))
+        hi = int(np.searchsorted(start, t1, side="left"))
+        return [i for i in range(lo, hi) if end[i] > t0]
+
+    def cause(self, tid: int, t0: int, t1: int) -> str:
+        """The longest sync call, else the longest op, overlapping (t0, t1) on the thread."""
+        rt = self.runtime.get(tid)
+        if rt is not None:
+            hits = self._overlapping(rt, t0, t1)
+            if hits:
+                i = max(hits, key=lambda j: rt[1][j] - rt[0][j])
+                op = self._enclosing(tid, int(rt[0][i]))
+                return f"host sync: {rt[3][i]}" + (f" in {op}" if op else "")
+        ops = self.threads.get(tid)
+        if ops is not None:
+            hits = self._overlapping(ops, t0, t1)
+            if hits:
+                start, end, _, names = ops
+                i = max(hits, key=lambda j: min(end[j], t1) - max(start[j], t0))
+                return f"host busy: {names[i]}"
+        return "host: no profiled CPU activity (Python, data loading, or untraced work)"
+
+    def _enclosing(self, tid: int, t: int) -> str | None:
+        ops = self.threads.get(tid)
+        if ops is None:
+            return None
+        hits = self._overlapping(ops, t - 1, t)
+        if not hits:
+            return None
+        start, end, _, names = ops
+        return names[max(hits, key=lambda j: end[j] - start[j])]

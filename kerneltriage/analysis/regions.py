@@ -85,10 +85,6 @@ def segment(ops: list[OpInfo], rules: Rules) -> list[Segment]:
     return segments
 
 
-def _matches(name: str, patterns) -> bool:
-    return any(p.search(name) for p in patterns)
-
-
 def _is_activation_matmul(op: OpInfo) -> bool:
     """A batched matmul of two activations (q @ kᵀ), not an activation times a weight."""
     tensors = tensor_inputs(op.dims, op.types)
@@ -97,18 +93,16 @@ def _is_activation_matmul(op: OpInfo) -> bool:
 
 def _attention_end(ops: list[OpInfo], i: int, rules: Rules) -> int | None:
     """Index of the closing matmul when an attention pattern starts at ``ops[i]``."""
-    matmul = rules.patterns("attention", "matmul_ops")
-    softmax = rules.patterns("attention", "softmax_ops")
     limit = int(rules.regions.get("attention", {}).get("max_ops_between", 32))
     boundary = set(rules.regions.get("boundary_kinds") or [])
-    if not (_matches(ops[i].name, matmul) and _is_activation_matmul(ops[i])):
+    if not (rules.match(ops[i].name, "attention", "matmul_ops") and _is_activation_matmul(ops[i])):
         return None
     seen_softmax = False
     for j in range(i + 1, min(len(ops), i + 2 + limit)):
         op = ops[j]
-        if _matches(op.name, softmax):
+        if rules.match(op.name, "attention", "softmax_ops"):
             seen_softmax = True
-        elif _matches(op.name, matmul) and _is_activation_matmul(op):
+        elif rules.match(op.name, "attention", "matmul_ops") and _is_activation_matmul(op):
             return j if seen_softmax else None
         elif op.kind in boundary:
             return None
@@ -117,10 +111,10 @@ def _attention_end(ops: list[OpInfo], i: int, rules: Rules) -> int | None:
 
 def _attention_segment(ops: list[OpInfo], rules: Rules) -> Segment:
     names = [op.name for op in ops]
-    causal = any(_matches(n, rules.patterns("attention", "causal_ops")) for n in names)
-    masked = any(_matches(n, rules.patterns("attention", "mask_ops")) for n in names)
-    softcap = any(_matches(n, rules.patterns("attention", "softcap_ops")) for n in names)
-    dropout = any(_matches(n, rules.patterns("attention", "dropout_ops")) for n in names)
+    causal = any(rules.match(n, "attention", "causal_ops") for n in names)
+    masked = any(rules.match(n, "attention", "mask_ops") for n in names)
+    softcap = any(rules.match(n, "attention", "softcap_ops") for n in names)
+    dropout = any(rules.match(n, "attention", "dropout_ops") for n in names)
     first, last = ops[0], ops[-1]
     (q, qt), (kt, _) = tensor_inputs(first.dims, first.types)[:2]
     v = tensor_inputs(last.dims, last.types)[1][0]
@@ -155,7 +149,7 @@ def _norm_variant(ops: list[OpInfo], rules: Rules) -> str | None:
 
 
 def _is_residual_add(op: OpInfo, rules: Rules) -> bool:
-    if not _matches(op.name, rules.patterns("residual_add_ops")):
+    if not rules.match(op.name, "residual_add_ops"):
         return False
     tensors = tensor_inputs(op.dims, op.types)
     return len(tensors) >= 2 and tensors[0][0] == tensors[1][0] and len(tensors[0][0]) >= 2

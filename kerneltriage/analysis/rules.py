@@ -66,12 +66,20 @@ class Rules:
     norms: list[tuple[str, tuple[re.Pattern[str], ...], tuple[re.Pattern[str], ...]]] = field(
         default_factory=list
     )
+    # Classifications are asked for the same few hundred names millions of times.
+    _memo: dict[tuple, Any] = field(default_factory=dict, repr=False)
 
     def threshold(self, name: str) -> float:
         return self.thresholds[name]
 
     def classify(self, op: str | None, kernel: str | None, activity: str = "kernel") -> str:
         """Kind of a kernel: by activity, then by its op, then by its own name."""
+        key = ("classify", op, kernel, activity)
+        if key not in self._memo:
+            self._memo[key] = self._classify(op, kernel, activity)
+        return self._memo[key]
+
+    def _classify(self, op: str | None, kernel: str | None, activity: str) -> str:
         for c in self.classes:
             if c.activity and activity in c.activity:
                 return c.kind
@@ -89,13 +97,23 @@ class Rules:
 
     def classify_op(self, op: str) -> str | None:
         """Kind of an op name alone (None if no op pattern matches)."""
-        for c in self.classes:
-            if any(p.search(op) for p in c.ops):
-                return c.kind
-        return None
+        key = ("op", op)
+        if key not in self._memo:
+            self._memo[key] = next((c.kind for c in self.classes if any(p.search(op) for p in c.ops)), None)
+        return self._memo[key]
 
     def is_library_op(self, op: str) -> bool:
-        return any(p.search(op) for p in self.library_ops)
+        key = ("library", op)
+        if key not in self._memo:
+            self._memo[key] = any(p.search(op) for p in self.library_ops)
+        return self._memo[key]
+
+    def match(self, name: str, *keys: str) -> bool:
+        """Does ``name`` match a pattern of ``regions.<keys>`` (e.g. "attention", "matmul_ops")?"""
+        key = ("match", name, *keys)
+        if key not in self._memo:
+            self._memo[key] = any(p.search(name) for p in self.patterns(*keys))
+        return self._memo[key]
 
     def recommendation(self, kind: str, variant: str | None = None) -> dict[str, Any]:
         if variant and f"{kind}/{variant}" in self.recommendations:

@@ -166,27 +166,38 @@ def _group(timeline: Timeline, attr: Attribution, rules: Rules) -> dict[tuple, _
     cpu = timeline.cpu
     names = cpu["name"].astype(str).to_numpy()
     starts = cpu["start"].to_numpy()
+    dims_ix, types_ix, concrete_ix = (cpu[c].to_numpy() for c in ("dims", "types", "concrete"))
+
+    def op_info(row: int, name: str, kind: str, compute_type: str | None = None) -> OpInfo:
+        return OpInfo(
+            row,
+            name,
+            kind,
+            timeline.arg(int(dims_ix[row])),
+            timeline.arg(int(types_ix[row])),
+            timeline.arg(int(concrete_ix[row])),
+            compute_type,
+        )
+
     k = attr.kernels
     in_step = k[k["step"] >= 0]
     groups: dict[tuple, _Group] = {}
-    row_group: dict[tuple[int, int], tuple] = {}  # (step, fwd root row) -> group key
+    row_group: dict[tuple[int, int], tuple] = {}  # (step, forward top-level op row) -> group key
 
-    fwd = in_step[(in_step["fwd_root"] >= 0) & in_step["phase"].isin(["fwd", "bwd"])]
-    first_kernel = fwd.groupby("fwd_root")["name"].first().to_dict()
-    first_activity = fwd.groupby("fwd_root")["kind"].first().to_dict()
+    fwd_mask = (in_step["fwd_root"] >= 0) & in_step["phase"].isin(["fwd", "bwd"])
+    fwd = in_step[fwd_mask]
+    first = fwd.groupby("fwd_root")[["name", "kind"]].first()
+    first_kernel, first_activity = first["name"].to_dict(), first["kind"].to_dict()
     compute_types = _compute_types(timeline, attr, set(fwd["fwd_root"].unique().tolist()))
     for step, frame in fwd.groupby("step"):
         rows = sorted(set(frame["fwd_root"].tolist()), key=lambda r: starts[r])
         ops = []
         for r in rows:
-            dims = timeline.arg(int(cpu.at[r, "dims"]))
-            types = timeline.arg(int(cpu.at[r, "types"]))
-            concrete = timeline.arg(int(cpu.at[r, "concrete"]))
             # An op's class comes from the op; copies or memsets inside it are part of it.
             kind = rules.classify_op(names[r]) or rules.classify(
                 None, first_kernel.get(r), first_activity.get(r, "kernel")
             )
-            ops.append(OpInfo(r, names[r], kind, dims, types, concrete, compute_types.get(r)))
+            ops.append(op_info(r, names[r], kind, compute_types.get(r)))
         region_of = [attr.cpu_region[r] for r in rows]
         for seg in _segments_with_regions(ops, region_of, rules):
             key = _segment_key(seg)
@@ -197,60 +208,47 @@ def _group(timeline: Timeline, attr: Attribution, rules: Rules) -> dict[tuple, _
             for r in seg.rows:
                 row_group[(int(step), r)] = key
 
+    # Kernels of forward/backward work: their forward op's group (one lookup per kernel).
+    for index, step, fr in zip(fwd.index, fwd["step"].tolist(), fwd["fwd_root"].tolist()):
+        groups[row_group[(step, fr)]].kernel_index.append(index)
+
+    # The rest: optimizer ops, backward ops with no forward op, annotated or bare kernels.
     seen_roots: set[tuple[int, int]] = set()
-    pending: dict[tuple, list[tuple[int, Segment]]] = {}
-    for i, (step, phase, fr, root, _op, name, region, module, activity) in enumerate(
-        zip(
-            in_step["step"],
-            in_step["phase"],
-            in_step["fwd_root"],
-            in_step["root"],
-            in_step["op"],
-            in_step["name"],
-            in_step["region"],
-            in_step["module"],
-            in_step["kind"],
-        )
+    rest = in_step[~fwd_mask]
+    for index, step, phase, root, name, region, module, activity in zip(
+        rest.index,
+        rest["step"].tolist(),
+        rest["phase"].tolist(),
+        rest["root"].tolist(),
+        rest["name"].tolist(),
+        rest["region"].tolist(),
+        rest["module"].tolist(),
+        rest["kind"].tolist(),
     ):
-        index = in_step.index[i]
-        key = row_group.get((int(step), int(fr))) if fr >= 0 and phase in ("fwd", "bwd") else None
-        if key is None:
-            if root >= 0:
-                op_name = names[root]
-                if op_name.startswith(_BACKWARD_PREFIX):
-                    op_name = op_name[len(_BACKWARD_PREFIX) :]
-                kind = rules.classify_op(op_name) or rules.classify(None, name, activity)
-                key = ("op", kind, op_name, phase == "opt")
-                level, label = "op", op_name
-                # The op itself is the instance (optimizer ops, backward ops with no forward).
-                if (int(step), int(root)) not in seen_roots:
-                    seen_roots.add((int(step), int(root)))
-                    info = OpInfo(
-                        int(root),
-                        op_name,
-                        kind,
-                        timeline.arg(int(cpu.at[root, "dims"])),
-                        timeline.arg(int(cpu.at[root, "types"])),
-                        timeline.arg(int(cpu.at[root, "concrete"])),
-                    )
-                    pending.setdefault(key, []).append((int(step), Segment("op", kind, None, [info])))
-            elif region is not None or module is not None:
-                label = region or module
-                kind = rules.classify(None, name, activity)
-                key = ("annotation", label, kind)
-                level = "region"
-            else:
-                kind = rules.classify(None, name, activity)
-                label = base_name(name)
-                key = ("kernel", kind, label)
-                level = "kernel"
-            if key not in groups:
-                groups[key] = _Group(key, kind, level, name=label, ops=[label] if level == "op" else [])
-                groups[key].library = level == "op" and rules.is_library_op(label)
-        groups[key].kernel_index.append(index)
-    for key, segs in pending.items():
-        groups[key].segments.extend(segs)
-    return {k: g for k, g in groups.items() if g.kernel_index}
+        if root >= 0:
+            label = names[root]
+            if label.startswith(_BACKWARD_PREFIX):
+                label = label[len(_BACKWARD_PREFIX) :]
+            kind = rules.classify_op(label) or rules.classify(None, name, activity)
+            key, level = ("op", kind, label, phase == "opt"), "op"
+        elif region is not None or module is not None:
+            label = region or module
+            kind = rules.classify(None, name, activity)
+            key, level = ("annotation", label, kind), "region"
+        else:
+            kind = rules.classify(None, name, activity)
+            label = base_name(name)
+            key, level = ("kernel", kind, label), "kernel"
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = _Group(key, kind, level, name=label, ops=[label] if level == "op" else [])
+            g.library = level == "op" and rules.is_library_op(label)
+        if level == "op" and (step, root) not in seen_roots:
+            # The op itself is the instance (optimizer ops, backward ops with no forward).
+            seen_roots.add((step, root))
+            g.segments.append((step, Segment("op", kind, None, [op_info(root, label, kind)])))
+        g.kernel_index.append(index)
+    return {key: g for key, g in groups.items() if g.kernel_index}
 
 
 def _segments_with_regions(ops: list[OpInfo], region_of: list[str | None], rules: Rules) -> list[Segment]:

@@ -18,12 +18,15 @@ import gzip
 import io
 import os
 import re
+import sys
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import numpy as np
 import orjson
+import pandas as pd
 
 from kerneltriage.errors import TraceFormatError
 from kerneltriage.ingest.tables import (
@@ -58,18 +61,29 @@ _CATEGORY_ALIASES = {
 _GPU_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 
 
-def read_trace(path: str | os.PathLike[str], *, chunk_bytes: int = CHUNK_BYTES) -> Timeline:
+def read_trace(
+    path: str | os.PathLike[str], *, chunk_bytes: int = CHUNK_BYTES, workers: int | None = None
+) -> Timeline:
     """Read a Kineto trace (``.json`` or ``.json.gz``).
+
+    Large traces are parsed by ``workers`` processes (default: one per core, at most 4, for
+    files over ``PARALLEL_BYTES``), each turning chunks of events into columns.
 
     Raises ``TraceFormatError`` for a file that is not a readable Kineto trace; a trace that
     is valid but holds no GPU activity is returned as is (the caller decides what that means).
     """
     path = Path(path)
-    builder = _Builder()
     try:
-        with _open(path) as stream:
-            meta = _stream_events(stream, builder, chunk_bytes)
-    except TraceFormatError:
+        try:
+            with _open(path) as stream:
+                builder, meta = _read_chunked(stream, chunk_bytes, _workers(path, workers))
+        except _NotKinetoLayout:
+            # Written by another tool (one line, other key order …): parse the whole document.
+            builder = _Builder()
+            with _open(path) as stream:
+                meta = _parse_whole(stream.read(), builder)
+    except TraceFormatError as exc:
+        exc.path = exc.path or str(path)
         raise
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
         raise TraceFormatError(f"compressed data is truncated or corrupt ({exc})", path=str(path)) from None
@@ -77,13 +91,22 @@ def read_trace(path: str | os.PathLike[str], *, chunk_bytes: int = CHUNK_BYTES) 
         raise TraceFormatError(f"not valid JSON ({exc})", path=str(path)) from None
     except OSError as exc:
         raise TraceFormatError(f"cannot read file ({exc.strerror or exc})", path=str(path)) from None
-    if not isinstance(meta, dict):
-        raise TraceFormatError("JSON is not an object with a traceEvents list", path=str(path))
-    if builder.events == 0 and "traceEvents" not in meta:
-        raise TraceFormatError(
-            "JSON has no 'traceEvents': not a PyTorch profiler / Kineto trace", path=str(path)
-        )
     return builder.build(str(path), meta)
+
+
+PARALLEL_BYTES = 64 << 20
+
+
+class _NotKinetoLayout(Exception):
+    """The cheap event-boundary cut does not apply to this file."""
+
+
+def _workers(path: Path, requested: int | None) -> int:
+    if requested is not None:
+        return max(0, requested)
+    if path.stat().st_size < PARALLEL_BYTES // (8 if path.suffix == ".gz" else 1):
+        return 0
+    return min(4, os.cpu_count() or 1)
 
 
 def _open(path: Path) -> BinaryIO:
@@ -98,16 +121,15 @@ def _open(path: Path) -> BinaryIO:
     return open(path, "rb")
 
 
-def _stream_events(stream: BinaryIO, builder: _Builder, chunk_bytes: int) -> dict[str, Any]:
-    """Feed every event of the traceEvents array to ``builder``; return the other top-level keys."""
+def _pieces(stream: BinaryIO, chunk_bytes: int) -> Iterator[tuple[str, bytes]]:
+    """Yield ("header", bytes), then ("events", bytes) pieces, then ("rest", bytes): the last
+    events, the array's closing bracket and the document's tail."""
     head = stream.read(chunk_bytes)
     match = _EVENTS_KEY.search(head)
     if match is None:
-        # Not Kineto's layout (or no events at all): parse the whole document.
-        return _parse_whole(head + stream.read(), builder)
-    header = head[: match.end() - 1]  # up to, not including, the '['
+        raise _NotKinetoLayout
+    yield "header", head[: match.end() - 1]  # up to, not including, the '['
     buf = head[match.end() :]
-    fed_any = False
     while True:
         chunk = stream.read(chunk_bytes)
         if not chunk:
@@ -118,21 +140,74 @@ def _stream_events(stream: BinaryIO, builder: _Builder, chunk_bytes: int) -> dic
             continue
         # The boundary is "}" "," newline "{": the next event starts at the first "{" after cut.
         piece, buf = buf[: cut + 1], buf[buf.index(b"{", cut + 1) :]
-        if not _feed(piece, builder):
-            return _reparse(header, piece, buf, stream, builder, fed_any)
-        fed_any = True
-    # The rest holds the last events, the array's ']' and the document's tail.
-    for end in _candidate_array_ends(buf):
-        tail = buf[end + 1 :]
+        yield "events", piece
+    yield "rest", buf
+
+
+def _read_chunked(stream: BinaryIO, chunk_bytes: int, workers: int) -> tuple[_Builder, dict[str, Any]]:
+    builder = _Builder()
+    pool = None
+    if workers > 1:
+        import concurrent.futures
+        import multiprocessing
+
+        methods = multiprocessing.get_all_start_methods()
+        context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=context)
+    pending: list[Any] = []
+
+    def collect(block: bool) -> None:
+        while pending and (block or pending[0].done() or len(pending) > 2 * workers):
+            builder.merge(*pending.pop(0).result())
+
+    try:
+        header = b""
+        for kind, data in _pieces(stream, chunk_bytes):
+            if kind == "header":
+                header = data
+            elif kind == "events":
+                if pool is None:
+                    builder.merge(*_parse_piece(data))
+                else:
+                    pending.append(pool.submit(_parse_piece, data))
+                    collect(block=False)
+            else:
+                collect(block=True)
+                return builder, _finish(header, data, builder)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    raise _NotKinetoLayout  # pragma: no cover - _pieces always ends with "rest"
+
+
+def _parse_piece(piece: bytes) -> tuple[dict[str, list[dict[str, Any]]], list[Any], int, int]:
+    """Worker: one chunk of events → columns (with chunk-local interned arguments)."""
+    try:
+        events = orjson.loads(b"[" + piece + b"]")
+    except orjson.JSONDecodeError:
+        raise _NotKinetoLayout from None
+    local = _Builder()
+    local.add(events)
+    return local.parts, local.args, local.events, local.skipped
+
+
+def _finish(header: bytes, rest: bytes, builder: _Builder) -> dict[str, Any]:
+    """Parse the last events and the top-level keys around the event array."""
+    for end in _candidate_array_ends(rest):
         try:
-            meta = orjson.loads(header + b"[]" + tail)
+            meta = orjson.loads(header + b"[]" + rest[end + 1 :])
         except orjson.JSONDecodeError:
             continue
-        piece = buf[:end].strip()
-        if piece and not _feed(piece, builder):
-            continue
+        piece = rest[:end].strip()
+        if piece:
+            try:
+                builder.merge(*_parse_piece(piece))
+            except _NotKinetoLayout:
+                continue
+        if not isinstance(meta, dict):
+            raise _NotKinetoLayout
         return meta
-    return _reparse(header, b"", buf, stream, builder, fed_any)
+    raise _NotKinetoLayout
 
 
 def _last_boundary(buf: bytes) -> int | None:
@@ -154,25 +229,6 @@ def _candidate_array_ends(buf: bytes, tries: int = 64) -> Iterator[int]:
         yield pos
 
 
-def _feed(piece: bytes, builder: _Builder) -> bool:
-    try:
-        events = orjson.loads(b"[" + piece + b"]")
-    except orjson.JSONDecodeError:
-        return False
-    builder.add(events)
-    return True
-
-
-def _reparse(
-    header: bytes, piece: bytes, buf: bytes, stream: BinaryIO, builder: _Builder, fed_any: bool
-) -> dict[str, Any]:
-    """A cut failed validation: the layout is not Kineto's. Start over on the whole document."""
-    if fed_any:
-        raise TraceFormatError("event list is malformed part-way through (truncated or corrupt trace?)")
-    rest = stream.read()
-    return _parse_whole(header + b"[" + piece + (b"," if piece and buf else b"") + buf + rest, builder)
-
-
 def _parse_whole(doc: bytes, builder: _Builder) -> dict[str, Any]:
     data = orjson.loads(doc)
     if not isinstance(data, dict):
@@ -183,12 +239,7 @@ def _parse_whole(doc: bytes, builder: _Builder) -> dict[str, Any]:
     if not isinstance(events, list):
         raise TraceFormatError("'traceEvents' is not a list")
     builder.add(events)
-    data["traceEvents"] = None
     return data
-
-
-def _ns(us: Any) -> int:
-    return round(float(us) * 1000.0)
 
 
 def _int(value: Any, default: int = -1) -> int:
@@ -199,113 +250,149 @@ def _int(value: Any, default: int = -1) -> int:
 
 
 class _Builder:
-    """Accumulates typed columns from batches of raw events."""
+    """Accumulates typed columns from batches of raw events.
+
+    Each batch is bucketed by category, then every column is pulled out with one list
+    comprehension and turned into a numpy array at once: per-event Python work stays small
+    and a column costs 8 bytes a value, not a Python object.
+    """
 
     def __init__(self) -> None:
         self.events = 0
-        self.kernels: dict[str, list[Any]] = {k: [] for k in KERNEL_COLUMNS}
-        self.runtime: dict[str, list[Any]] = {k: [] for k in RUNTIME_COLUMNS}
-        self.cpu: dict[str, list[Any]] = {k: [] for k in CPU_COLUMNS}
-        self.gpu_ann: dict[str, list[Any]] = {k: [] for k in GPU_ANNOTATION_COLUMNS}
-        self.names: dict[str, str] = {}
+        self.parts: dict[str, list[dict[str, Any]]] = {"kernels": [], "runtime": [], "cpu": [], "gpu_ann": []}
         self.arg_index: dict[bytes, int] = {}
         self.args: list[Any] = []
         self.skipped = 0
 
-    def _name(self, name: Any) -> str:
-        name = str(name)
-        return self.names.setdefault(name, name)
+    def merge(self, parts: dict[str, list[dict[str, Any]]], args: list[Any], events: int, skipped: int) -> None:
+        """Take over another builder's columns, re-numbering its interned arguments."""
+        self.events += events
+        self.skipped += skipped
+        remap = self._arg_ids(args)
+        for table, chunks in parts.items():
+            for cols in chunks:
+                for column in _INTERNED:
+                    if column in cols and len(remap):
+                        ids = cols[column]
+                        cols[column] = np.where(ids >= 0, remap[np.maximum(ids, 0)], -1)
+                self.parts[table].append(cols)
 
-    def _arg(self, value: Any) -> int:
-        if value is None:
-            return -1
-        key = orjson.dumps(value)
-        index = self.arg_index.get(key)
-        if index is None:
-            index = self.arg_index[key] = len(self.args)
-            self.args.append(value)
-        return index
+    def _arg_ids(self, values: list[Any]) -> np.ndarray:
+        index, args, dumps = self.arg_index, self.args, orjson.dumps
+        out = np.empty(len(values), dtype=np.int64)
+        for i, value in enumerate(values):
+            if value is None:
+                out[i] = -1
+                continue
+            key = dumps(value)
+            j = index.get(key)
+            if j is None:
+                j = index[key] = len(args)
+                args.append(value)
+            out[i] = j
+        return out
 
     def add(self, events: list[Any]) -> None:
         self.events += len(events)
+        # One bucket per output table, events kept in file order (whatever the chunking).
+        gpu: list[tuple[dict[str, Any], str]] = []
+        cpu: list[tuple[dict[str, Any], str]] = []
+        runtime: list[dict[str, Any]] = []
+        gpu_ann: list[dict[str, Any]] = []
         for e in events:
-            if not isinstance(e, dict) or e.get("ph") != "X":
+            if type(e) is not dict or e.get("ph") != "X":
                 continue
-            cat = _CATEGORY_ALIASES.get(str(e.get("cat", "")).lower())
+            cat = e.get("cat")
+            cat = _CATEGORY_ALIASES.get(cat) or _CATEGORY_ALIASES.get(str(cat).lower())
             if cat is None:
                 continue
-            try:
-                if cat in _GPU_KINDS:
-                    self._add_gpu(e, _GPU_KINDS[cat])
-                elif cat == "cpu_op" or cat == "user_annotation":
-                    self._add_cpu(e, cat)
-                elif cat == "cuda_runtime" or cat == "cuda_driver":
-                    self._add_runtime(e)
-                elif cat == "gpu_user_annotation":
-                    self._add_gpu_annotation(e)
-            except (KeyError, TypeError, ValueError):
+            if "ts" not in e or "name" not in e:
                 self.skipped += 1
+            elif cat in _GPU_KINDS:
+                gpu.append((e, _GPU_KINDS[cat]))
+            elif cat == "cpu_op" or cat == "user_annotation":
+                cpu.append((e, cat))
+            elif cat == "cuda_runtime" or cat == "cuda_driver":
+                runtime.append(e)
+            elif cat == "gpu_user_annotation":
+                gpu_ann.append(e)
+        for table, rows, make in (
+            ("kernels", gpu, self._gpu),
+            ("cpu", cpu, self._cpu),
+            ("runtime", runtime, self._runtime),
+            ("gpu_ann", gpu_ann, self._gpu_annotation),
+        ):
+            if not rows:
+                continue
+            try:
+                self.parts[table].append(make(rows))
+            except (TypeError, ValueError):
+                self.skipped += len(rows)
 
-    def _add_gpu(self, e: dict[str, Any], kind: str) -> None:
-        args = e.get("args") or {}
-        grid = args.get("grid") or (-1, -1, -1)
-        block = args.get("block") or (-1, -1, -1)
-        k = self.kernels
-        k["name"].append(self._name(e["name"]))
-        k["kind"].append(kind)
-        k["device"].append(_int(args.get("device", e.get("pid")), 0))
-        k["stream"].append(_int(args.get("stream", e.get("tid"))))
-        k["start"].append(_ns(e["ts"]))
-        k["dur"].append(_ns(e.get("dur", 0)))
-        k["correlation"].append(_int(args.get("correlation")))
-        k["grid_x"].append(_int(grid[0]))
-        k["grid_y"].append(_int(grid[1]))
-        k["grid_z"].append(_int(grid[2]))
-        k["block_x"].append(_int(block[0]))
-        k["block_y"].append(_int(block[1]))
-        k["block_z"].append(_int(block[2]))
-        k["registers"].append(_int(args.get("registers per thread")))
-        k["shared_mem"].append(_int(args.get("shared memory")))
-        k["bytes"].append(_int(args.get("bytes")))
-        k["pid"].append(_int(e.get("pid")))
+    @staticmethod
+    def _common(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        args = [e.get("args") or {} for e in rows]
+        return args, {
+            "name": [sys.intern(str(e["name"])) for e in rows],
+            "start": _ns_array([e["ts"] for e in rows]),
+            "dur": _ns_array([e.get("dur", 0) for e in rows]),
+        }
 
-    def _add_cpu(self, e: dict[str, Any], cat: str) -> None:
-        args = e.get("args") or {}
-        c = self.cpu
-        c["name"].append(self._name(e["name"]))
-        c["cat"].append(cat)
-        c["start"].append(_ns(e["ts"]))
-        c["dur"].append(_ns(e.get("dur", 0)))
-        c["pid"].append(_int(e.get("pid")))
-        c["tid"].append(_int(e.get("tid")))
-        c["ext_id"].append(_int(args.get("External id")))
-        c["seq"].append(_int(args.get("Sequence number")))
-        c["dims"].append(self._arg(args.get("Input Dims")))
-        c["types"].append(self._arg(args.get("Input type")))
-        c["strides"].append(self._arg(args.get("Input Strides")))
-        c["concrete"].append(self._arg(args.get("Concrete Inputs")))
-        # Kineto marks a range still open when the profiler stopped; its duration is not real.
-        c["finished"].append(args.get("finished", True) is not False)
+    def _gpu(self, tagged: list[tuple[dict[str, Any], str]]) -> dict[str, Any]:
+        rows = [e for e, _ in tagged]
+        args, cols = self._common(rows)
+        grids = [a.get("grid") or _NO_DIM for a in args]
+        blocks = [a.get("block") or _NO_DIM for a in args]
+        cols.update(
+            kind=[kind for _, kind in tagged],
+            device=_int_array([a.get("device", e.get("pid")) for a, e in zip(args, rows)], 0),
+            stream=_int_array([a.get("stream", e.get("tid")) for a, e in zip(args, rows)]),
+            correlation=_int_array([a.get("correlation") for a in args]),
+            registers=_int_array([a.get("registers per thread") for a in args]),
+            shared_mem=_int_array([a.get("shared memory") for a in args]),
+            bytes=_int_array([a.get("bytes") for a in args]),
+            pid=_int_array([e.get("pid") for e in rows]),
+        )
+        for i, axis in enumerate("xyz"):
+            cols[f"grid_{axis}"] = _int_array([g[i] if len(g) > i else -1 for g in grids])
+            cols[f"block_{axis}"] = _int_array([b[i] if len(b) > i else -1 for b in blocks])
+        return cols
 
-    def _add_runtime(self, e: dict[str, Any]) -> None:
-        args = e.get("args") or {}
-        r = self.runtime
-        r["name"].append(self._name(e["name"]))
-        r["start"].append(_ns(e["ts"]))
-        r["dur"].append(_ns(e.get("dur", 0)))
-        r["pid"].append(_int(e.get("pid")))
-        r["tid"].append(_int(e.get("tid")))
-        r["correlation"].append(_int(args.get("correlation")))
-        r["ext_id"].append(_int(args.get("External id")))
+    def _cpu(self, tagged: list[tuple[dict[str, Any], str]]) -> dict[str, Any]:
+        rows = [e for e, _ in tagged]
+        args, cols = self._common(rows)
+        cols.update(
+            cat=[cat for _, cat in tagged],
+            pid=_int_array([e.get("pid") for e in rows]),
+            tid=_int_array([e.get("tid") for e in rows]),
+            ext_id=_int_array([a.get("External id") for a in args]),
+            seq=_int_array([a.get("Sequence number") for a in args]),
+            dims=self._arg_ids([a.get("Input Dims") for a in args]),
+            types=self._arg_ids([a.get("Input type") for a in args]),
+            strides=self._arg_ids([a.get("Input Strides") for a in args]),
+            concrete=self._arg_ids([a.get("Concrete Inputs") for a in args]),
+            # Kineto marks a range still open when the profiler stopped; its duration is not real.
+            finished=np.array([a.get("finished", True) is not False for a in args], dtype=bool),
+        )
+        return cols
 
-    def _add_gpu_annotation(self, e: dict[str, Any]) -> None:
-        args = e.get("args") or {}
-        g = self.gpu_ann
-        g["name"].append(self._name(e["name"]))
-        g["start"].append(_ns(e["ts"]))
-        g["dur"].append(_ns(e.get("dur", 0)))
-        g["device"].append(_int(args.get("device", e.get("pid")), 0))
-        g["ext_id"].append(_int(args.get("External id")))
+    def _runtime(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        args, cols = self._common(rows)
+        cols.update(
+            pid=_int_array([e.get("pid") for e in rows]),
+            tid=_int_array([e.get("tid") for e in rows]),
+            correlation=_int_array([a.get("correlation") for a in args]),
+            ext_id=_int_array([a.get("External id") for a in args]),
+        )
+        return cols
+
+    def _gpu_annotation(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        args, cols = self._common(rows)
+        cols.update(
+            device=_int_array([a.get("device", e.get("pid")) for a, e in zip(args, rows)], 0),
+            ext_id=_int_array([a.get("External id") for a in args]),
+        )
+        return cols
 
     def build(self, source: str, meta: dict[str, Any]) -> Timeline:
         meta = {k: v for k, v in meta.items() if k != "traceEvents"}
@@ -316,10 +403,10 @@ class _Builder:
         timeline = Timeline(
             source=source,
             format="kineto",
-            kernels=frame(self.kernels, KERNEL_COLUMNS),
-            runtime=frame(self.runtime, RUNTIME_COLUMNS),
-            cpu=frame(self.cpu, CPU_COLUMNS),
-            gpu_annotations=frame(self.gpu_ann, GPU_ANNOTATION_COLUMNS),
+            kernels=_concat(self.parts["kernels"], KERNEL_COLUMNS),
+            runtime=_concat(self.parts["runtime"], RUNTIME_COLUMNS),
+            cpu=_concat(self.parts["cpu"], CPU_COLUMNS),
+            gpu_annotations=_concat(self.parts["gpu_ann"], GPU_ANNOTATION_COLUMNS),
             device_properties=[p for p in props if isinstance(p, dict)],
             meta=meta,
             args=self.args,
@@ -330,8 +417,42 @@ class _Builder:
         return timeline
 
 
+_NO_DIM = (-1, -1, -1)
+_INTERNED = ("dims", "types", "strides", "concrete")
+
+
+def _ns_array(values: list[Any]) -> np.ndarray:
+    """Microseconds (Kineto's unit) to integer nanoseconds."""
+    return np.rint(np.asarray(values, dtype=np.float64) * 1000.0).astype(np.int64)
+
+
+def _int_array(values: list[Any], default: int = -1) -> np.ndarray:
+    try:
+        return np.array([default if v is None else v for v in values], dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        return np.array([_int(v, default) for v in values], dtype=np.int64)
+
+
+def _concat(parts: list[dict[str, Any]], spec: dict[str, str]) -> pd.DataFrame:
+    if not parts:
+        return frame({}, spec)
+    columns = {}
+    for name in spec:
+        chunks = [p[name] for p in parts if name in p]
+        if not chunks:
+            continue
+        if isinstance(chunks[0], np.ndarray):
+            columns[name] = np.concatenate(chunks)
+        else:
+            columns[name] = [v for chunk in chunks for v in chunk]
+    return frame(columns, spec)
+
+
 def read_trace_bytes(data: bytes, name: str = "<bytes>") -> Timeline:
     """Read a trace held in memory (tests, and traces handed over by other tools)."""
-    builder = _Builder()
-    meta = _stream_events(io.BytesIO(data), builder, CHUNK_BYTES)
+    try:
+        builder, meta = _read_chunked(io.BytesIO(data), CHUNK_BYTES, 0)
+    except _NotKinetoLayout:
+        builder = _Builder()
+        meta = _parse_whole(data, builder)
     return builder.build(name, meta)

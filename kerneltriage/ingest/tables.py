@@ -82,7 +82,12 @@ def frame(columns: dict[str, list[Any]], spec: dict[str, str]) -> pd.DataFrame:
         values = columns.get(name)
         if values is None:
             values = [None if dtype == "object" else (False if dtype == "bool" else -1)] * n
-        data[name] = np.asarray(values, dtype=dtype) if dtype != "object" else pd.array(values, dtype=object)
+        if dtype == "object":
+            array = np.empty(n, dtype=object)
+            array[:] = values
+            data[name] = array
+        else:
+            data[name] = np.asarray(values, dtype=dtype)
     return pd.DataFrame(data, columns=list(spec))
 
 

@@ -1,0 +1,64 @@
+"""Rules are data: loading, merging, validation errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from kerneltriage.analysis.rules import default_rules_path, load_rules
+from kerneltriage.errors import RulesError
+
+
+def test_default_rules_classify_real_names():
+    r = load_rules()
+    assert str(default_rules_path()).endswith("rules/default.yaml")
+    assert r.classify("aten::linear", "nvjet_sm90_tst_256x128") == "gemm"
+    assert r.classify("aten::scaled_dot_product_attention", None) == "attention"
+    assert r.classify(None, "ncclDevKernel_AllReduce_Sum_bf16_RING_LL") == "communication"
+    assert r.classify(None, "triton_poi_fused_add_mul_0") == "elementwise"
+    assert r.classify(None, "triton_red_fused_sum_1") == "reduction"
+    assert r.classify("aten::copy_", "Memcpy DtoD", activity="memcpy") == "memcpy"
+    assert r.classify_op("aten::native_layer_norm") == "norm"
+    assert r.is_library_op("aten::linear") and not r.is_library_op("aten::pow")
+
+
+def test_user_file_merges_over_the_defaults(tmp_path):
+    user = tmp_path / "mine.yaml"
+    user.write_text(
+        "schema: kerneltriage.rules/1\n"
+        "thresholds: {min_headroom: 3.5}\n"
+        "recommendations:\n  gemm: {verdict: skip, reason: library-at-roof}\n"
+    )
+    r = load_rules(user, overrides={"min_share": 0.2})
+    assert r.threshold("min_headroom") == 3.5
+    assert r.threshold("min_share") == 0.2
+    assert r.threshold("max_shapes") == 4  # untouched default
+    assert r.recommendation("gemm")["verdict"] == "skip"
+    assert r.recommendation("norm", "rmsnorm")["builtin"] == "kerneltriage.kernels.rms_norm"
+    assert r.sources[-1] == str(user)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("thresholds: {min_headroom: banana}", "must be a number"),
+        ("thresholds: {min_headrom: 2}", "unknown threshold"),
+        ("thresholds: {min_headroom: 0.5}", "at least 1"),
+        ("op_classes: [{kind: x, ops: ['(unclosed']}]", "bad regular expression"),
+        ("recommendations: {gemm: {verdict: maybe}}", "verdict must be one of"),
+        ("recommendations: {gemm: {verdict: skip}}", "needs a 'reason'"),
+        ("schema: kerneltriage.rules/9", "schema"),
+        ("- just\n- a list", "YAML mapping"),
+        ("thresholds: {min_headroom: [", "not valid YAML"),
+    ],
+)
+def test_bad_rules_are_one_line_errors(tmp_path, text, message):
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    with pytest.raises(RulesError, match=message) as err:
+        load_rules(f)
+    assert str(f) in str(err.value) or "regular expression" in str(err.value)
+
+
+def test_missing_rules_file(tmp_path):
+    with pytest.raises(RulesError, match="no such rules file"):
+        load_rules(tmp_path / "none.yaml")

@@ -1,0 +1,51 @@
+"""Shared loaders for tests: the real H200 capture, read once per session."""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parent / "data"
+GPT = DATA / "gpt-naive-h200"
+TRACE = GPT / "trace.json.gz"
+NCU_ALL = GPT / "ncu_all_launches_raw.csv.gz"
+NCU_PER_CONFIG = GPT / "ncu_per_config_raw.csv.gz"
+NCU_SECTIONS = GPT / "ncu_sections_raw.csv.gz"
+EXAMPLE_RUN = DATA.parents[1] / "examples" / "runs" / "gpt-naive-h200"
+
+
+@functools.cache
+def timeline():
+    from kerneltriage.ingest.kineto import read_trace
+
+    return read_trace(TRACE)
+
+
+@functools.cache
+def counters(path: Path = NCU_ALL):
+    from kerneltriage.ingest.ncu import read_counters
+
+    return read_counters(path)
+
+
+@functools.cache
+def raw_trace() -> dict:
+    return json.loads(gzip.decompress(TRACE.read_bytes()))
+
+
+@functools.cache
+def report(ncu: Path | None = NCU_ALL):
+    from kerneltriage.analysis.gpus import resolve_gpu
+    from kerneltriage.analysis.rules import load_rules
+    from kerneltriage.analysis.triage import triage
+
+    tl = timeline()
+    return triage(tl, resolve_gpu(tl.gpu_name), load_rules(), counters(ncu) if ncu else None)
+
+
+def write_trace(path: Path, data: dict, *, compress: bool = True, indent: int | None = None) -> Path:
+    text = json.dumps(data, indent=indent).encode()
+    path.write_bytes(gzip.compress(text) if compress else text)
+    return path

@@ -491,22 +491,25 @@ def _roofline(
     measured_bytes = None
     if counters is not None and joined.any():
         c = counters.rows.iloc[rows[joined].to_numpy()]
-        tensor_precision = _tensor_precision(g)
         by = c["dram_bytes"].to_numpy(dtype=float)
         parts = {
             "fp32": c["flops_fp32"].to_numpy(dtype=float),
             "fp64": c["flops_fp64"].to_numpy(dtype=float),
             "fp16": c["flops_fp16"].to_numpy(dtype=float),
-            tensor_precision: c["flops_tensor"].to_numpy(dtype=float),
         }
+        # Tensor FLOPs run at the peak of the precision the counter saw (else the op's dtype).
+        fallback = _tensor_precision(g)
+        tensor = c["flops_tensor"].to_numpy(dtype=float)
+        tensor_peak = np.array([gpu.peak(p or fallback) for p in c["tensor_precision"]], dtype=float)
         if np.isfinite(by).any():
             per_kernel = np.nan_to_num(by) / gpu.bandwidth
             flops_time = sum(np.nan_to_num(v) / gpu.peak(p) for p, v in parts.items())
+            flops_time = flops_time + np.nan_to_num(tensor) / tensor_peak
             ceilings = np.maximum(per_kernel, flops_time)
             scale = 1.0 / coverage if coverage else 0.0  # unjoined kernels: same efficiency
             cnt_ceiling = float(ceilings.sum()) * 1e9 * scale
             cnt_bytes = float(np.nansum(by)) * scale
-            cnt_flops = float(sum(np.nansum(v) for v in parts.values())) * scale
+            cnt_flops = float(sum(np.nansum(v) for v in parts.values()) + np.nansum(tensor)) * scale
             measured_bytes = cnt_bytes / n_steps
 
     fused = g.level == "region" and est is not None

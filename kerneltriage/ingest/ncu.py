@@ -324,8 +324,15 @@ def _derive(body, index, name_col, raw, unknown, warnings) -> pd.DataFrame:
         a, m, f = (c if c is not None else [0.0] * n for c in counts)
         return [x + y + 2.0 * z for x, y, z in zip(a, m, f)]
 
-    tensor_cols = [name for name in raw if name.startswith("sm__ops_path_tensor") and name.endswith(".sum")]
+    # Tensor-core FLOPs: the per-source-type totals (sm__ops_path_tensor_src_*) when present,
+    # else the per-instruction-path counters (hgmma, hmma …), which are disjoint. Sparsity
+    # splits repeat their parent counter and are left out.
+    def tensor_columns(prefix: str) -> list[str]:
+        return [n for n in raw if n.startswith(prefix) and n.endswith(".sum") and "sparsity" not in n]
+
+    tensor_cols = tensor_columns("sm__ops_path_tensor_src_") or tensor_columns("sm__ops_path_tensor_op_")
     tensor = add(*(raw[c] for c in tensor_cols)) if tensor_cols else None
+    tensor_precision = _tensor_precisions(raw, tensor_cols, n)
 
     def cell(row, name, default=""):
         i = index.get(name)
@@ -359,6 +366,7 @@ def _derive(body, index, name_col, raw, unknown, warnings) -> pd.DataFrame:
     rows["flops_fp64"] = flops("d") or nan
     rows["flops_fp16"] = flops("h") or nan
     rows["flops_tensor"] = tensor if tensor is not None else nan
+    rows["tensor_precision"] = tensor_precision
     rows["sm_pct"] = get("sm__throughput.avg.pct_of_peak_sustained_elapsed") or nan
     rows["memory_pct"] = get("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed") or nan
     rows["dram_pct"] = (
@@ -371,6 +379,29 @@ def _derive(body, index, name_col, raw, unknown, warnings) -> pd.DataFrame:
     if (rows["grid_x"] < 0).all():
         warnings.append("export has no Grid Size/Block Size columns: joins by name and order only")
     return rows
+
+
+_TENSOR_SOURCES = (
+    ("bf16", "bf16"),
+    ("fp16", "fp16_tensor"),
+    ("tf32", "tf32"),
+    ("fp8", "fp8"),
+    ("fp64", "fp64"),
+)
+
+
+def _tensor_precisions(raw: dict[str, list[float]], columns: list[str], n: int) -> list[str | None]:
+    """Per row, the GPU-table precision whose tensor counter counted the most FLOPs."""
+    out: list[str | None] = [None] * n
+    best = [0.0] * n
+    for column in columns:
+        precision = next((p for key, p in _TENSOR_SOURCES if f"src_{key}" in column), None)
+        if precision is None:
+            continue
+        for i, value in enumerate(raw[column]):
+            if value == value and value > best[i]:  # not NaN, larger
+                best[i], out[i] = value, precision
+    return out
 
 
 def _triple(text: str) -> tuple[int, int, int]:

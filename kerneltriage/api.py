@@ -14,7 +14,7 @@ from pathlib import Path
 from kerneltriage.analysis.gpus import resolve_gpu
 from kerneltriage.analysis.model import Report
 from kerneltriage.analysis.rules import load_rules
-from kerneltriage.analysis.triage import triage
+from kerneltriage.analysis.triage import require_gpu_activity, triage
 from kerneltriage.ingest.source import Profile, load_profile
 
 
@@ -54,6 +54,7 @@ def report_for(
     progress: Callable[[str], None] | None = None,
 ) -> Report:
     timeline = profile.timelines[rank]
+    require_gpu_activity(timeline)
     calibration = profile.manifest.calibration if profile.manifest else None
     spec = resolve_gpu(timeline.gpu_name, gpu, calibration)
     if progress:

@@ -214,5 +214,198 @@ def report(
         click.echo(f"wrote {plot}", err=True)
 
 
+# --- profile / calibrate --------------------------------------------------------------------
+
+
+class _ProfileReporter:
+    """Renders a profiling session: phase lines, the script's output, an ncu progress bar."""
+
+    def __init__(self, quiet: bool):
+        from rich.console import Console
+
+        self.console = Console(stderr=True, highlight=False)
+        self.quiet = quiet
+        self.progress = None
+        self.task = None
+
+    def phase(self, name: str, detail: str = "") -> None:
+        self.console.print(f"[bold]kerneltriage[/] {name}: {detail}")
+
+    def phase_done(self, name: str, seconds: float, detail: str = "") -> None:
+        self._close_bar()
+        self.console.print(
+            f"[bold]kerneltriage[/] {name} done in {seconds:.1f} s" + (f" — {detail}" if detail else "")
+        )
+
+    def output(self, line: str, stream: str) -> None:
+        if not self.quiet:
+            click.echo(line, err=stream == "stderr")
+
+    def ncu_progress(self, done: int, total: int, kernel: str) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        if self.progress is None:
+            self.progress = Progress(
+                TextColumn("ncu"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.description}"),
+                console=self.console,
+                transient=True,
+            )
+            self.progress.start()
+            self.task = self.progress.add_task("", total=total)
+        self.progress.update(self.task, completed=done, total=max(total, done), description=kernel[:40])
+
+    def _close_bar(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+    def warn(self, message: str) -> None:
+        self._close_bar()
+        self.console.print(f"[yellow]warning:[/] {message}", markup=True)
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option(
+    "--out", type=click.Path(path_type=Path), help="Run directory to write (default runs/<script>-<time>)."
+)
+@click.option("--force", is_flag=True, help="Replace an existing run directory.")
+@click.option(
+    "--warmup",
+    type=click.IntRange(min=0),
+    default=3,
+    show_default=True,
+    help="Steps to skip first (compilation, autotuning, cudnn benchmarking).",
+)
+@click.option("--steps", type=click.IntRange(min=1), default=3, show_default=True, help="Steps to record.")
+@click.option("--no-ncu", "no_ncu", is_flag=True, help="Timeline only: skip the Nsight Compute phase.")
+@click.option(
+    "--max-kernels",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="At most this many distinct hot kernels go to Nsight Compute.",
+)
+@click.option(
+    "--coverage",
+    type=click.FloatRange(0.1, 1.0),
+    default=0.95,
+    show_default=True,
+    help="Profile the kernels covering this share of GPU time.",
+)
+@click.option(
+    "--ncu-set",
+    type=click.Choice(["roofline", "full"]),
+    default="roofline",
+    show_default=True,
+    help="'full' adds every Nsight Compute section (slower; for the ncu GUI: RUN/ncu.ncu-rep).",
+)
+@click.option(
+    "--ncu-rank",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="With torchrun: the rank whose kernels Nsight Compute profiles.",
+)
+@click.option(
+    "--run-to-end", is_flag=True, help="Let the script finish instead of stopping after the recorded steps."
+)
+@click.option("--step-marker", help="Regex on record_function names that mark steps; records the whole run.")
+@click.option(
+    "--cpu", is_flag=True, help="Dry run without a GPU: CPU ops only (checks steps and module hooks)."
+)
+@click.option(
+    "--calibrate",
+    "calibrate_first",
+    is_flag=True,
+    help="Measure this GPU's ceilings first (copy, matmul, FMA) and record them in the run.",
+)
+@click.option("-q", "--quiet", is_flag=True, help="Do not echo the script's output.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+@handle_errors
+def profile(
+    out,
+    force,
+    warmup,
+    steps,
+    no_ncu,
+    max_kernels,
+    coverage,
+    ncu_set,
+    ncu_rank,
+    run_to_end,
+    step_marker,
+    cpu,
+    calibrate_first,
+    quiet,
+    command,
+):
+    """Profile a training script and write a run directory for `kerneltriage report`.
+
+    Runs COMMAND twice: under the PyTorch profiler (time shares, ops, shapes, modules) and
+    then under Nsight Compute on the hot kernels only (bytes, FLOPs, duration). The script
+    runs unchanged; steps are found from optimizer steps or `kerneltriage.step()`.
+
+    \b
+    Examples:
+      kerneltriage profile -- python train.py --lr 3e-4
+      kerneltriage profile --warmup 3 --steps 3 --out runs/exp1 -- python -m mypkg.train
+      kerneltriage profile --no-ncu -- python train.py          # timeline only
+      kerneltriage profile -- torchrun --nproc-per-node 2 train.py --ddp
+      kerneltriage report runs/exp1
+    """
+    from kerneltriage.profile.session import Options, run_profile
+
+    options = Options(
+        out=out,
+        force=force,
+        warmup=warmup,
+        steps=steps,
+        ncu=not no_ncu,
+        max_kernels=max_kernels,
+        coverage=coverage,
+        ncu_set=ncu_set,
+        run_to_end=run_to_end,
+        step_marker=step_marker,
+        cpu=cpu,
+        ncu_rank=ncu_rank,
+        calibrate=calibrate_first,
+    )
+    result = run_profile(list(command), options, _ProfileReporter(quiet))
+    for warning in result.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    phases = ", ".join(f"{name} {p.get('seconds', 0):.1f} s" for name, p in result.manifest.phases.items())
+    click.echo(f"wrote {result.run_dir} ({phases})")
+    click.echo(f"next: kerneltriage report {result.run_dir}")
+
+
+@main.command()
+@click.option("--quick", is_flag=True, help="Smaller problems and fewer repetitions (a few seconds).")
+@click.option("--device", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device index.")
+@click.option("--json", "as_json", is_flag=True, help="Print the measurement as JSON.")
+@handle_errors
+def calibrate(quick, device, as_json):
+    """Measure this GPU's ceilings: copy bandwidth, bf16/fp16/tf32 matmul and fp32 FMA peaks.
+
+    The result is stored per GPU (~/.cache/kerneltriage/calibration/); `profile` records it
+    in each run's manifest and `report` then prefers it to the datasheet figures.
+    """
+    import json
+
+    from kerneltriage.profile import calibrate as cal
+
+    result = cal.measure(device, quick)
+    path = cal.save(result)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    peaks = ", ".join(f"{k} {v:g}" for k, v in result["peak_tflops"].items())
+    click.echo(f"{result['gpu']}: copy {result['hbm_gbs']:g} GB/s; peak TFLOP/s: {peaks}")
+    click.echo(f"saved {path}")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

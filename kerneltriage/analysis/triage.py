@@ -76,11 +76,7 @@ def triage(
     source: dict[str, Any] | None = None,
 ) -> Report:
     """Analyse one timeline (one process/rank) and return the ranked report."""
-    if timeline.kernels.empty:
-        raise TraceFormatError(
-            "the trace holds no GPU kernels (a CPU-only run?); kerneltriage needs CUDA activity",
-            path=timeline.source,
-        )
+    require_gpu_activity(timeline)
     attr = attribute(timeline, step_marker)
     kernels = attr.kernels
     in_step = kernels[kernels["step"] >= 0]
@@ -139,6 +135,14 @@ def triage(
         thresholds=dict(rules.thresholds),
         warnings=warnings,
     )
+
+
+def require_gpu_activity(timeline: Timeline) -> None:
+    if timeline.kernels.empty:
+        raise TraceFormatError(
+            "the trace holds no GPU kernels (a CPU-only run?); kerneltriage needs CUDA activity",
+            path=timeline.source,
+        )
 
 
 # --- grouping -------------------------------------------------------------------------------

@@ -1,0 +1,9 @@
+"""``kerneltriage profile``: run a training script under the PyTorch profiler, then under
+Nsight Compute on its hot kernels only, and write one run directory (``kerneltriage.rundir``).
+
+- ``command.py``: the user's command and its rewrite with the runner in front;
+- ``runner.py`` + ``hooks.py``: run inside the user's process (steps, profiler, module ranges);
+- ``session.py``: the two phases, logs, manifest, failures and Ctrl-C;
+- ``ncu.py``: hot-kernel selection, the ncu command line, its progress output;
+- ``calibrate.py``: measured ceilings of this GPU.
+"""

@@ -1,0 +1,185 @@
+"""Phase 2: Nsight Compute on the hot kernels only.
+
+From the phase-1 trace: the kernels covering ``coverage`` of GPU time in the recorded steps
+(capped by ``max_kernels``, communication kernels left out: ncu serializes kernels, which can
+hang collectives). The run profiles one recorded step (NVTX start/end range set by the
+runner on the profiled rank), ``-k regex:`` on the hot kernels' base names, and
+``--filter-mode per-launch-config --launch-count 1``: each unique (kernel, grid, block) once.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from kerneltriage.profile.hooks import NCU_RANGE
+
+#: The roofline metric set: duration, DRAM and L2 bytes, FP32/FP16/FP64 instruction counts,
+#: tensor-pipe FLOPs by source type, and speed-of-light percentages.
+ROOFLINE_METRICS = [
+    "gpu__time_duration.sum",
+    "dram__bytes_read.sum",
+    "dram__bytes_write.sum",
+    "lts__t_bytes.sum",
+    *(
+        f"smsp__sass_thread_inst_executed_op_{p}{op}_pred_on.sum"
+        for p in "fhd"
+        for op in ("add", "mul", "fma")
+    ),
+    "sm__ops_path_tensor_src_bf16_dst_fp32.sum",
+    "sm__ops_path_tensor_src_fp16.sum",
+    "sm__ops_path_tensor_src_tf32_dst_fp32.sum",
+    "sm__ops_path_tensor_src_fp8.sum",
+    "sm__ops_path_tensor_src_fp64.sum",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+    "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+]
+PERMISSION_HELP = (
+    "Nsight Compute needs access to the GPU performance counters (ERR_NVGPUCTRPERM). Run as root, "
+    "or allow all users: add 'options nvidia NVreg_RestrictProfilingToAdminUsers=0' to a file in "
+    "/etc/modprobe.d/ and reload the driver (or reboot); in a container, add --cap-add=SYS_ADMIN. "
+    "See https://developer.nvidia.com/ERR_NVGPUCTRPERM"
+)
+_PROGRESS = re.compile(r'==PROF== Profiling "(?P<name>[^"]*)" - (?P<id>\d+)(?: \((?P<i>\d+)/(?P<n>\d+)\))?')
+
+
+@dataclass
+class HotKernels:
+    names: list[str]  # base names, hottest first
+    configs: int  # distinct (kernel, grid, block) among them in one step: the expected row count
+    coverage: float  # share of in-step GPU kernel time they cover
+    left_out: list[str]  # communication kernels excluded on purpose
+
+
+def select_hot_kernels(trace: Path, coverage: float = 0.95, max_kernels: int = 64) -> HotKernels:
+    """The base names of the kernels covering ``coverage`` of GPU kernel time in the steps."""
+    from kerneltriage.analysis.attribution import attribute
+    from kerneltriage.analysis.rules import load_rules
+    from kerneltriage.ingest.kineto import read_trace
+    from kerneltriage.ingest.names import base_name
+
+    timeline = read_trace(trace)
+    attr = attribute(timeline)
+    k = attr.kernels
+    k = k[(k["step"] >= 0) & (k["kind"] == "kernel")]
+    if k.empty:
+        return HotKernels([], 0, 0.0, [])
+    rules = load_rules()
+    k = k.assign(base=k["name"].map(base_name))
+    k = k.assign(kindof=[rules.classify(None, n) for n in k["name"]])
+    comm = sorted(set(k.loc[k["kindof"] == "communication", "base"]))
+    compute = k[k["kindof"] != "communication"]
+    by_name = compute.groupby("base")["dur"].sum().sort_values(ascending=False)
+    total = float(by_name.sum()) or 1.0
+    chosen: list[str] = []
+    covered = 0.0
+    for name, dur in by_name.items():
+        if covered / total >= coverage or len(chosen) >= max_kernels:
+            break
+        chosen.append(str(name))
+        covered += float(dur)
+    one_step = compute[(compute["step"] == compute["step"].min()) & compute["base"].isin(chosen)]
+    configs = len(
+        one_step.drop_duplicates(["base", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"])
+    )
+    return HotKernels(chosen, configs, covered / total, comm)
+
+
+def available_metrics(ncu: str) -> set[str] | None:
+    """Metric names the attached GPU supports (None when ncu cannot tell)."""
+    try:
+        proc = subprocess.run(
+            [ncu, "--query-metrics"], capture_output=True, text=True, timeout=120, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    names = {
+        line.split()[0] for line in proc.stdout.splitlines() if line and not line.startswith(("-", " ", "="))
+    }
+    return names or None
+
+
+def metric_list(available: set[str] | None) -> list[str]:
+    if available is None:
+        return list(ROOFLINE_METRICS)
+    # --query-metrics lists base names (dram__bytes_read); ours carry a roll-up suffix (.sum).
+    return [m for m in ROOFLINE_METRICS if m.split(".")[0] in available]
+
+
+def ncu_command(
+    ncu: str,
+    report: Path,
+    kernels: list[str],
+    metrics: list[str],
+    app: list[str],
+    *,
+    nvtx: bool = True,
+    full_set: bool = False,
+) -> list[str]:
+    """The ncu command line for phase 2 (``report`` without the .ncu-rep suffix)."""
+    cmd = [
+        ncu,
+        "--target-processes",
+        "all",
+        "--clock-control",
+        "none",
+        "--force-overwrite",
+        "-o",
+        str(report),
+    ]
+    if nvtx:
+        # A start/end range (no trailing slash): process-wide, so backward kernels count.
+        cmd += ["--nvtx", "--nvtx-include", NCU_RANGE]
+    if kernels:
+        cmd += ["-k", "regex:^(" + "|".join(re.escape(k) for k in kernels) + ")$"]
+    cmd += ["--filter-mode", "per-launch-config", "--launch-count", "1"]
+    if full_set:
+        cmd += ["--set", "full"]
+    cmd += ["--metrics", ",".join(metrics)]
+    return [*cmd, *app]
+
+
+def export_command(ncu: str, report: Path) -> list[str]:
+    return [ncu, "--import", str(report), "--csv", "--page", "raw"]
+
+
+@dataclass
+class Progress:
+    index: int  # 1-based count of profiled launches so far
+    kernel: str
+
+
+def parse_progress(line: str, seen: int) -> Progress | None:
+    """ncu prints ``==PROF== Profiling "name" - 4 (5/150): …`` per profiled launch."""
+    match = _PROGRESS.search(line)
+    if match is None:
+        return None
+    return Progress(index=seen + 1, kernel=match.group("name"))
+
+
+def find_ncu() -> str | None:
+    found = shutil.which("ncu")
+    if found:
+        return found
+    for candidate in [
+        *sorted(Path("/opt/nvidia").glob("nsight-compute/*/ncu")),
+        Path("/usr/local/cuda/bin/ncu"),
+    ]:
+        if candidate.is_file():
+            return str(candidate)
+    return None
+
+
+def ncu_version(ncu: str) -> str | None:
+    try:
+        out = subprocess.run(
+            [ncu, "--version"], capture_output=True, text=True, timeout=60, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"Version (\S+)", out)
+    return match.group(1) if match else None

@@ -1,0 +1,473 @@
+"""``kerneltriage profile``: run the user's command twice and write one run directory.
+
+Phase 1 runs the command under the PyTorch profiler (through ``runner.py``); phase 2 runs it
+again under Nsight Compute on the hot kernels of phase 1. The manifest is written at the
+start and after every phase (atomically), so an interrupted or failed run leaves a directory
+that says what it holds.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import gzip
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import kerneltriage
+from kerneltriage import rundir
+from kerneltriage.errors import InputError, ToolError
+from kerneltriage.profile import ncu as ncu_tools
+from kerneltriage.profile.command import Command, parse_command
+from kerneltriage.profile.hooks import EXIT_NO_GPU
+from kerneltriage.profile.runner import CONFIG_ENV
+
+_ENV_KEYS = (
+    "CUDA_VISIBLE_DEVICES",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "TORCH_COMPILE_DEBUG",
+    "NCCL_DEBUG",
+    "OMP_NUM_THREADS",
+    "WORLD_SIZE",
+    "NCCL_NVLS_ENABLE",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+)
+
+
+@dataclass
+class Options:
+    out: Path | None = None
+    force: bool = False
+    warmup: int = 3
+    steps: int = 3
+    ncu: bool = True
+    max_kernels: int = 64
+    coverage: float = 0.95
+    ncu_set: str = "roofline"  # or "full"
+    run_to_end: bool = False
+    step_marker: str | None = None
+    cpu: bool = False
+    ncu_rank: int = 0
+    timeline: str = "torch"
+    calibrate: bool = False
+
+
+class Reporter:
+    """What the session tells the user; the CLI renders it (progress bars, lines)."""
+
+    def phase(self, name: str, detail: str = "") -> None: ...
+
+    def phase_done(self, name: str, seconds: float, detail: str = "") -> None: ...
+
+    def output(self, line: str, stream: str) -> None:
+        print(line, file=sys.stderr if stream == "stderr" else sys.stdout, flush=True)
+
+    def ncu_progress(self, done: int, total: int, kernel: str) -> None: ...
+
+    def warn(self, message: str) -> None:
+        print(f"warning: {message}", file=sys.stderr)
+
+
+@dataclass
+class Result:
+    run_dir: Path
+    manifest: rundir.Manifest
+    warnings: list[str] = field(default_factory=list)
+
+
+def default_out(command: Command) -> Path:
+    stem = Path(command.script).stem.replace(".", "_") or "run"
+    return Path("runs") / f"{stem}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def _prepare_out(out: Path, force: bool) -> None:
+    if out.exists():
+        if not out.is_dir():
+            raise InputError("exists and is not a directory", path=str(out))
+        if any(out.iterdir()):
+            if not force:
+                raise InputError(
+                    "output directory exists and is not empty",
+                    path=str(out),
+                    hint="pass --force to replace it, or choose another --out",
+                )
+            if not (out / rundir.MANIFEST).is_file():
+                raise InputError(
+                    "--force replaces only kerneltriage run directories; this one has no manifest.json",
+                    path=str(out),
+                )
+            shutil.rmtree(out)
+    (out / rundir.LOGS).mkdir(parents=True, exist_ok=True)
+
+
+def run_profile(argv: list[str], options: Options, reporter: Reporter | None = None) -> Result:
+    """Profile ``argv`` (the user's command) and return the run directory."""
+    say = reporter or Reporter()
+    command = parse_command(argv)
+    if options.steps < 1 or options.warmup < 0:
+        raise InputError("--steps must be at least 1 and --warmup at least 0")
+    out = Path(options.out) if options.out else default_out(command)
+    _prepare_out(out, options.force)
+    manifest = rundir.Manifest(
+        kerneltriage_version=kerneltriage.__version__,
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        command=list(argv),
+        cwd=os.getcwd(),
+        env={k: os.environ[k] for k in _ENV_KEYS if k in os.environ},
+        schedule={
+            "warmup": options.warmup,
+            "steps": options.steps,
+            "step_marker": options.step_marker,
+            "run_to_end": options.run_to_end,
+            "ncu_rank": options.ncu_rank,
+        },
+        status="running",
+    )
+    rundir.write_manifest(out, manifest)
+    warnings: list[str] = []
+    try:
+        if options.calibrate and not options.cpu:
+            _phase_calibrate(command, out, manifest, say, warnings)
+        _phase_timeline(command, options, out, manifest, say, warnings)
+        if not manifest.calibration and manifest.gpu.get("name"):
+            manifest.calibration = _cached_calibration(manifest.gpu["name"]) or {}
+        if options.ncu and not options.cpu:
+            _phase_ncu(command, options, out, manifest, say, warnings)
+        elif options.cpu:
+            manifest.notes.append("--cpu dry run: CPU ops only, no GPU kernels and no counters")
+        manifest.status = "ok"
+    except KeyboardInterrupt:
+        manifest.status = "interrupted"
+        manifest.notes.append("interrupted by the user (Ctrl-C); files written so far are kept")
+        raise
+    except BaseException as exc:
+        if manifest.status == "running":
+            manifest.status = "failed"
+            manifest.notes.append(str(exc))
+        raise
+    finally:
+        manifest.notes.extend(w for w in warnings if w not in manifest.notes)
+        rundir.write_manifest(out, manifest)
+    return Result(out, manifest, warnings)
+
+
+# --- phase 1 ------------------------------------------------------------------------------
+
+
+def _phase_timeline(
+    command: Command, options: Options, out: Path, manifest, say: Reporter, warnings: list[str]
+) -> None:
+    whole_run = options.step_marker is not None
+    config = _write_config(out, "timeline", options, command, whole_run=whole_run)
+    say.phase("timeline", "PyTorch profiler" + (" (CPU only)" if options.cpu else ""))
+    seconds, code, tail = _run(command.with_runner(), config, out / rundir.LOGS / "phase1", say, manifest)
+    statuses = _statuses(out, "timeline")
+    manifest.phases["timeline"] = {"seconds": round(seconds, 2), "exit_code": code}
+    _record_environment(manifest, statuses)
+    manifest.exit_code = code
+    if code == EXIT_NO_GPU:
+        raise ToolError(
+            "no CUDA GPU is visible to the script's Python",
+            hint="run on a machine with a GPU, use `kerneltriage report` on an existing trace, "
+            "or pass --cpu for a CPU-only dry run of the set-up",
+        )
+    traces = sorted(out.glob("trace*.json.gz"))
+    steps_seen = max((s.get("steps_seen", 0) for s in statuses), default=0)
+    if not traces and not whole_run and code == 0 and steps_seen < options.warmup + options.steps:
+        # No step boundary fired often enough: record the whole run instead, and say so.
+        reason = (
+            "no step boundary was seen (no torch.optim step, no kerneltriage.step())"
+            if steps_seen == 0
+            else f"only {steps_seen} steps ran, fewer than --warmup {options.warmup} + --steps {options.steps}"
+        )
+        say.warn(f"{reason}; profiling the whole run instead")
+        warnings.append(f"{reason}: the whole run was profiled as one step")
+        manifest.schedule["whole_run"] = True
+        config = _write_config(out, "timeline", options, command, whole_run=True)
+        seconds2, code, tail = _run(
+            command.with_runner(), config, out / rundir.LOGS / "phase1-whole", say, manifest
+        )
+        manifest.phases["timeline"]["seconds"] = round(seconds + seconds2, 2)
+        manifest.exit_code = code
+        traces = sorted(out.glob("trace*.json.gz"))
+        statuses = _statuses(out, "timeline")
+    if whole_run:
+        manifest.schedule["whole_run"] = True
+    if code != 0:
+        detail = "\n".join(tail)
+        if not traces:
+            raise ToolError(
+                f"the script failed (exit code {code}) before any step was recorded; its last output:\n{detail}"
+            )
+        warnings.append(f"the script exited with code {code} after the profiled steps were written")
+    if not traces:
+        raise ToolError("the profiler wrote no trace (see the logs folder of the run directory)")
+    hook_ms = sum(s.get("hook_ms", 0.0) for s in statuses if s.get("rank", 0) == 0)
+    manifest.phases["timeline"].update(
+        steps_seen=steps_seen,
+        step_source=next((s.get("step_source") for s in statuses if s.get("step_source")), None),
+        module_hook_ms_per_step=round(hook_ms / max(1, options.steps), 3),
+        traces=[t.name for t in traces],
+    )
+    manifest.ranks = sorted(s.get("rank", 0) for s in statuses if s.get("trace")) or [0]
+    say.phase_done(
+        "timeline",
+        seconds,
+        f"{len(traces)} trace(s), steps from {manifest.phases['timeline']['step_source'] or 'the whole run'}",
+    )
+
+
+# --- phase 2 ------------------------------------------------------------------------------
+
+
+def _phase_ncu(
+    command: Command, options: Options, out: Path, manifest, say: Reporter, warnings: list[str]
+) -> None:
+    ncu = ncu_tools.find_ncu()
+    if ncu is None:
+        say.warn("Nsight Compute (ncu) is not on PATH: timeline only, no counters")
+        warnings.append("ncu not found: no counters; the report uses shape estimates")
+        return
+    manifest.versions["ncu"] = ncu_tools.ncu_version(ncu) or "unknown"
+    rank_trace = out / (rundir.TRACE if not command.distributed else f"trace.rank{options.ncu_rank}.json.gz")
+    if not rank_trace.is_file():
+        raise ToolError(
+            f"no phase-1 trace for rank {options.ncu_rank} ({rank_trace.name}) to pick hot kernels from"
+        )
+    hot = ncu_tools.select_hot_kernels(rank_trace, options.coverage, options.max_kernels)
+    if not hot.names:
+        warnings.append("phase 1 recorded no GPU kernels in the steps: nothing for ncu to profile")
+        return
+    metrics = ncu_tools.metric_list(ncu_tools.available_metrics(ncu))
+    whole_run = bool(manifest.schedule.get("whole_run"))
+    config = _write_config(out, "ncu", options, command, whole_run=whole_run)
+    report = out / "ncu"
+    cmd = ncu_tools.ncu_command(
+        ncu,
+        report,
+        hot.names,
+        metrics,
+        command.with_runner(),
+        nvtx=not whole_run,
+        full_set=options.ncu_set == "full",
+    )
+    (out / rundir.LOGS / "ncu_command.txt").write_text(" ".join(cmd) + "\n")
+    say.phase(
+        "ncu",
+        f"Nsight Compute on {len(hot.names)} hot kernels ({hot.coverage:.0%} of GPU time), "
+        f"~{hot.configs} launch configurations",
+    )
+    progress = {"done": 0}
+
+    def on_line(line: str) -> bool:
+        p = ncu_tools.parse_progress(line, progress["done"])
+        if p is not None:
+            progress["done"] = p.index
+            say.ncu_progress(p.index, max(hot.configs, p.index), p.kernel)
+            return True
+        return False
+
+    seconds, code, tail = _run(cmd, config, out / rundir.LOGS / "phase2", say, manifest, on_line=on_line)
+    log = (out / rundir.LOGS / "phase2.stdout").read_text(errors="replace") + (
+        out / rundir.LOGS / "phase2.stderr"
+    ).read_text(errors="replace")
+    manifest.phases["ncu"] = {
+        "seconds": round(seconds, 2),
+        "exit_code": code,
+        "kernels": hot.names,
+        "profiled_launches": progress["done"],
+        "expected_configs": hot.configs,
+        "coverage_of_gpu_time": round(hot.coverage, 4),
+        "metrics": metrics,
+        "excluded_communication": hot.left_out,
+    }
+    if "ERR_NVGPUCTRPERM" in log:
+        say.warn(ncu_tools.PERMISSION_HELP)
+        warnings.append("ncu could not read the performance counters (ERR_NVGPUCTRPERM): timeline only")
+        return
+    rep = report.with_suffix(".ncu-rep")
+    if not rep.is_file():
+        warnings.append(f"ncu wrote no report (exit code {code}); last output: " + " | ".join(tail[-3:]))
+        return
+    if code != 0:
+        warnings.append(f"ncu exited with code {code} after writing its report")
+    export = subprocess.run(ncu_tools.export_command(ncu, rep), capture_output=True, text=True, check=False)
+    if export.returncode != 0 or not export.stdout.strip():
+        warnings.append(f"ncu could not export its report to CSV: {export.stderr.strip()[-300:]}")
+        return
+    with gzip.open(out / rundir.NCU_CSV, "wt") as f:
+        f.write(export.stdout)
+    say.phase_done("ncu", seconds, f"{progress['done']} launches profiled")
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+def _write_config(out: Path, mode: str, options: Options, command: Command, *, whole_run: bool) -> Path:
+    config = {
+        "mode": mode,
+        "out": str(out.resolve()),
+        "warmup": options.warmup,
+        "steps": options.steps,
+        "run_to_end": options.run_to_end,
+        "cpu": options.cpu,
+        "whole_run": whole_run,
+        "distributed": command.distributed,
+        "ncu_rank": options.ncu_rank,
+    }
+    path = out / rundir.LOGS / f"config.{mode}.json"
+    path.write_text(json.dumps(config, indent=2) + "\n")
+    for stale in (out / rundir.LOGS).glob(f"status.{mode}.rank*.json"):
+        stale.unlink()
+    return path
+
+
+def _statuses(out: Path, mode: str) -> list[dict[str, Any]]:
+    found = []
+    for f in sorted((out / rundir.LOGS).glob(f"status.{mode}.rank*.json")):
+        try:
+            found.append(json.loads(f.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return found
+
+
+def _record_environment(manifest, statuses: list[dict[str, Any]]) -> None:
+    env = next((s["environment"] for s in statuses if s.get("environment")), {})
+    for key in ("python", "torch", "cuda", "triton"):
+        if env.get(key):
+            manifest.versions[key] = str(env[key])
+    if env.get("gpu"):
+        manifest.gpu.update(env["gpu"])
+    driver = _driver_version()
+    if driver:
+        manifest.gpu["driver"] = driver
+
+
+def _driver_version() -> str | None:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=driver_version,clocks.max.sm,clocks.max.mem", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.splitlines()[0] if out else None
+
+
+def _cached_calibration(gpu_name: str) -> dict[str, Any] | None:
+    from kerneltriage.profile.calibrate import cached
+
+    return cached(gpu_name)
+
+
+def _phase_calibrate(command: Command, out: Path, manifest, say: Reporter, warnings: list[str]) -> None:
+    """Measure the GPU's ceilings with the script's own Python (it has torch and triton)."""
+    python = command.prefix[0] if command.launcher == "python" else sys.executable
+    target = out / rundir.LOGS / "calibration.json"
+    say.phase("calibrate", "measuring copy bandwidth and matmul / FMA peaks")
+    config = _write_config(out, "calibrate", Options(), command, whole_run=False)
+    seconds, code, tail = _run(
+        [python, "-m", "kerneltriage.profile.calibrate", "--json", str(target)],
+        config,
+        out / rundir.LOGS / "calibrate",
+        say,
+        manifest,
+    )
+    if code == 0 and target.is_file():
+        manifest.calibration = json.loads(target.read_text())
+        manifest.phases["calibrate"] = {"seconds": round(seconds, 2)}
+        say.phase_done("calibrate", seconds)
+    else:
+        warnings.append("calibration failed; the report uses datasheet ceilings: " + " | ".join(tail[-3:]))
+
+
+def _child_env(config: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env[CONFIG_ENV] = str(config.resolve())
+    # The script's Python must find kerneltriage even when it is not installed there.
+    package_root = str(Path(kerneltriage.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _run(
+    cmd: list[str],
+    config: Path,
+    log_prefix: Path,
+    say: Reporter,
+    manifest,
+    on_line: Callable[[str], bool] | None = None,
+) -> tuple[float, int, list[str]]:
+    """Run ``cmd``, echo and log its output, return (seconds, exit code, last stderr lines)."""
+    start = time.perf_counter()
+    tail: deque[str] = deque(maxlen=20)
+    try:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=_child_env(config),
+            text=True,
+            errors="replace",
+            bufsize=1,
+        )
+    except FileNotFoundError:
+        raise ToolError(f"cannot start {cmd[0]!r}: not found") from None
+
+    def pump(stream, name: str) -> None:
+        with open(f"{log_prefix}.{name}", "w") as log:
+            for line in stream:
+                line = line.rstrip("\n")
+                log.write(line + "\n")
+                log.flush()
+                if name == "stderr":
+                    tail.append(line)
+                if on_line is not None and on_line(line):
+                    continue
+                say.output(line, name)
+
+    threads = [
+        threading.Thread(target=pump, args=(proc.stdout, "stdout"), daemon=True),
+        threading.Thread(target=pump, args=(proc.stderr, "stderr"), daemon=True),
+    ]
+    for t in threads:
+        t.start()
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        # A terminal's Ctrl-C reaches the child too: let it write what it has and exit. A
+        # second SIGINT would interrupt its clean-up, so send one only if it is still running.
+        for action in (None, signal.SIGINT, signal.SIGKILL):
+            try:
+                if action is not None:
+                    proc.send_signal(action)
+                proc.wait(timeout=10 if action is None else 20)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+            except OSError:
+                break
+        for t in threads:
+            t.join(timeout=5)
+        raise
+    for t in threads:
+        t.join()
+    return time.perf_counter() - start, code, list(tail)

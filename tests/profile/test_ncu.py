@@ -1,0 +1,177 @@
+"""Phase 2 pieces: hot-kernel selection, the ncu command line, progress from ncu's output,
+and the whole phase against a stand-in `ncu` executable (no GPU here)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from kerneltriage import rundir
+from kerneltriage.api import build_report
+from kerneltriage.profile import ncu as ncu_tools
+from kerneltriage.profile import session
+from kerneltriage.profile.command import parse_command
+from tests.helpers import GPT, NCU_PER_CONFIG, TRACE
+
+FAKE_NCU = r'''#!{python}
+"""Stand-in for Nsight Compute: records its argv, prints ncu-like output, exports a CSV."""
+import gzip, os, sys
+args = sys.argv[1:]
+with open(os.environ["FAKE_NCU_LOG"], "a") as f:
+    f.write(" ".join(args) + "\n")
+if args[:1] == ["--version"]:
+    print("NVIDIA (R) Nsight Compute Command Line Profiler\nVersion 2025.3.1.0 (build 1)")
+elif args[:1] == ["--query-metrics"]:
+    print(open(os.environ["FAKE_NCU_METRICS"]).read())
+elif args[:1] == ["--import"]:
+    sys.stdout.write(gzip.open(os.environ["FAKE_NCU_CSV"], "rt").read())
+elif os.environ.get("FAKE_NCU_MODE") == "perm":
+    print("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance Counters")
+    sys.exit(1)
+else:
+    for line in open(os.environ["FAKE_NCU_PROGRESS"]):
+        if line.startswith("==PROF== Profiling"):
+            print(line.rstrip())
+    report = args[args.index("-o") + 1] + ".ncu-rep"
+    open(report, "wb").write(b"fake report")
+'''
+
+
+@pytest.fixture
+def fake_ncu(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "ncu"
+    exe.write_text(FAKE_NCU.replace("{python}", sys.executable))
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    metrics = tmp_path / "metrics.txt"
+    metrics.write_text(
+        Path("benchmarks/probes/h200_roofline_metrics.txt").read_text()
+        + "\nsm__throughput\ngpu__compute_memory_throughput\ngpu__dram_throughput\n"
+    )
+    log = tmp_path / "ncu_calls.txt"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_NCU_LOG", str(log))
+    monkeypatch.setenv("FAKE_NCU_METRICS", str(metrics))
+    monkeypatch.setenv("FAKE_NCU_CSV", str(NCU_PER_CONFIG))
+    monkeypatch.setenv("FAKE_NCU_PROGRESS", str(GPT / "ncu_per_config_log.txt"))
+    return log
+
+
+def _run_dir(tmp_path) -> Path:
+    out = tmp_path / "run"
+    (out / rundir.LOGS).mkdir(parents=True)
+    shutil.copy(TRACE, out / rundir.TRACE)
+    return out
+
+
+def _phase(out: Path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+    manifest = rundir.Manifest(command=["python", "train.py"], gpu={"name": "NVIDIA H200"})
+    warnings: list[str] = []
+    events = []
+
+    class Recorder(session.Reporter):
+        def ncu_progress(self, done, total, kernel):
+            events.append((done, total, kernel))
+
+        def warn(self, message):
+            warnings.append(message)
+
+    session._phase_ncu(
+        parse_command(["python", "train.py"]), session.Options(), out, manifest, Recorder(), warnings
+    )
+    return manifest, warnings, events
+
+
+def test_hot_kernels_cover_the_step():
+    hot = ncu_tools.select_hot_kernels(TRACE, coverage=0.95, max_kernels=64)
+    assert hot.coverage >= 0.95
+    assert "softmax_warp_forward" in hot.names and any(n.startswith("nvjet") for n in hot.names)
+    assert hot.names == sorted(hot.names, key=hot.names.index)  # hottest first, no repeats
+    assert len(set(hot.names)) == len(hot.names)
+    capped = ncu_tools.select_hot_kernels(TRACE, coverage=1.0, max_kernels=3)
+    assert len(capped.names) == 3 and capped.names == hot.names[:3]
+    assert 0 < hot.configs <= 510
+
+
+def test_command_line():
+    cmd = ncu_tools.ncu_command(
+        "ncu", Path("run/ncu"), ["a.b", "nvjet_x"], ["gpu__time_duration.sum"], ["python", "t.py"]
+    )
+    assert cmd[:5] == ["ncu", "--target-processes", "all", "--clock-control", "none"]
+    assert cmd[cmd.index("--nvtx-include") + 1] == "kerneltriage.ncu"  # start/end range: no slash
+    assert cmd[cmd.index("-k") + 1] == r"regex:^(a\.b|nvjet_x)$"
+    assert cmd[cmd.index("--filter-mode") + 1] == "per-launch-config"
+    assert cmd[cmd.index("--launch-count") + 1] == "1"
+    assert cmd[-2:] == ["python", "t.py"]
+    full = ncu_tools.ncu_command("ncu", Path("r"), [], ["m"], ["python", "t.py"], nvtx=False, full_set=True)
+    assert "--nvtx" not in full and full[full.index("--set") + 1] == "full"
+
+
+def test_metrics_follow_what_the_gpu_supports():
+    available = set(Path("benchmarks/probes/h200_roofline_metrics.txt").read_text().split())
+    chosen = ncu_tools.metric_list(available)
+    assert "sm__ops_path_tensor_src_bf16_dst_fp32.sum" in chosen
+    assert "dram__bytes_read.sum" in chosen
+    assert "sm__throughput.avg.pct_of_peak_sustained_elapsed" not in chosen  # not in that list
+    assert ncu_tools.metric_list(None) == ncu_tools.ROOFLINE_METRICS
+
+
+def test_progress_from_a_recorded_ncu_log():
+    seen, names = 0, []
+    for line in (GPT / "ncu_per_config_log.txt").read_text().splitlines():
+        p = ncu_tools.parse_progress(line, seen)
+        if p:
+            seen = p.index
+            names.append(p.kernel)
+    assert seen == 30
+    assert names[0] == "elementwise_kernel" and names[-1] == "multi_tensor_apply_kernel"
+    assert ncu_tools.parse_progress("loss 10.39", 0) is None
+
+
+def test_phase_two_end_to_end_with_a_stand_in_ncu(tmp_path, monkeypatch, fake_ncu):
+    out = _run_dir(tmp_path)
+    manifest, warnings, events = _phase(out, tmp_path, monkeypatch)
+    assert (out / rundir.NCU_CSV).is_file()
+    assert gzip.decompress((out / rundir.NCU_CSV).read_bytes()) == gzip.decompress(
+        NCU_PER_CONFIG.read_bytes()
+    )
+    phase = manifest.phases["ncu"]
+    assert phase["profiled_launches"] == 30 and len(events) == 30
+    assert events[-1][0] == 30 and events[0][2] == "elementwise_kernel"
+    assert manifest.versions["ncu"] == "2025.3.1.0"
+    profile_call = next(line for line in fake_ncu.read_text().splitlines() if " -o " in f" {line} ")
+    assert "--nvtx-include kerneltriage.ncu" in profile_call
+    assert "-m kerneltriage.profile.runner train.py" in profile_call
+    assert (out / "logs" / "ncu_command.txt").read_text().split()[0].endswith("ncu")
+    # The run directory now reports with counters joined.
+    (out / rundir.MANIFEST).write_text(json.dumps(rundir.Manifest().to_json()))
+    rep = build_report(out)
+    assert rep.join is not None and rep.join["rows_joined"] == 30
+
+
+def test_counter_permission_error_is_explained(tmp_path, monkeypatch, fake_ncu):
+    monkeypatch.setenv("FAKE_NCU_MODE", "perm")
+    out = _run_dir(tmp_path)
+    manifest, warnings, _ = _phase(out, tmp_path, monkeypatch)
+    assert not (out / rundir.NCU_CSV).exists()
+    assert any("NVreg_RestrictProfilingToAdminUsers" in w for w in warnings)
+    assert any("ERR_NVGPUCTRPERM" in w for w in warnings)
+
+
+def test_missing_ncu_means_timeline_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing there
+    monkeypatch.setattr(ncu_tools, "find_ncu", lambda: None)
+    out = _run_dir(tmp_path)
+    manifest, warnings, _ = _phase(out, tmp_path, monkeypatch)
+    assert "ncu" not in manifest.phases
+    assert any("ncu" in w and "not" in w for w in warnings)

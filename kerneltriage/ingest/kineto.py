@@ -264,7 +264,9 @@ class _Builder:
         self.args: list[Any] = []
         self.skipped = 0
 
-    def merge(self, parts: dict[str, list[dict[str, Any]]], args: list[Any], events: int, skipped: int) -> None:
+    def merge(
+        self, parts: dict[str, list[dict[str, Any]]], args: list[Any], events: int, skipped: int
+    ) -> None:
         """Take over another builder's columns, re-numbering its interned arguments."""
         self.events += events
         self.skipped += skipped

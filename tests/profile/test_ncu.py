@@ -140,7 +140,7 @@ def test_progress_from_a_recorded_ncu_log():
 
 def test_phase_two_end_to_end_with_a_stand_in_ncu(tmp_path, monkeypatch, fake_ncu):
     out = _run_dir(tmp_path)
-    manifest, warnings, events = _phase(out, tmp_path, monkeypatch)
+    manifest, _, events = _phase(out, tmp_path, monkeypatch)
     assert (out / rundir.NCU_CSV).is_file()
     assert gzip.decompress((out / rundir.NCU_CSV).read_bytes()) == gzip.decompress(
         NCU_PER_CONFIG.read_bytes()
@@ -162,7 +162,7 @@ def test_phase_two_end_to_end_with_a_stand_in_ncu(tmp_path, monkeypatch, fake_nc
 def test_counter_permission_error_is_explained(tmp_path, monkeypatch, fake_ncu):
     monkeypatch.setenv("FAKE_NCU_MODE", "perm")
     out = _run_dir(tmp_path)
-    manifest, warnings, _ = _phase(out, tmp_path, monkeypatch)
+    _, warnings, _ = _phase(out, tmp_path, monkeypatch)
     assert not (out / rundir.NCU_CSV).exists()
     assert any("NVreg_RestrictProfilingToAdminUsers" in w for w in warnings)
     assert any("ERR_NVGPUCTRPERM" in w for w in warnings)

@@ -169,6 +169,10 @@ def report(
     from kerneltriage.api import build_reports
     from kerneltriage.report import render
 
+    if plot:
+        from kerneltriage.report.plots import check_plot_path
+
+        check_plot_path(plot)  # fail before any work, not after the report
     overrides = {"min_headroom": min_headroom, "min_share": min_share, "max_shapes": max_shapes}
     interactive = sys.stderr.isatty() and output is None and fmt == "terminal"
     with _Progress(interactive) as progress:

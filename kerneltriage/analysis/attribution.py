@@ -288,11 +288,15 @@ def _join_launches(
 
     k["op"] = op
     has_op = op >= 0
-    r = np.where(has_op, root[np.where(has_op, op, 0)], -1)
+    # Index only where there is something to index: a timeline may have no cpu rows at all
+    # (an Nsight Systems export without NVTX ranges).
+    r = np.full(len(k), -1, dtype=np.int64)
+    r[has_op] = root[op[has_op]]
     k["root"] = r
     bwd = np.zeros(len(k), dtype=bool)
     bwd[r >= 0] = is_bwd_root[r[r >= 0]]
-    fwd_root = np.where(bwd, np.where(r >= 0, fwd_of[np.where(r >= 0, r, 0)], -1), r)
+    fwd_root = r.copy()
+    fwd_root[bwd] = fwd_of[r[bwd]]
     k["fwd_root"] = fwd_root
     opt = np.zeros(len(k), dtype=bool)
     opt[has_op] = optimizer[op[has_op]]

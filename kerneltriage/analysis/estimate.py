@@ -77,7 +77,12 @@ def dtype_bytes(type_name: str | None, default: int = 4) -> int:
 def tensor_inputs(dims, types) -> list[tuple[list[int], str]]:
     """(dims, dtype) of each tensor argument (scalars and empty lists dropped)."""
     dims = dims or []
-    types = types or [""] * len(dims)
+    if types is None:
+        # Shapes without types (Nsight Systems emit_nvtx names): every non-empty list of ints
+        # is a tensor of unknown dtype (estimates then assume 4-byte elements).
+        return [
+            (list(d), "") for d in dims if isinstance(d, list) and d and all(isinstance(x, int) for x in d)
+        ]
     out = []
     for d, t in zip(dims, types):
         if t == "TensorList" and isinstance(d, list):

@@ -56,6 +56,7 @@ class Shapes:
     varying_dims: list[str]
     signatures: list[dict[str, Any]]  # [{"shape": …, "share": …, "count": …}] most time first
     row_wise_stable: bool = False
+    from_launch_config: bool = False  # no recorded shapes: signatures are grid/block configurations
 
 
 @dataclass

@@ -188,19 +188,30 @@ def _group(timeline: Timeline, attr: Attribution, rules: Rules) -> dict[tuple, _
     groups: dict[tuple, _Group] = {}
     row_group: dict[tuple[int, int], tuple] = {}  # (step, forward top-level op row) -> group key
 
-    fwd_mask = (in_step["fwd_root"] >= 0) & in_step["phase"].isin(["fwd", "bwd"])
+    # Communication kernels are their own candidates, whatever op launched them: they are
+    # never a Triton candidate, and folding them into that op would hide them.
+    comm_names = {n for n in in_step["name"].unique() if rules.classify(None, n) == "communication"}
+    comm = in_step["name"].isin(comm_names) & (in_step["kind"] == "kernel")
+    fwd_mask = (in_step["fwd_root"] >= 0) & in_step["phase"].isin(["fwd", "bwd"]) & ~comm
     fwd = in_step[fwd_mask]
     first = fwd.groupby("fwd_root")[["name", "kind"]].first()
     first_kernel, first_activity = first["name"].to_dict(), first["kind"].to_dict()
+    # An op whose GPU work is only copies and memsets is a memcpy, whatever its name says.
+    copy_only = (
+        fwd.groupby("fwd_root")["kind"].agg(lambda kinds: set(kinds) <= {"memcpy", "memset"}).to_dict()
+    )
     compute_types = _compute_types(timeline, attr, set(fwd["fwd_root"].unique().tolist()))
     for step, frame in fwd.groupby("step"):
         rows = sorted(set(frame["fwd_root"].tolist()), key=lambda r: starts[r])
         ops = []
         for r in rows:
             # An op's class comes from the op; copies or memsets inside it are part of it.
-            kind = rules.classify_op(names[r]) or rules.classify(
-                None, first_kernel.get(r), first_activity.get(r, "kernel")
-            )
+            if copy_only.get(r):
+                kind = "memcpy"
+            else:
+                kind = rules.classify_op(names[r]) or rules.classify(
+                    None, first_kernel.get(r), first_activity.get(r, "kernel")
+                )
             ops.append(op_info(r, names[r], kind, compute_types.get(r)))
         region_of = [attr.cpu_region[r] for r in rows]
         for seg in _segments_with_regions(ops, region_of, rules):
@@ -229,14 +240,19 @@ def _group(timeline: Timeline, attr: Attribution, rules: Rules) -> dict[tuple, _
         rest["module"].tolist(),
         rest["kind"].tolist(),
     ):
-        if root >= 0:
+        if name in comm_names and activity == "kernel":
+            kind, label = "communication", base_name(name)
+            key, level = ("kernel", kind, label), "kernel"
+        elif root >= 0:
             label = names[root]
             if label.startswith(_BACKWARD_PREFIX):
                 label = label[len(_BACKWARD_PREFIX) :]
             kind = rules.classify_op(label) or rules.classify(None, name, activity)
             key, level = ("op", kind, label, phase == "opt"), "op"
         elif region is not None or module is not None:
-            label = region or module
+            # Kernels launched from Python inside a module or region (Triton kernels): one
+            # candidate per place in the model, layers folded (blocks.0.attn → blocks.*.attn).
+            label = region or _module_label([module])
             kind = rules.classify(None, name, activity)
             key, level = ("annotation", label, kind), "region"
         else:
@@ -557,12 +573,26 @@ def _roofline(
 def _shapes(g: _Group, timeline: Timeline, attr: Attribution, k: pd.DataFrame) -> Shapes:
     by_time: dict[tuple, float] = defaultdict(float)
     counts: Counter = Counter()
+    fallback = False
     if g.segments:
         seg_time: dict[tuple[int, int], float] = defaultdict(float)
-        for step, fr, dur in zip(k["step"], k["fwd_root"], k["dur"]):
-            seg_time[(int(step), int(fr))] += float(dur)
+        launches: dict[tuple[int, int], list[tuple]] = defaultdict(list)
+        config_columns = [
+            k[c].tolist() for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
+        ]
+        for step, fr, root, dur, *cfg in zip(k["step"], k["fwd_root"], k["root"], k["dur"], *config_columns):
+            anchor = int(fr) if fr >= 0 else int(root)
+            seg_time[(int(step), anchor)] += float(dur)
+            if cfg[0] >= 0:
+                launches[(int(step), anchor)].append(tuple(int(c) for c in cfg))
         for step, seg in g.segments:
             sig = _signature(seg)
+            if not sig:
+                # No recorded shapes (Nsight Systems without emit_nvtx shapes): judge stability
+                # from the launch configurations instead.
+                fallback = True
+                configs = sorted(c for r in seg.rows for c in launches.get((step, r), []))
+                sig = tuple((f"k{j}.grid+block", c) for j, c in enumerate(configs))
             t = sum(seg_time.get((step, r), 0.0) for r in seg.rows)
             by_time[sig] += t
             counts[sig] += 1
@@ -585,7 +615,9 @@ def _shapes(g: _Group, timeline: Timeline, attr: Attribution, k: pd.DataFrame) -
         ],
         row_wise_stable=g.kind in _ROW_WISE
         and bool(ordered)
+        and not fallback
         and not any(v.endswith("[-1]") for v in varying),
+        from_launch_config=fallback or not g.segments,
     )
 
 

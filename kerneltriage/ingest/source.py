@@ -114,12 +114,33 @@ def load_profile(
             path=str(path),
         )
     say(f"reading {path.name}")
-    timeline = read_timeline(path)
+    if _is_nsys(path):
+        timelines = _read_nsys_ranks(path, ranks)
+    else:
+        timeline = read_timeline(path)
+        timelines = {timeline.rank or 0: timeline}
     counters = None
     if ncu:
         say(f"reading {Path(ncu).name}")
         counters = read_counters(ncu)
-    return Profile({timeline.rank or 0: timeline}, counters, None, None)
+    return Profile(timelines, counters, None, None)
+
+
+def _read_nsys_ranks(path: Path, ranks: list[int] | None) -> dict[int, Timeline]:
+    """An Nsight Systems export holds every process and GPU of the capture: one timeline per
+    (process, device) pair with GPU work, as ranks 0..n-1 in device order."""
+    from kerneltriage.ingest.nsys import read_nsys_all  # only needed for Nsight Systems input
+
+    timelines = read_nsys_all(path)
+    if ranks is None:
+        return timelines
+    missing = [r for r in ranks if r not in timelines]
+    if missing:
+        have = ", ".join(f"{r} (device {t.meta.get('device')})" for r, t in timelines.items())
+        raise InputError(
+            f"rank(s) {', '.join(map(str, missing))} not in the export (it has {have})", path=str(path)
+        )
+    return {r: timelines[r] for r in ranks}
 
 
 def _read_regions(path: Path, warnings: list[str]) -> list[dict[str, Any]]:

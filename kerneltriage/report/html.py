@@ -1,0 +1,246 @@
+"""The HTML report: one self-contained file (inline CSS and SVG charts, no scripts, fonts or
+URLs) that opens offline and pastes into PRs and design docs.
+
+Rendering only: numbers come from the ``Report`` and are formatted with ``report.text``.
+Everything from a trace (kernel and op names, shapes, paths) is escaped by Jinja2's
+autoescaping; the charts are matplotlib SVG whose text matplotlib escapes.
+"""
+
+from __future__ import annotations
+
+import shlex
+from functools import cache
+from typing import Any
+
+from kerneltriage.analysis.model import Candidate, Report
+from kerneltriage.report.text import (
+    bytes_,
+    condition_line,
+    flops,
+    ms,
+    pct,
+    roofline_line,
+    times,
+    verdict_text,
+)
+
+CONDITIONS = ("headroom", "hotness", "stability")
+
+
+@cache
+def _environment():
+    import jinja2
+
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("kerneltriage.report", "templates"),
+        autoescape=True,  # report.html.j2 does not end in .html: turn it on explicitly
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+
+
+def html(report: Report, *, top: int | None = None, run_ref: str = "RUN") -> str:
+    """The report as one HTML page; ``top`` keeps the first N candidates (table, details and chart)."""
+    from markupsafe import Markup
+
+    from kerneltriage.report import plots
+    from kerneltriage.report.render import _idle_lines
+
+    candidates = report.candidates[:top] if top else list(report.candidates)
+    data = plots.roofline_data(report, candidates)
+    context = {
+        "report": report,
+        "title": f"kerneltriage report: {report.source.get('path', '')}",
+        "header": _header(report),
+        "idle": _idle_lines(report) if report.idle_bound else None,
+        "warnings": list(report.warnings),
+        "notes": list(report.notes),
+        "summary": _summary(report, candidates),
+        "roofline_svg": Markup(plots.roofline_svg(report, candidates=candidates)),
+        "breakdown_svg": Markup(plots.breakdown_svg(report)),
+        "breakdown": _breakdown(report),
+        "placed": len(data.points),
+        "not_placed": [{"id": c.id, "name": c.name, "why": why} for c, why in data.not_placed],
+        "candidates": [_candidate(c, run_ref) for c in candidates],
+        "total_candidates": len(report.candidates),
+        "verdict_colors": plots.VERDICT_COLORS,
+        "verdict_labels": plots.VERDICT_LABELS,
+        "verdicts_present": [v for v in plots.VERDICT_COLORS if any(c.verdict == v for c in candidates)],
+    }
+    return _environment().get_template("report.html.j2").render(**context)
+
+
+# --- view models: formatted strings only ----------------------------------------------------
+
+
+def _header(report: Report) -> dict[str, Any]:
+    gpu = report.gpu
+    source = report.source
+    peaks = gpu.get("peak_tflops", {})
+    used = {c.roofline.precision for c in report.candidates if c.roofline.precision}
+    ceilings = [{"name": "memory", "value": f"{gpu['peak_bandwidth_gbs']:,.0f} GB/s", "used": True}]
+    ceilings += [{"name": p, "value": f"{v:,.4g} TFLOP/s", "used": p in used} for p, v in peaks.items()]
+    command = source.get("command")
+    if isinstance(command, (list, tuple)):
+        command = shlex.join(str(part) for part in command)
+    join = report.join
+    if join:
+        counters = (
+            f"{join['rows_joined']}/{join['rows']} ncu rows joined, covering "
+            f"{pct(join['kernel_time_joined_share'])} of kernel time"
+        )
+        counters_ok = join["kernel_time_joined_share"] >= report.thresholds.get("join_warn", 0.9)
+    else:
+        counters = "none: rooflines from shape estimates (run `kerneltriage profile` for ncu counters)"
+        counters_ok = False
+    sources: dict[str, int] = {}
+    for c in report.candidates:
+        sources[c.roofline.source] = sources.get(c.roofline.source, 0) + 1
+    return {
+        "gpu_name": gpu.get("name", "unknown GPU"),
+        "gpu_source": gpu.get("source", ""),
+        "measured": str(gpu.get("source", "")).startswith("measured"),
+        "ceilings": ceilings,
+        "path": str(source.get("path", "")),
+        "command": command,
+        "versions": source.get("versions") or {},
+        "status": source.get("status"),
+        "steps": f"{report.steps} ({report.step_source})",
+        "step_time": ms(report.step_time_ms),
+        "gpu_busy": f"{ms(report.gpu_busy_ms)} ({report.gpu_busy_pct:.1f}%)",
+        "idle": f"{report.idle_pct:.1f}%",
+        "idle_bound": report.idle_bound,
+        "counters": counters,
+        "counters_ok": counters_ok,
+        "unattributed": f"{ms(report.unattributed_ms_per_step)} per step "
+        f"({pct(report.unattributed_share)} of GPU-busy time)",
+        "roofline_sources": ", ".join(
+            f"{n} from {s}" for s, n in sorted(sources.items(), key=lambda kv: -kv[1])
+        ),
+        "schema": report.schema,
+    }
+
+
+def _summary(report: Report, candidates: list[Candidate]) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": c.id,
+            "name": c.name,
+            "verdict": c.verdict,
+            "verdict_text": verdict_text(c),
+            "saving": pct(c.expected_saving_share) if c.expected_saving_share else None,
+            "saving_ms": ms(c.expected_saving_ms) if c.expected_saving_share else None,
+        }
+        for c in candidates
+        if c.verdict != "skip"
+    ]
+
+
+def _breakdown(report: Report) -> list[dict[str, Any]]:
+    from kerneltriage.report.plots import KIND_COLORS, KIND_LABELS, breakdown_items
+
+    items = breakdown_items(report)
+    total = sum(v for _, v in items) or 1.0
+    return [
+        {
+            "kind": KIND_LABELS.get(k, k),
+            "ms": ms(v),
+            "share": pct(v / total),
+            "color": KIND_COLORS.get(k, KIND_COLORS["other"]),
+        }
+        for k, v in items
+    ]
+
+
+def _num(value: float | None, fmt: str = ".3g", suffix: str = "") -> str:
+    return "—" if value is None else f"{value:{fmt}}{suffix}"
+
+
+def _candidate(c: Candidate, run_ref: str) -> dict[str, Any]:
+    r = c.roofline
+    conditions = []
+    for name in CONDITIONS:
+        cond = c.conditions.get(name)
+        if cond is None:
+            conditions.append({"name": name, "mark": "?", "state": "unknown", "text": "not evaluated"})
+            continue
+        mark, label, text = condition_line(name, cond)
+        state = "unknown" if cond.passed is None else ("pass" if cond.passed else "fail")
+        conditions.append({"name": label, "mark": mark, "state": state, "text": text})
+    roofline = [
+        ("bytes per step", bytes_(r.bytes)),
+        ("FLOPs per step", flops(r.flops)),
+        ("arithmetic intensity", _num(r.intensity, ".3g", " FLOP/B")),
+        ("achieved bandwidth", _num(r.achieved_gbs, ",.0f", " GB/s")),
+        ("achieved compute", _num(r.achieved_tflops, ".3g", " TFLOP/s")),
+        ("bound", r.bound or "—"),
+        ("precision (compute roof)", r.precision or "—"),
+        ("ceiling time per step", ms(r.ceiling_ms)),
+        ("headroom (measured ÷ ceiling)", times(c.headroom)),
+        (
+            "ceiling source",
+            r.source + (" (external inputs/outputs only)" if r.source == "fused estimate" else ""),
+        ),
+        ("DRAM bytes moved today (ncu)", bytes_(r.measured_dram_bytes)),
+        ("time with joined counters", pct(r.counters_coverage)),
+    ]
+    shapes = c.shapes
+    return {
+        "id": c.id,
+        "rank": c.rank,
+        "name": c.name,
+        "kind": c.kind,
+        "level": c.level,
+        "variant": c.variant,
+        "module": c.module,
+        "ops": c.ops,
+        "share": pct(c.time_share),
+        "gpu_share": pct(c.gpu_share),
+        "time": ms(c.time_ms_per_step),
+        "fwd": ms(c.fwd_ms_per_step),
+        "bwd": ms(c.bwd_ms_per_step),
+        "instances": f"{c.instances_per_step:g}",
+        "headroom": times(c.headroom),
+        "bound": r.bound or "—",
+        "distinct_shapes": shapes.distinct,
+        "verdict": c.verdict,
+        "verdict_text": verdict_text(c),
+        "verdict_detail": c.reason if c.verdict == "skip" else verdict_text(c, short=True).partition(": ")[2],
+        "reason": c.reason,
+        "builtin": c.builtin,
+        "note": c.note,
+        "saving": pct(c.expected_saving_share) if c.expected_saving_share else "—",
+        "saving_ms": ms(c.expected_saving_ms) if c.expected_saving_share else None,
+        "conditions": conditions,
+        "roofline_line": roofline_line(c),
+        "roofline": roofline,
+        "fused": r.source == "fused estimate",
+        "shapes": {
+            "distinct": shapes.distinct,
+            "dominant_coverage": pct(shapes.dominant_coverage),
+            "varying_dims": ", ".join(shapes.varying_dims) or "none",
+            "row_wise_stable": shapes.row_wise_stable,
+            "signatures": [
+                {
+                    "shape": str(s.get("shape", "")),
+                    "share": pct(s.get("share")),
+                    "count": s.get("count", "—"),
+                }
+                for s in shapes.signatures
+            ],
+        },
+        "kernels": [
+            {
+                "name": k.name,
+                "full_name": k.full_name,
+                "launches": f"{k.launches_per_step:g}",
+                "time": ms(k.time_ms_per_step),
+                "phase": k.phase,
+                "joined": k.joined,
+            }
+            for k in c.kernels
+        ],
+        "scaffold": f"kerneltriage scaffold {shlex.quote(run_ref)} {c.id}",
+    }

@@ -1,0 +1,731 @@
+"""Charts of a ``Report``: the roofline and the time breakdown of one step, as matplotlib
+figures (``--plot roofline.png|.svg``) and as inline SVG for the HTML report.
+
+Rendering only: every number drawn comes from the report. A candidate sits at its arithmetic
+intensity and achieved FLOP/s; its arrow ends at its ceiling, achieved × headroom (the rate it
+would reach at its ceiling time). For a single kernel that point is on the roof; for an op of
+several kernels with different intensities the ceiling is the sum of theirs and can sit below.
+
+matplotlib is imported inside the functions (Agg canvas, no pyplot) so that importing
+``kerneltriage.report`` stays light.
+"""
+
+from __future__ import annotations
+
+import html as _html
+import io
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kerneltriage.analysis.gpus import GPUSpec
+from kerneltriage.analysis.model import Candidate, Report
+from kerneltriage.errors import InputError
+from kerneltriage.report.text import ms, pct, times, verdict_text
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.figure import Figure
+
+PLOT_SUFFIXES = (".png", ".svg")
+VERDICT_COLORS = {"write": "#1a9850", "use-builtin": "#2166ac", "compile": "#e08214", "skip": "#8c8c8c"}
+VERDICT_LABELS = {
+    "write": "write a kernel",
+    "use-builtin": "use a built-in",
+    "compile": "try torch.compile",
+    "skip": "skip",
+}
+KIND_COLORS = {
+    "attention": "#4e79a7",
+    "gemm": "#f28e2b",
+    "norm": "#59a14f",
+    "elementwise": "#e15759",
+    "reduction": "#76b7b2",
+    "softmax": "#edc948",
+    "cross-entropy": "#b07aa1",
+    "embedding": "#ff9da7",
+    "optimizer": "#9c755f",
+    "communication": "#17becf",
+    "memcpy": "#bcbd22",
+    "other": "#7f7f7f",
+    "idle": "#d9d9d9",
+}
+KIND_LABELS = {"gemm": "GEMM"}
+MAX_LABELS = 8
+_INK = "#222222"
+_ROOF = "#3b3b3b"
+_FONT = {
+    "font.family": "DejaVu Sans",
+    "font.size": 9.5,
+    "svg.fonttype": "path",
+    "svg.hashsalt": "kerneltriage",
+}
+
+
+# --- data -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Point:
+    """A candidate placed on the roofline (TFLOP/s and FLOP/byte)."""
+
+    candidate: Candidate
+    intensity: float
+    achieved: float
+    ceiling: float | None  # achieved × headroom; None without a headroom
+    roof: float  # the roof at this intensity: min(peak(precision), intensity × bandwidth)
+    precision: str
+    fused: bool
+
+    @property
+    def id(self) -> str:
+        return self.candidate.id
+
+
+@dataclass
+class RooflineData:
+    points: list[Point]
+    not_placed: list[tuple[Candidate, str]]  # (candidate, why it cannot be placed)
+    bandwidth_tbs: float  # TB/s = TFLOP/s per FLOP/byte
+    roofs: dict[str, float]  # precision -> peak TFLOP/s, the precisions of the placed points
+    measured: bool
+
+
+def gpu_spec(report: Report) -> GPUSpec:
+    g = report.gpu
+    return GPUSpec(
+        key=str(g.get("key", g.get("name", "GPU"))),
+        name=str(g.get("name", "GPU")),
+        sms=int(g.get("sms") or 0),
+        l2_mb=float(g.get("l2_mb") or 0.0),
+        hbm_gbs=float(g["peak_bandwidth_gbs"]),
+        peak_tflops={k: float(v) for k, v in g["peak_tflops"].items()},
+        source=str(g.get("source", "")),
+    )
+
+
+def _resolved_precision(spec: GPUSpec, precision: str | None) -> str:
+    """The table entry ``GPUSpec.peak`` uses for ``precision`` (bf16 may fall back to fp16_tensor)."""
+    wanted = precision or "fp32"
+    peak = spec.peak(wanted)
+    if spec.peak_tflops.get(wanted, -1) * 1e12 == peak:
+        return wanted
+    for name, value in spec.peak_tflops.items():
+        if value * 1e12 == peak:
+            return name
+    return wanted
+
+
+def _why_not_placed(c: Candidate) -> str | None:
+    r = c.roofline
+    if r.intensity is None or r.achieved_tflops is None:
+        if r.bytes and not r.flops:
+            return "no FLOPs: data movement only"
+        if not r.bytes and not r.flops:
+            return "no byte or FLOP count"
+        return "no intensity or achieved rate"
+    if r.intensity <= 0 or r.achieved_tflops <= 0:
+        return "no FLOPs: data movement only"
+    return None
+
+
+def roofline_data(report: Report, candidates: list[Candidate] | None = None) -> RooflineData:
+    """The points, roofs and unplaceable candidates of the roofline chart."""
+    spec = gpu_spec(report)
+    cands = report.candidates if candidates is None else candidates
+    bw = spec.hbm_gbs / 1000.0
+    points, not_placed = [], []
+    for c in cands:
+        why = _why_not_placed(c)
+        if why:
+            not_placed.append((c, why))
+            continue
+        r = c.roofline
+        x, y = float(r.intensity), float(r.achieved_tflops)
+        precision = _resolved_precision(spec, r.precision)
+        roof = min(spec.peak_tflops.get(precision, spec.peak(precision) / 1e12), x * bw)
+        ceiling = y * c.headroom if c.headroom else None
+        points.append(Point(c, x, y, ceiling, roof, precision, r.source == "fused estimate"))
+    roofs = {p.precision: spec.peak_tflops.get(p.precision, spec.peak(p.precision) / 1e12) for p in points}
+    if not roofs:
+        roofs = {"fp32": spec.peak("fp32") / 1e12}
+    roofs = dict(sorted(roofs.items(), key=lambda kv: -kv[1]))
+    measured = str(report.gpu.get("source", "")).startswith("measured")
+    return RooflineData(points, not_placed, bw, roofs, measured)
+
+
+def point_title(p: Point) -> str:
+    """Hover text of a point (plain text; escaped where it is written)."""
+    c, r = p.candidate, p.candidate.roofline
+    lines = [
+        f"{c.id}  {c.name}",
+        f"→ {verdict_text(c)}",
+        f"{pct(c.time_share)} of step · {ms(c.time_ms_per_step)} per step · {c.kind}",
+        f"intensity {p.intensity:.3g} FLOP/B · achieved {p.achieved:.3g} TFLOP/s"
+        + (f" · {r.achieved_gbs:.0f} GB/s" if r.achieved_gbs else ""),
+    ]
+    if p.ceiling is not None:
+        lines.append(
+            f"ceiling {p.ceiling:.3g} TFLOP/s · headroom {times(c.headroom)} · {r.bound}-bound, {p.precision}"
+        )
+    lines.append(f"roof here {p.roof:.3g} TFLOP/s · ceiling source: {r.source}")
+    return "\n".join(lines)
+
+
+# --- figures --------------------------------------------------------------------------------
+
+
+def _figure(width: float, height: float) -> Figure:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=100, facecolor="white")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _rc():
+    import matplotlib
+
+    return matplotlib.rc_context(_FONT)
+
+
+def _marker_radius_pt(share: float) -> float:
+    return math.sqrt(_marker_area(share)) / 2
+
+
+def _marker_area(share: float) -> float:
+    """Marker area in pt² ∝ share of step time, with a floor so small ones stay visible."""
+    return 28.0 + 1400.0 * max(share, 0.0)
+
+
+def _fmt_tick(value: float, _pos: Any = None) -> str:
+    if value <= 0:
+        return ""
+    if value >= 1:
+        return f"{value:,.0f}"
+    return f"{value:g}"
+
+
+def _labelled(points: list[Point]) -> list[Point]:
+    """Points that get an id label: every actionable one, then the hottest, up to MAX_LABELS."""
+    ranked = sorted(points, key=lambda p: (p.candidate.verdict == "skip", p.candidate.rank))
+    actionable = [p for p in ranked if p.candidate.verdict != "skip"]
+    rest = sorted((p for p in ranked if p.candidate.verdict == "skip"), key=lambda p: -p.candidate.time_share)
+    return (actionable + rest)[: max(MAX_LABELS, len(actionable))]
+
+
+def _short(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _key_lines(data: RooflineData, labelled: list[Point]) -> list[str]:
+    lines = []
+    for p in sorted(labelled, key=lambda p: p.candidate.rank):
+        c = p.candidate
+        head = f"headroom {times(c.headroom)}" if c.headroom else "no headroom"
+        verdict = _short(verdict_text(c, short=True), 46)
+        lines.append(f"{c.id}  {_short(c.name, 52)} — {pct(c.time_share)} of step, {head} → {verdict}")
+    reasons: dict[str, list[str]] = {}
+    for c, why in data.not_placed:
+        reasons.setdefault(why, []).append(c.id)
+    if reasons:
+        parts = [f"{_short(', '.join(ids), 40)} ({why})" for why, ids in reasons.items()]
+        lines.append("Not placed: " + "; ".join(parts))
+    return lines
+
+
+def roofline_figure(report: Report, *, candidates: list[Candidate] | None = None, key: bool = True) -> Figure:
+    """The roofline chart: log-log intensity vs achieved TFLOP/s, the memory roof and a compute
+    roof per precision used, a point per candidate (area ∝ time share, colour = verdict, diamond =
+    fused region at its fused intensity) with an arrow up to its ceiling. ``key`` adds the
+    labelled candidates' names under the chart (for a standalone image)."""
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    data = roofline_data(report, candidates)
+    labelled = _labelled(data.points)
+    key_lines = _key_lines(data, labelled) if key else []
+    top_in, axes_in, bottom_in = 0.75, 5.4, 0.65
+    key_in = 0.2 * len(key_lines) + (0.15 if key_lines else 0.0)
+    width = 10.0
+    height = top_in + axes_in + bottom_in + key_in
+    with _rc():
+        fig = _figure(width, height)
+        ax = fig.add_axes(
+            (0.075, (bottom_in + key_in) / height, 0.875, axes_in / height),
+        )
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+
+        bw = data.bandwidth_tbs
+        peaks = list(data.roofs.values())
+        xs = [p.intensity for p in data.points] or [1.0]
+        ys = [p.achieved for p in data.points] or [1.0]
+        ridges = [peak / bw for peak in peaks]
+        x_lo = 10 ** math.floor(math.log10(min(xs) / 1.5))
+        x_hi = 10 ** math.ceil(math.log10(max(*xs, *ridges) * 1.5))
+        y_lo = 10 ** math.floor(math.log10(min(*ys, x_lo * bw * 2) / 1.5))
+        y_hi = max(max(peaks) * 2.5, max(ys) * 2)  # room for the roof labels (and noisy points)
+        ax.set_xlim(x_lo, x_hi)
+        ax.set_ylim(y_lo, y_hi)
+
+        # The roofs: one memory slope up to the highest ridge, a flat compute roof per precision.
+        top_ridge = max(ridges)
+        ax.fill_between(
+            [x_lo, top_ridge, x_hi], [x_lo * bw, max(peaks), max(peaks)], y_lo, color="#f3f6fa", zorder=0
+        )
+        ax.plot(
+            [x_lo, top_ridge],
+            [x_lo * bw, top_ridge * bw],
+            color=_ROOF,
+            lw=2.0,
+            zorder=1,
+            solid_capstyle="round",
+        )
+        for i, (precision, peak) in enumerate(data.roofs.items()):
+            ridge = peak / bw
+            ax.plot(
+                [ridge, x_hi],
+                [peak, peak],
+                color=_ROOF,
+                lw=2.0 if i == 0 else 1.4,
+                ls="-" if i == 0 else (0, (5, 3)),
+                zorder=1,
+            )
+            ax.annotate(
+                f"{precision} peak {peak:,.4g} TFLOP/s",
+                (x_hi, peak),
+                xytext=(-6, 3),
+                textcoords="offset points",
+                ha="right",
+                va="bottom",
+                color=_ROOF,
+                fontsize=9,
+            )
+        # Points, biggest first so that small ones stay on top; arrows up to the ceiling.
+        for p in sorted(data.points, key=lambda p: -p.candidate.time_share):
+            c = p.candidate
+            color = VERDICT_COLORS.get(c.verdict, VERDICT_COLORS["skip"])
+            radius = _marker_radius_pt(c.time_share)
+            if p.ceiling is not None and p.ceiling > p.achieved * 1.02:
+                arrow = ax.annotate(
+                    "",
+                    xy=(p.intensity, p.ceiling),
+                    xytext=(p.intensity, p.achieved),
+                    arrowprops={
+                        "arrowstyle": "-|>,head_length=0.5,head_width=0.22",
+                        "color": color,
+                        "lw": 1.3,
+                        "alpha": 0.85,
+                        "shrinkA": radius * (0.75 if p.fused else 0.6),
+                        "shrinkB": 0,
+                        "linestyle": (0, (4, 2)) if p.fused else "-",
+                    },
+                    zorder=2,
+                )
+                arrow.arrow_patch.set_gid(f"kt-arrow-{c.id}")
+                if abs(math.log(p.ceiling / p.roof)) > 0.15:  # ceiling well off the roof: mark it
+                    ax.plot([p.intensity], [p.ceiling], marker="_", ms=9, mew=1.6, color=color, zorder=2)
+            sc = ax.scatter(
+                [p.intensity],
+                [p.achieved],
+                s=_marker_area(c.time_share) * (0.8 if p.fused else 1.0),
+                marker="D" if p.fused else "o",
+                color=color,
+                alpha=0.88,
+                edgecolors="white",
+                linewidths=1.0,
+                zorder=3 + (1 - c.time_share),
+            )
+            sc.set_gid(f"kt-point-{c.id}")
+            sc.set_urls([f"#{c.id}"])
+
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_locator(LogLocator(base=10))
+            axis.set_minor_locator(LogLocator(base=10, subs=(2.0, 5.0)))
+        ax.xaxis.set_major_formatter(FuncFormatter(_fmt_tick))
+        ax.yaxis.set_major_formatter(FuncFormatter(_fmt_tick))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.grid(True, which="major", color="#dddddd", lw=0.6, zorder=0)
+        ax.set_axisbelow(True)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+        ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+        ax.set_ylabel("achieved TFLOP/s")
+
+        gpu = report.gpu
+        fig.text(
+            0.075,
+            1 - 0.3 / height,
+            f"Roofline — {gpu.get('name', 'GPU')}",
+            fontsize=13,
+            fontweight="bold",
+            color=_INK,
+            va="baseline",
+        )
+        which = "measured" if data.measured else "datasheet"
+        fig.text(
+            0.075,
+            1 - 0.52 / height,
+            f"{which} ceilings · {report.source.get('path', '')} · step {ms(report.step_time_ms)}"
+            " · area ∝ share of step time · arrow: up to the candidate's ceiling",
+            fontsize=9,
+            color="#555555",
+            va="baseline",
+        )
+
+        # Legend: verdicts present, then the marker shapes.
+        verdicts = [v for v in VERDICT_COLORS if any(p.candidate.verdict == v for p in data.points)]
+        handles = [
+            Line2D([], [], ls="", marker="o", ms=9, color=VERDICT_COLORS[v], label=VERDICT_LABELS[v])
+            for v in verdicts
+        ]
+        handles += [
+            Line2D([], [], ls="", marker="o", ms=8, mfc="none", mec=_ROOF, label="op or kernel"),
+            Line2D(
+                [],
+                [],
+                ls="",
+                marker="D",
+                ms=7,
+                mfc="none",
+                mec=_ROOF,
+                label="fused region (estimated ceiling)",
+            ),
+        ]
+        legend = ax.legend(
+            handles=handles,
+            loc="best",  # upper left in most charts: nothing can sit above the memory roof
+            frameon=True,
+            framealpha=0.95,
+            edgecolor="#cccccc",
+            fontsize=8.5,
+            borderpad=0.6,
+        )
+        legend.set_zorder(6)
+
+        _place_labels(fig, ax, data, labelled, legend, top_ridge)
+
+        if key_lines:
+            step = 0.2 / height
+            y0 = (key_in - 0.05) / height - 0.5 * step
+            for i, line in enumerate(key_lines):
+                fig.text(
+                    0.075, y0 - i * step, line, fontsize=8.5, color=_INK if i < len(labelled) else "#666666"
+                )
+    return fig
+
+
+def _place_labels(
+    fig: Figure, ax: Any, data: RooflineData, labelled: list[Point], legend: Any, top_ridge: float
+) -> None:
+    """The memory roof's label along its slope, then id labels next to their points, greedily
+    choosing places that overlap nothing already drawn (labels, points, arrows, the legend);
+    a leader line when a label sits far from its point."""
+    from matplotlib.transforms import Bbox
+
+    renderer = fig.canvas.get_renderer()
+    to_px = fig.dpi / 72.0
+    trans = ax.transData
+    obstacles: list[Bbox] = [legend.get_window_extent(renderer)]
+    for text in ax.texts:
+        if text.get_text():
+            obstacles.append(text.get_window_extent(renderer))
+    for p in data.points:
+        cx, cy = trans.transform((p.intensity, p.achieved))
+        r = _marker_radius_pt(p.candidate.time_share) * to_px
+        obstacles.append(Bbox.from_extents(cx - r, cy - r, cx + r, cy + r))
+        if p.ceiling is not None and p.ceiling > p.achieved * 1.02:
+            _, ty = trans.transform((p.intensity, p.ceiling))
+            obstacles.append(Bbox.from_extents(cx - 3, cy + r, cx + 3, ty))
+    axbox = ax.get_window_extent(renderer)
+
+    def overlap(a: Bbox, b: Bbox) -> float:
+        w = min(a.x1, b.x1) - max(a.x0, b.x0)
+        h = min(a.y1, b.y1) - max(a.y0, b.y0)
+        return w * h if w > 0 and h > 0 else 0.0
+
+    def cost(box: Bbox) -> float:
+        total = sum(overlap(box, other) for other in obstacles)
+        outside = box.width * box.height - overlap(box, axbox)
+        return total + 4 * outside
+
+    # The memory roof label, rotated along the slope, where it covers the fewest points and arrows.
+    bw = data.bandwidth_tbs
+    x_lo = ax.get_xlim()[0]
+    (ax0, ay0), (ax1, ay1) = trans.transform([(x_lo, x_lo * bw), (top_ridge, top_ridge * bw)])
+    angle = math.degrees(math.atan2(ay1 - ay0, ax1 - ax0))
+    best_label = None
+    for frac in (0.04, 0.5, 0.6, 0.4, 0.7, 0.3, 0.2, 0.1):
+        x_lab = x_lo * (top_ridge / x_lo) ** frac
+        label = ax.annotate(
+            f"memory roof {bw:.3g} TB/s",
+            (x_lab, x_lab * bw),
+            xytext=(2, 5),
+            textcoords="offset points",
+            rotation=angle,
+            rotation_mode="anchor",
+            ha="left",
+            va="bottom",
+            color=_ROOF,
+            fontsize=9,
+        )
+        box = label.get_window_extent(renderer)
+        score = cost(box)
+        label.remove()
+        if best_label is None or score < best_label[0] - 1.0:
+            best_label = (score, label, box)
+    assert best_label is not None
+    ax.add_artist(best_label[1])
+    best_label[1].set_gid("kt-memory-roof-label")
+
+    for p in labelled:
+        c = p.candidate
+        r = _marker_radius_pt(c.time_share)
+        text = f"{c.id} {times(c.headroom)}" if c.headroom and c.verdict != "skip" else c.id
+        best = None
+        for dist in (r + 2.5, r + 12, r + 24, r + 40):
+            for deg in (0, 180, 30, -30, 150, -150, 90, -90, 60, -60, 120, -120):
+                dx = dist * math.cos(math.radians(deg))
+                dy = dist * math.sin(math.radians(deg))
+                ha = "left" if dx > 1 else ("right" if dx < -1 else "center")
+                va = "bottom" if dy > 1 else ("top" if dy < -1 else "center")
+                ann = ax.annotate(
+                    text,
+                    (p.intensity, p.achieved),
+                    xytext=(dx, dy),
+                    textcoords="offset points",
+                    ha=ha,
+                    va=va,
+                    fontsize=9,
+                    fontweight="bold",
+                    color=_INK,
+                    zorder=7,
+                )
+                box = ann.get_window_extent(renderer).padded(1.5)
+                score = cost(box) + dist * 0.5
+                ann.remove()
+                if best is None or score < best[0]:
+                    best = (score, dx, dy, ha, va, dist, box)
+            if best is not None and best[0] <= best[5] * 0.5 + 1e-9:
+                break
+        assert best is not None
+        _, dx, dy, ha, va, dist, box = best
+        leader = dist > r + 10
+        ann = ax.annotate(
+            text,
+            (p.intensity, p.achieved),
+            xytext=(dx, dy),
+            textcoords="offset points",
+            ha=ha,
+            va=va,
+            fontsize=9,
+            fontweight="bold",
+            color=_INK,
+            zorder=7,
+            arrowprops={"arrowstyle": "-", "color": "#777777", "lw": 0.6, "shrinkA": 1, "shrinkB": r * 0.8}
+            if leader
+            else None,
+        )
+        ann.set_gid(f"kt-label-{c.id}")
+        obstacles.append(box)
+
+
+def breakdown_figure(report: Report) -> Figure:
+    """One step as a stacked horizontal bar by kind (GEMM, attention, norm, …, idle)."""
+    from matplotlib.patches import Patch
+
+    items = breakdown_items(report)
+    total = sum(v for _, v in items) or 1.0
+    with _rc():
+        fig = _figure(10.0, 2.1)
+        ax = fig.add_axes((0.02, 0.36, 0.96, 0.36))
+        left = 0.0
+        labels = []
+        for kind, value in items:
+            color = KIND_COLORS.get(kind, KIND_COLORS["other"])
+            bar = ax.barh(
+                [0],
+                [value],
+                left=left,
+                height=0.8,
+                color=color,
+                edgecolor="white",
+                linewidth=1.2,
+                hatch="///" if kind == "idle" else None,
+            )
+            bar.patches[0].set_gid(f"kt-kind-{kind}")
+            labels.append((left, value, kind))
+            left += value
+        ax.set_xlim(0, total)
+        ax.set_ylim(-0.45, 0.45)
+        renderer = fig.canvas.get_renderer()
+        for start, value, kind in labels:  # inside a segment only where the text fits
+            share = value / total
+            x0, _ = ax.transData.transform((start, 0))
+            x1, _ = ax.transData.transform((start + value, 0))
+            for text in (
+                f"{KIND_LABELS.get(kind, kind)}\n{ms(value)} · {pct(share)}",
+                f"{KIND_LABELS.get(kind, kind)}\n{pct(share)}",
+                pct(share, 0),
+            ):
+                label = ax.text(
+                    start + value / 2,
+                    0,
+                    text,
+                    ha="center",
+                    va="center",
+                    fontsize=9,
+                    color=_INK if kind in ("idle", "softmax", "memcpy", "embedding") else "white",
+                    fontweight="bold",
+                )
+                if label.get_window_extent(renderer).width <= (x1 - x0) - 8:
+                    break
+                label.remove()
+        ax.axis("off")
+        fig.text(
+            0.02,
+            0.84,
+            f"One step: {ms(report.step_time_ms)} — GPU busy {report.gpu_busy_pct:.1f}%, idle {report.idle_pct:.1f}%",
+            fontsize=12,
+            fontweight="bold",
+            color=_INK,
+        )
+        handles = [
+            Patch(
+                facecolor=KIND_COLORS.get(k, KIND_COLORS["other"]),
+                hatch="///" if k == "idle" else None,
+                edgecolor="white",
+                label=f"{KIND_LABELS.get(k, k)} {ms(v)} ({pct(v / total)})",
+            )
+            for k, v in items
+        ]
+        if handles:
+            fig.legend(
+                handles=handles,
+                loc="lower left",
+                bbox_to_anchor=(0.015, 0.0),
+                ncol=min(4, len(handles)),
+                frameon=False,
+                fontsize=8.5,
+                handlelength=1.4,
+                columnspacing=1.6,
+            )
+    return fig
+
+
+def breakdown_items(report: Report) -> list[tuple[str, float]]:
+    """(kind, ms per step), largest first, idle last; kinds with no time left out."""
+    items = [(k, float(v)) for k, v in report.kind_breakdown.items() if k != "idle" and v > 0]
+    items.sort(key=lambda kv: -kv[1])
+    idle = float(report.kind_breakdown.get("idle", 0.0))
+    if idle > 0:
+        items.append(("idle", idle))
+    return items
+
+
+# --- files and inline SVG -------------------------------------------------------------------
+
+
+def check_plot_path(path: str | Path) -> Path:
+    """``path`` if it names a PNG or SVG file; else an ``InputError`` (exit code 2)."""
+    path = Path(path)
+    if path.suffix.lower() not in PLOT_SUFFIXES:
+        suffix = path.suffix or "no suffix"
+        raise InputError(
+            f"cannot write a plot as {suffix!s}: the file name must end in .png or .svg", path=str(path)
+        )
+    return path
+
+
+def save_roofline(report: Report, path: str | Path) -> Path:
+    """Write the roofline chart as PNG or SVG, chosen by the file's suffix."""
+    path = check_plot_path(path)
+    if not path.parent.is_dir():
+        raise InputError("cannot write the plot: no such directory", path=str(path))
+    fig = roofline_figure(report)
+    fmt = path.suffix.lower().lstrip(".")
+    try:
+        if fmt == "svg":
+            svg = _titled_svg(_svg_text(fig), _titles(report))
+            svg = re.sub(r"</?a\b[^>]*>\n?", "", svg)  # links to #C1 lead nowhere outside the HTML
+            path.write_text(svg, encoding="utf-8")
+        else:
+            with _rc():
+                fig.savefig(path, format="png", dpi=150, metadata={"Software": "kerneltriage"})
+    except OSError as exc:
+        raise InputError(f"cannot write the plot ({exc.strerror or exc})", path=str(path)) from None
+    return path
+
+
+def _svg_text(fig: Figure) -> str:
+    buf = io.StringIO()
+    with _rc():
+        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": "kerneltriage"})
+    return buf.getvalue()
+
+
+def _titles(report: Report, candidates: list[Candidate] | None = None) -> dict[str, str]:
+    data = roofline_data(report, candidates)
+    return {f"kt-point-{p.id}": point_title(p) for p in data.points}
+
+
+def _titled_svg(svg: str, titles: dict[str, str]) -> str:
+    """Insert ``<title>`` (hover text) as the first child of the groups with those ids."""
+
+    def add(match: re.Match[str]) -> str:
+        title = titles.get(match.group(1))
+        return (
+            match.group(0) if title is None else f"{match.group(0)}\n   <title>{_html.escape(title)}</title>"
+        )
+
+    return re.sub(r'<g id="([^"]+)"[^>]*>', add, svg)
+
+
+def _inline(svg: str, prefix: str, label: str) -> str:
+    """SVG text for inlining in HTML: no XML prolog, metadata or namespace URLs, ids prefixed
+    (two charts on one page must not share ids), responsive width."""
+    svg = re.sub(r"<\?xml[^>]*\?>\s*", "", svg)
+    svg = re.sub(r"<!DOCTYPE[^>]*>\s*", "", svg)
+    svg = re.sub(r"<metadata>.*?</metadata>\s*", "", svg, flags=re.S)
+    svg = re.sub(r'\s+xmlns(:\w+)?="[^"]*"', "", svg)
+    svg = re.sub(r'(<a xlink:href="#[^"]*")\s+target="_blank"', r"\1", svg)  # in-page links
+    ids = set(re.findall(r'\sid="([^"]+)"', svg))
+
+    def pre(match: re.Match[str]) -> str:
+        head, ident = match.group(1), match.group(2)
+        if ident in ids and not ident.startswith("kt-"):
+            return f"{head}{prefix}-{ident}"
+        return match.group(0)
+
+    svg = re.sub(r'(\sid="|href="#|url\(#)([^")]+)', pre, svg)
+    svg = re.sub(
+        r'<svg\s+width="[^"]*"\s+height="[^"]*"',
+        f'<svg class="chart" role="img" aria-label="{_html.escape(label)}" width="100%"',
+        svg,
+        count=1,
+    )
+    return svg.strip()
+
+
+def roofline_svg(report: Report, *, candidates: list[Candidate] | None = None) -> str:
+    """The roofline chart as inline SVG: a ``<g id="kt-point-C1">`` per placed candidate, with a
+    ``<title>`` for hover and a link to ``#C1``."""
+    fig = roofline_figure(report, candidates=candidates, key=False)
+    svg = _titled_svg(_svg_text(fig), _titles(report, candidates))
+    return _inline(svg, "roofline", f"Roofline chart of {report.gpu.get('name', 'the GPU')}")
+
+
+def breakdown_svg(report: Report) -> str:
+    """The step breakdown as inline SVG, a ``<g id="kt-kind-…">`` with a ``<title>`` per kind."""
+    items = breakdown_items(report)
+    total = sum(v for _, v in items) or 1.0
+    titles = {
+        f"kt-kind-{k}": f"{KIND_LABELS.get(k, k)}: {ms(v)} per step ({pct(v / total)} of step)"
+        for k, v in items
+    }
+    svg = _titled_svg(_svg_text(breakdown_figure(report)), titles)
+    return _inline(svg, "breakdown", "Time breakdown of one step by kind")

@@ -1,0 +1,236 @@
+"""Roofline and breakdown charts of the shipped example, and ``--plot`` PNG/SVG files."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kerneltriage.api import build_report
+from kerneltriage.cli import main
+from kerneltriage.errors import InputError
+from kerneltriage.report import plots
+from kerneltriage.report.text import times
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "runs" / "gpt-naive-h200"
+
+
+@pytest.fixture(scope="module")
+def report():
+    return build_report(EXAMPLE)
+
+
+@pytest.fixture(scope="module")
+def figure(report):
+    return plots.roofline_figure(report)
+
+
+def placeable(report):
+    return [
+        c
+        for c in report.candidates
+        if (c.roofline.intensity or 0) > 0 and (c.roofline.achieved_tflops or 0) > 0
+    ]
+
+
+def by_gid(fig, prefix):
+    artists = fig.findobj() + [
+        t.arrow_patch for ax in fig.axes for t in ax.texts if getattr(t, "arrow_patch", None)
+    ]
+    return {a.get_gid()[len(prefix) :]: a for a in artists if (a.get_gid() or "").startswith(prefix)}
+
+
+def test_importing_the_report_package_stays_light():
+    code = (
+        "import sys, kerneltriage.report, kerneltriage.report.plots, kerneltriage.report.html; "
+        "assert 'matplotlib' not in sys.modules and 'jinja2' not in sys.modules, 'imported eagerly'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_roofline_data(report):
+    data = plots.roofline_data(report)
+    expected = placeable(report)
+    assert [p.id for p in data.points] == [c.id for c in expected]
+    assert {c.id for c, _ in data.not_placed} == {c.id for c in report.candidates} - {c.id for c in expected}
+    assert data.not_placed and all(why for _, why in data.not_placed)
+    bw = report.gpu["peak_bandwidth_gbs"] / 1000
+    assert data.bandwidth_tbs == pytest.approx(bw)
+    assert set(data.roofs) == {c.roofline.precision for c in expected}
+    assert len(data.roofs) >= 2  # the example mixes bf16 GEMMs with fp32/fp16 memory-bound ops
+    for precision, peak in data.roofs.items():
+        assert peak == report.gpu["peak_tflops"][precision]
+    for p in data.points:
+        c = p.candidate
+        assert (p.intensity, p.achieved) == (c.roofline.intensity, c.roofline.achieved_tflops)
+        assert p.ceiling == pytest.approx(c.roofline.achieved_tflops * c.headroom)
+        roof = min(report.gpu["peak_tflops"][c.roofline.precision], c.roofline.intensity * bw)
+        assert p.roof == pytest.approx(roof)
+        assert p.ceiling <= roof * 1.001  # a ceiling is never above the roof
+        assert p.fused == (c.roofline.source == "fused estimate")
+    c1 = next(p for p in data.points if p.id == "C1")
+    peak = report.gpu["peak_tflops"][c1.precision]
+    assert c1.fused and c1.ceiling == pytest.approx(peak, rel=1e-3)  # up to its compute roof
+
+
+def test_roofline_figure(report, figure):
+    ax = figure.axes[0]
+    assert (ax.get_xscale(), ax.get_yscale()) == ("log", "log")
+    data = plots.roofline_data(report)
+    x0, x1 = ax.get_xlim()
+    y0, y1 = ax.get_ylim()
+    for p in data.points:  # every point and ceiling inside the axes
+        assert x0 < p.intensity < x1
+        assert y0 < p.achieved < y1
+        assert p.ceiling is None or p.ceiling < y1
+    points = by_gid(figure, "kt-point-")
+    assert sorted(points) == sorted(c.id for c in placeable(report))
+    for ident, artist in points.items():
+        c = report.candidate(ident)
+        (x, y) = artist.get_offsets()[0]
+        assert (x, y) == pytest.approx((c.roofline.intensity, c.roofline.achieved_tflops))
+        color = plots.VERDICT_COLORS[c.verdict]
+        rgb = tuple(int(color[i : i + 2], 16) / 255 for i in (1, 3, 5))
+        assert tuple(artist.get_facecolor()[0][:3]) == pytest.approx(rgb)
+    # size by time share
+    shares = sorted(placeable(report), key=lambda c: -c.time_share)
+    # area ∝ share (diamonds drawn at 0.8 of the area: they look bigger than circles)
+    sizes = [
+        points[c.id].get_sizes()[0] / (0.8 if c.roofline.source == "fused estimate" else 1) for c in shares
+    ]
+    assert sizes == sorted(sizes, reverse=True) and sizes[0] > 4 * sizes[-1]
+    # arrows from the point up to the ceiling
+    arrows = by_gid(figure, "kt-arrow-")
+    assert "C1" in arrows and "C2" in arrows
+    ann = next(a for a in ax.texts if getattr(a, "arrow_patch", None) is arrows["C1"])
+    c1 = report.candidate("C1")
+    assert ann.xy == pytest.approx((c1.roofline.intensity, c1.roofline.achieved_tflops * c1.headroom))
+    assert ann.xyann == pytest.approx((c1.roofline.intensity, c1.roofline.achieved_tflops))
+    # roof labels: the memory roof and one compute roof per precision used
+    texts = [t.get_text() for t in ax.texts]
+    assert f"memory roof {report.gpu['peak_bandwidth_gbs'] / 1000:.3g} TB/s" in texts
+    used = {c.roofline.precision for c in placeable(report)}
+    for precision, peak in report.gpu["peak_tflops"].items():
+        assert (f"{precision} peak {peak:,.4g} TFLOP/s" in texts) == (precision in used), precision
+
+
+def test_labels_name_the_top_candidates_without_overlap(report, figure):
+    labels = by_gid(figure, "kt-label-")
+    actionable = [c.id for c in report.candidates if c.verdict != "skip"]
+    assert set(actionable) <= set(labels)
+    assert len(labels) == min(plots.MAX_LABELS, len(placeable(report)))
+    assert labels["C1"].get_text() == f"C1 {times(report.candidate('C1').headroom)}"
+    renderer = figure.canvas.get_renderer()
+    boxes = {k: a.get_window_extent(renderer) for k, a in labels.items()}
+    for (a, box_a), (b, box_b) in itertools.combinations(boxes.items(), 2):
+        assert not box_a.overlaps(box_b), (a, b)
+    # the key under the standalone chart names them
+    key = [t.get_text() for t in figure.texts]
+    assert any(t.startswith("C1  attention (naive, causal)") for t in key)
+    assert any(t.startswith("Not placed: ") and "C15" in t for t in key)
+
+
+def test_breakdown_figure(report):
+    fig = plots.breakdown_figure(report)
+    segments = by_gid(fig, "kt-kind-")
+    kinds = {k for k, v in report.kind_breakdown.items() if v > 0}
+    assert set(segments) == kinds
+    widths = {k: s.get_width() for k, s in segments.items()}
+    assert widths == pytest.approx(report.kind_breakdown)
+    assert sum(widths.values()) == pytest.approx(report.step_time_ms, rel=1e-3)
+    assert [k for k, _ in plots.breakdown_items(report)][-1] == "idle"
+    assert segments["idle"].get_hatch() == "///"
+
+
+def test_inline_svg(report):
+    svg = plots.roofline_svg(report)
+    assert svg.startswith("<svg") and svg.endswith("</svg>")
+    assert "http" not in svg and "<metadata" not in svg and "<?xml" not in svg
+    assert 'target="_blank"' not in svg
+    assert svg.count('<g id="kt-point-') == len(placeable(report))
+    assert 'width="100%"' in svg and "viewBox=" in svg
+
+
+def test_save_png(report, tmp_path):
+    path = plots.save_roofline(report, tmp_path / "roofline.png")
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    from PIL import Image
+
+    with Image.open(path) as img:
+        assert img.size[0] == 1500 and img.size[1] > 1100  # 10 in wide at 150 dpi, taller with the key
+    assert plots.check_plot_path("ROOFLINE.PNG").name == "ROOFLINE.PNG"  # any case
+    assert plots.check_plot_path("out/roofline.Svg").suffix == ".Svg"
+
+
+def test_save_svg(report, tmp_path):
+    path = plots.save_roofline(report, tmp_path / "roofline.svg")
+    text = path.read_text()
+    root = ET.fromstring(text.encode())  # well-formed: the hover titles are escaped
+    assert root.tag == "{http://www.w3.org/2000/svg}svg"
+    ns = {"svg": "http://www.w3.org/2000/svg"}
+    groups = {g.get("id"): g for g in root.iter("{http://www.w3.org/2000/svg}g")}
+    for c in placeable(report):
+        title = groups[f"kt-point-{c.id}"].find("svg:title", ns)
+        assert title is not None and title.text.startswith(f"{c.id}  {c.name}")
+    assert "<a " not in text  # no links to #C1 outside the HTML
+
+
+def test_save_rejects_other_suffixes(report, tmp_path):
+    for name in ("roofline.pdf", "roofline", "roofline.jpg"):
+        with pytest.raises(InputError, match=r"\.png or \.svg") as info:
+            plots.save_roofline(report, tmp_path / name)
+        assert info.value.exit_code == 2
+        assert not (tmp_path / name).exists()
+    with pytest.raises(InputError, match="cannot write the plot"):
+        plots.save_roofline(report, tmp_path / "missing" / "dir" / "roofline.png")
+
+
+def test_hostile_names_stay_escaped_in_svg(report, tmp_path):
+    hostile = copy.deepcopy(report)
+    hostile.candidates[0].name = "a<b & </title><script>x</script>"
+    path = plots.save_roofline(hostile, tmp_path / "x.svg")
+    text = path.read_text()
+    ET.fromstring(text.encode())
+    assert "<script>" not in text
+    assert "a&lt;b &amp; &lt;/title&gt;&lt;script&gt;" in text
+
+
+def test_degenerate_reports_still_draw(report, tmp_path):
+    unplaced = copy.deepcopy(report)
+    for c in unplaced.candidates:
+        c.roofline.intensity = None
+    fig = plots.roofline_figure(unplaced)
+    assert not by_gid(fig, "kt-point-")
+    assert plots.save_roofline(unplaced, tmp_path / "empty.svg").exists()
+    empty = copy.deepcopy(report)
+    empty.candidates = []
+    empty.kind_breakdown = {}
+    assert plots.save_roofline(empty, tmp_path / "empty.png").exists()
+    plots.breakdown_figure(empty)
+
+
+@pytest.mark.parametrize("name", ["roofline.png", "roofline.svg"])
+def test_cli_plot(tmp_path, name):
+    out = tmp_path / name
+    result = CliRunner().invoke(main, ["report", str(EXAMPLE), "--format", "json", "--plot", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"wrote {out}" in result.output
+    head = out.read_bytes()[:64]
+    assert head.startswith(b"\x89PNG") if name.endswith(".png") else b"<svg" in out.read_bytes()[:1000]
+
+
+def test_cli_plot_pdf_is_an_input_error(tmp_path):
+    out = tmp_path / "roofline.pdf"
+    result = CliRunner().invoke(main, ["report", str(EXAMPLE), "--format", "json", "--plot", str(out)])
+    assert result.exit_code == 2
+    assert "kerneltriage: error:" in result.output and ".png or .svg" in result.output
+    assert "Traceback" not in result.output
+    assert not out.exists()

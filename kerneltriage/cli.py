@@ -218,6 +218,68 @@ def report(
         click.echo(f"wrote {plot}", err=True)
 
 
+# --- diff -----------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("before", type=click.Path(path_type=Path))
+@click.argument("after", type=click.Path(path_type=Path))
+@click.option(
+    "--ncu-before", type=click.Path(path_type=Path), help="Counters for BEFORE when it is a bare trace."
+)
+@click.option(
+    "--ncu-after", type=click.Path(path_type=Path), help="Counters for AFTER when it is a bare trace."
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["terminal", "markdown", "json", "html"]),
+    default="terminal",
+    show_default=True,
+    help="Output format; json follows the schema kerneltriage.diff/1.",
+)
+@click.option(
+    "-o", "--output", type=click.Path(path_type=Path), help="Write to this file instead of standard output."
+)
+@click.option("--top", type=click.IntRange(min=1), help="Show only the first N matched candidates.")
+@click.option(
+    "--rules", "rules_file", type=click.Path(path_type=Path), help="Rules YAML merged over the defaults."
+)
+@click.option("--gpu", help="GPU table entry for both sides (e.g. H100-SXM), when the traces do not name it.")
+@click.option(
+    "--rank", type=int, default=None, help="For multi-rank runs: compare this rank (default: the first)."
+)
+@handle_errors
+def diff(before, after, ncu_before, ncu_after, fmt, output, top, rules_file, gpu, rank):
+    """Did the kernel pay? Compare a run before and after a change.
+
+    BEFORE and AFTER are run directories or traces, as `report` accepts. For every candidate
+    the BEFORE report predicted a saving for, the diff shows the saving realized in AFTER,
+    matched by what the op computes (a naive attention region before matches SDPA or flash
+    attention after), plus new hot spots, regressions and warnings when the runs differ.
+
+    \b
+    Examples:
+      kerneltriage diff runs/before runs/after
+      kerneltriage diff runs/before runs/after --format markdown > pr-comment.md
+    """
+    from kerneltriage.analysis.diff import compare
+    from kerneltriage.api import build_reports
+    from kerneltriage.report.diff_render import render_diff
+
+    ranks = [rank] if rank is not None else None
+    sides = []
+    for path, ncu in ((before, ncu_before), (after, ncu_after)):
+        reports = build_reports(path, ncu=ncu, rules_file=rules_file, gpu=gpu, ranks=ranks)
+        sides.append(next(iter(reports.values())))
+    text = render_diff(compare(sides[0], sides[1], (str(before), str(after))), fmt, top)
+    if output:
+        output.write_text(text)
+        click.echo(f"wrote {output}", err=True)
+    else:
+        click.echo(text, nl=False)
+
+
 # --- profile / calibrate --------------------------------------------------------------------
 
 

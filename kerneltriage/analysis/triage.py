@@ -353,7 +353,7 @@ def _segment_name(seg: Segment) -> str:
         prefix = "residual add + " if seg.variant and seg.variant.startswith("fused_add_") else ""
         x = tensor_inputs(seg.ops[0].dims, seg.ops[0].types)
         shape = "x".join(map(str, x[0][0])) if x else ""
-        return f"{prefix}{label.get(base, base)} (eager, {len(seg.ops)} ops) {shape}"
+        return f"{prefix}{label.get(base, base)} (eager, {len(seg.ops)} ops) {shape}".rstrip()
     short = " → ".join(dict.fromkeys(op.name.replace("aten::", "") for op in seg.ops))
     x = tensor_inputs(seg.ops[0].dims, seg.ops[0].types)
     shape = " " + "x".join(map(str, x[0][0])) if x and x[0][0] else ""

@@ -1,0 +1,217 @@
+"""``kerneltriage diff``: did the kernel pay? Two reports, before and after a change.
+
+Candidates are matched across the runs by what they compute, not by kernel names (which
+change when an op is replaced): the same kind, then the same place in the model (module
+path) and the same main tensor shape. A naive attention region before matches the SDPA or
+flash-attention candidates after; an eager RMSNorm region matches the fused kernel.
+
+For each candidate the ``before`` report predicted a saving for, the diff sets the realized
+saving (time before − time after of its matches, as a share of the step before) against the
+prediction (share × (1 − 1/headroom)), and says what fraction of the predicted ceiling the
+new code reached. New hot spots (the bottleneck moved) and regressions are listed, and runs
+that are not comparable are flagged.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kerneltriage.analysis.estimate import tensor_inputs
+from kerneltriage.analysis.model import Candidate, Report, _clean
+
+SCHEMA = "kerneltriage.diff/1"
+_REGRESSION = 0.05  # slower by more than this share of its own time
+
+
+@dataclass
+class Match:
+    name: str
+    kind: str
+    ids: dict[str, list[str]]  # {"before": [...], "after": [...]}
+    time_ms_per_step: dict[str, float]
+    predicted_saving_share: float
+    realized_saving_share: float
+    ceiling_ms_per_step: float | None
+    ceiling_reached: float | None  # ceiling ÷ time after (1.0: at the predicted ceiling)
+    verdict_before: str
+    how: str  # how the match was made
+
+
+@dataclass
+class Diff:
+    before: str
+    after: str
+    step_time_ms: dict[str, float]
+    gpu_busy_ms: dict[str, float]
+    kinds: dict[str, dict[str, float]]  # kind -> {before, after} ms per step
+    candidates: list[Match]
+    new_hot_spots: list[dict[str, Any]]
+    regressions: list[dict[str, Any]]
+    warnings: list[str] = field(default_factory=list)
+    schema: str = SCHEMA
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        return _clean({"schema": data.pop("schema"), **data})
+
+    @property
+    def step_saving_share(self) -> float:
+        b, a = self.step_time_ms["before"], self.step_time_ms["after"]
+        return (b - a) / b if b else 0.0
+
+
+def main_shape(c: Candidate) -> tuple | None:
+    """What identifies the computation: q's shape for attention, every input's shape for a
+    single op (a GEMM is its activation and its weight), the input activation for a region."""
+    if "q" in c.attrs:
+        return tuple(c.attrs["q"])
+    if not c.example:
+        return None
+    op = c.example[0]
+    tensors = tensor_inputs(op.get("dims"), op.get("types"))
+    if not tensors:
+        return None
+    if c.level == "op":
+        return tuple(tuple(d) for d, _ in tensors)
+    return tuple(tensors[0][0])
+
+
+def _place(c: Candidate) -> str | None:
+    return c.module
+
+
+def compare(before: Report, after: Report, names: tuple[str, str] = ("before", "after")) -> Diff:
+    warnings = _comparability(before, after)
+    matches = _match(before, after)
+    step_b, step_a = before.step_time_ms, after.step_time_ms
+    out: list[Match] = []
+    matched_after: set[str] = set()
+    for b_list, a_list, how in matches:
+        matched_after.update(c.id for c in a_list)
+        t_b = sum(c.time_ms_per_step for c in b_list)
+        t_a = sum(c.time_ms_per_step for c in a_list)
+        predicted = sum(c.expected_saving_share for c in b_list)
+        ceiling = sum(c.roofline.ceiling_ms or 0.0 for c in b_list) or None
+        lead = max(b_list, key=lambda c: c.time_ms_per_step)
+        out.append(
+            Match(
+                name=lead.name,
+                kind=lead.kind,
+                ids={"before": [c.id for c in b_list], "after": [c.id for c in a_list]},
+                time_ms_per_step={"before": t_b, "after": t_a},
+                predicted_saving_share=predicted,
+                realized_saving_share=(t_b - t_a) / step_b if step_b else 0.0,
+                ceiling_ms_per_step=ceiling,
+                ceiling_reached=(ceiling / t_a) if ceiling and t_a else None,
+                verdict_before=lead.verdict + (f" ({lead.reason})" if lead.verdict == "skip" else ""),
+                how=how,
+            )
+        )
+    out.sort(key=lambda m: (-m.predicted_saving_share, -m.time_ms_per_step["before"]))
+    min_share = before.thresholds.get("min_share", 0.03)
+    new_hot = [
+        {
+            "id": c.id,
+            "name": c.name,
+            "kind": c.kind,
+            "time_ms_per_step": c.time_ms_per_step,
+            "time_share": c.time_share,
+        }
+        for c in after.candidates
+        if c.id not in matched_after and c.time_share >= min_share
+    ]
+    regressions = [
+        {"name": m.name, "kind": m.kind, "time_ms_per_step": m.time_ms_per_step}
+        for m in out
+        if m.time_ms_per_step["after"] > (1 + _REGRESSION) * m.time_ms_per_step["before"]
+        and m.time_ms_per_step["after"] - m.time_ms_per_step["before"] > 0.001 * step_b
+    ]
+    kinds: dict[str, dict[str, float]] = defaultdict(lambda: {"before": 0.0, "after": 0.0})
+    for side, rep in (("before", before), ("after", after)):
+        for kind, ms in rep.kind_breakdown.items():
+            kinds[kind][side] = ms
+    return Diff(
+        before=names[0],
+        after=names[1],
+        step_time_ms={"before": step_b, "after": step_a},
+        gpu_busy_ms={"before": before.gpu_busy_ms, "after": after.gpu_busy_ms},
+        kinds=dict(sorted(kinds.items(), key=lambda kv: -max(kv[1].values()))),
+        candidates=out,
+        new_hot_spots=new_hot,
+        regressions=regressions,
+        warnings=warnings,
+    )
+
+
+def _match(before: Report, after: Report) -> list[tuple[list[Candidate], list[Candidate], str]]:
+    """Pairs (before candidates, after candidates, how), kind by kind, most specific key first.
+
+    Within one key, one candidate before takes every candidate after (an op replaced by a
+    forward and a backward kernel); equal numbers pair up in order of time; otherwise the
+    largest before candidate takes them and the rest have no counterpart.
+    """
+    pairs: list[tuple[list[Candidate], list[Candidate], str]] = []
+    keys = (
+        (lambda c: c.name, "same name"),
+        (lambda c: (_place(c), main_shape(c)) if _place(c) or main_shape(c) else None, "module and shape"),
+        (lambda c: _place(c), "module"),
+        (lambda c: main_shape(c), "shape"),
+    )
+    kinds = {c.kind for c in before.candidates} | {c.kind for c in after.candidates}
+    for kind in sorted(kinds):
+        bs = [c for c in before.candidates if c.kind == kind]
+        as_ = [c for c in after.candidates if c.kind == kind]
+        for key, how in keys:
+            b_by: dict[Any, list[Candidate]] = defaultdict(list)
+            a_by: dict[Any, list[Candidate]] = defaultdict(list)
+            for c in bs:
+                if key(c) is not None:
+                    b_by[key(c)].append(c)
+            for c in as_:
+                if key(c) is not None:
+                    a_by[key(c)].append(c)
+            for k, b_group in b_by.items():
+                a_group = a_by.get(k)
+                if not a_group:
+                    continue
+                b_group = sorted(b_group, key=lambda c: -c.time_ms_per_step)
+                a_group = sorted(a_group, key=lambda c: -c.time_ms_per_step)
+                if len(b_group) == len(a_group):
+                    pairs.extend(([b], [a], how) for b, a in zip(b_group, a_group))
+                else:
+                    pairs.append(([b_group[0]], a_group, how))
+                    b_group = b_group[:1]
+                for c in b_group:
+                    bs.remove(c)
+                for c in a_group:
+                    as_.remove(c)
+        if bs and as_ and len(bs) == 1:
+            pairs.append((bs, as_, "kind (one candidate of this kind before)"))
+            bs, as_ = [], []
+        for c in bs:  # gone after the change: all of its time was saved
+            pairs.append(([c], [], "no counterpart after"))
+    return pairs
+
+
+def _comparability(before: Report, after: Report) -> list[str]:
+    warnings = []
+    if before.gpu.get("name") != after.gpu.get("name"):
+        warnings.append(f"different GPUs: {before.gpu.get('name')} vs {after.gpu.get('name')}")
+    if before.steps != after.steps:
+        warnings.append(f"different numbers of recorded steps: {before.steps} vs {after.steps}")
+    vb, va = before.source.get("versions") or {}, after.source.get("versions") or {}
+    for key in sorted(set(vb) & set(va)):
+        if vb[key] != va[key]:
+            warnings.append(f"different {key} versions: {vb[key]} vs {va[key]}")
+    shapes_b = {main_shape(c) for c in before.candidates if c.kind in ("gemm", "embedding")} - {None}
+    shapes_a = {main_shape(c) for c in after.candidates if c.kind in ("gemm", "embedding")} - {None}
+    tokens_b = {s[0][:-1] for s in shapes_b if s and isinstance(s[0], tuple)}
+    tokens_a = {s[0][:-1] for s in shapes_a if s and isinstance(s[0], tuple)}
+    if tokens_b and tokens_a and not tokens_b & tokens_a:
+        warnings.append(
+            f"the runs process different batch/sequence shapes ({sorted(tokens_b)[:2]} vs {sorted(tokens_a)[:2]}): "
+            "step times are not comparable"
+        )
+    return warnings

@@ -187,25 +187,11 @@ def report(
             progress=progress,
         )
     run_ref = str(run)
-    texts = []
-    for rank, rep in reports.items():
-        if len(reports) > 1 and fmt != "json":
-            texts.append(f"\n=== rank {rank} ===\n")
-        texts.append(render(rep, fmt, top=top, run_ref=run_ref, color=color if output is None else False))
-    if fmt == "json" and len(reports) > 1:
-        import json
-
-        texts = [
-            json.dumps(
-                {
-                    "schema": "kerneltriage.report-ranks/1",
-                    "ranks": {str(r): json.loads(t) for r, t in zip(reports, texts)},
-                },
-                indent=2,
-            )
-            + "\n"
-        ]
-    text = "".join(texts)
+    color = color if output is None else False
+    if len(reports) == 1:
+        text = render(next(iter(reports.values())), fmt, top=top, run_ref=run_ref, color=color)
+    else:
+        text = _render_ranks(reports, fmt, top, run_ref, color)
     if output:
         output.write_text(text)
         click.echo(f"wrote {output}", err=True)
@@ -216,6 +202,29 @@ def report(
 
         save_roofline(next(iter(reports.values())), plot)
         click.echo(f"wrote {plot}", err=True)
+
+
+def _render_ranks(reports, fmt, top, run_ref, color) -> str:
+    """Several ranks: the summary across ranks, then each rank's own report."""
+    import json
+
+    from kerneltriage.analysis.ranks import summarize
+    from kerneltriage.report import render
+    from kerneltriage.report.ranks_render import render_ranks
+
+    summary = summarize(reports)
+    if fmt == "json":
+        data = {
+            "schema": "kerneltriage.report-ranks/1",
+            "summary": summary.to_json(),
+            "ranks": {str(r): json.loads(render(rep, "json", top=top)) for r, rep in reports.items()},
+        }
+        return json.dumps(data, indent=2) + "\n"
+    parts = [render_ranks(summary, "markdown" if fmt in ("markdown", "html") else "terminal", top or 10)]
+    for rank, rep in reports.items():
+        parts.append(f"\n=== rank {rank} ===\n" if fmt != "html" else "")
+        parts.append(render(rep, fmt, top=top, run_ref=run_ref, color=color))
+    return "".join(parts)
 
 
 # --- diff -----------------------------------------------------------------------------------

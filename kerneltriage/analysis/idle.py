@@ -132,3 +132,42 @@ class _HostIndex:
             return None
         start, end, _, names = ops
         return names[max(hits, key=lambda j: end[j] - start[j])]
+
+
+def communication_overlap(attr: Attribution, is_comm) -> tuple[float, float]:
+    """(communication ns, exposed communication ns) summed over steps.
+
+    Exposed = communication time during which no compute kernel runs on any stream: what a
+    step actually waits for. Communication hidden behind compute costs (almost) nothing.
+    """
+    k = attr.kernels
+    total = exposed = 0.0
+    for step in attr.steps:
+        mine = k[(k["step"] == step.index) & (k["kind"] == "kernel")]
+        if mine.empty:
+            continue
+        comm_mask = mine["name"].map(is_comm).to_numpy(dtype=bool)
+        if not comm_mask.any():
+            continue
+        starts = mine["start"].to_numpy()
+        ends = starts + mine["dur"].to_numpy()
+        comm = _union(starts[comm_mask], ends[comm_mask])
+        compute = _union(starts[~comm_mask], ends[~comm_mask])
+        total += sum(e - s for s, e in comm)
+        exposed += sum(e - s for s, e in comm) - _intersection(comm, compute)
+    return total, exposed
+
+
+def _intersection(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
+    """Length of the overlap of two sorted, disjoint interval lists."""
+    i = j = 0
+    out = 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if hi > lo:
+            out += hi - lo
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out

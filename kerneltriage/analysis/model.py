@@ -133,6 +133,9 @@ class Report:
     thresholds: dict[str, float]
     warnings: list[str]
     notes: list[str] = field(default_factory=list)
+    communication_ms_per_step: float = 0.0
+    exposed_communication_ms_per_step: float = 0.0  # not overlapped by any compute kernel
+    rank: int | None = None
     schema: str = SCHEMA
 
     @property

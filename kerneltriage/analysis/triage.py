@@ -27,7 +27,7 @@ from kerneltriage.analysis import estimate
 from kerneltriage.analysis.attribution import Attribution, attribute
 from kerneltriage.analysis.estimate import Work, tensor_inputs
 from kerneltriage.analysis.gpus import GPUSpec
-from kerneltriage.analysis.idle import idle_gaps
+from kerneltriage.analysis.idle import communication_overlap, idle_gaps
 from kerneltriage.analysis.join import JoinResult, join_counters
 from kerneltriage.analysis.model import (
     Candidate,
@@ -100,6 +100,7 @@ def triage(
     step_ms = float(np.mean([s.dur for s in attr.steps])) / 1e6
     busy_ns, gaps = idle_gaps(attr, timeline, rules.threshold("gap_us") * 1000)
     busy_ms = busy_ns / n_steps / 1e6
+    comm_ns, exposed_ns = communication_overlap(attr, lambda n: rules.classify(None, n) == "communication")
     idle_pct = max(0.0, 100.0 * (1.0 - busy_ms / step_ms)) if step_ms else 0.0
 
     groups = _group(timeline, attr, rules)
@@ -131,6 +132,9 @@ def triage(
         unattributed_ms_per_step=unattributed_ms,
         unattributed_share=unattributed_ms / busy_ms if busy_ms else 0.0,
         kind_breakdown=dict(sorted(breakdown.items(), key=lambda kv: -kv[1])),
+        communication_ms_per_step=comm_ns / n_steps / 1e6,
+        exposed_communication_ms_per_step=exposed_ns / n_steps / 1e6,
+        rank=timeline.rank,
         candidates=candidates,
         thresholds=dict(rules.thresholds),
         warnings=warnings,

@@ -6,7 +6,10 @@ Layout of schema ``kerneltriage.run/1``::
       manifest.json        this module's Manifest: command, GPU, versions, schedule, phases, status
       trace.json.gz        PyTorch profiler (Kineto) chrome trace of the recorded steps
       trace.rank{N}.json.gz  one per rank instead, for multi-process (torchrun) runs
-      ncu.csv.gz           optional: ``ncu --import ncu.ncu-rep --csv --page raw``
+      ncu.csv.gz           optional: ``ncu --import ncu.ncu-rep --csv --page raw`` (one launch per
+                           unique kernel/grid/block of the profiled step)
+      ncu.launches.csv.gz  optional: every launch of the kernels whose one configuration runs
+                           several problem sizes (persistent GEMMs), from a second ncu pass
       ncu.ncu-rep          optional: the Nsight Compute report (open it in the GUI)
       regions.jsonl        optional: one JSON object per module signature (path, class, shapes)
       logs/                stdout/stderr of each phase
@@ -31,6 +34,7 @@ MANIFEST = "manifest.json"
 TRACE = "trace.json.gz"
 TRACE_RANK_GLOB = "trace.rank*.json.gz"
 NCU_CSV = "ncu.csv.gz"
+NCU_LAUNCHES_CSV = "ncu.launches.csv.gz"
 NCU_REP = "ncu.ncu-rep"
 REGIONS = "regions.jsonl"
 LOGS = "logs"
@@ -81,6 +85,7 @@ class RunDir:
     manifest: Manifest
     traces: dict[int, Path]  # rank -> trace file; rank 0 for a single-process run
     ncu_csv: Path | None
+    ncu_launches_csv: Path | None
     ncu_rep: Path | None
     regions: Path | None
 
@@ -137,6 +142,7 @@ def open_run(path: str | os.PathLike[str]) -> RunDir:
         manifest=manifest,
         traces=traces,
         ncu_csv=_optional(root / NCU_CSV),
+        ncu_launches_csv=_optional(root / NCU_LAUNCHES_CSV),
         ncu_rep=_optional(root / NCU_REP),
         regions=_optional(root / REGIONS),
     )

@@ -94,9 +94,21 @@ def join_counters(kernels: pd.DataFrame, counters: Counters, max_ratio: float) -
             ncu["block_z"],
         )
     ]
-    matched_name: dict[int, str] = {}
-    _join_by_position(in_step, ncu_keys, row, method, matched_name)
-    _join_by_config(in_step, ncu, ncu_keys, row, method, matched_name)
+    # Several captures (every launch of some kernels; one launch per configuration of the
+    # rest): each joins what the ones before it left.
+    captures = ncu["capture"].tolist() if "capture" in ncu else [0] * len(ncu)
+    for capture in dict.fromkeys(captures):
+        ids = [i for i, c in enumerate(captures) if c == capture]
+        left = in_step[row[in_step.index] < 0]
+        if left.empty:
+            break
+        keys_c = [ncu_keys[i] for i in ids]
+        matched_name: dict[int, str] = {}
+        local_row = pd.Series(-1, index=row.index, dtype="int64")
+        _join_by_position(left, keys_c, local_row, method, matched_name)
+        _join_by_config(left, ncu.iloc[ids].reset_index(drop=True), keys_c, local_row, method, matched_name)
+        hit = local_row >= 0
+        row[hit] = np.asarray(ids, dtype=np.int64)[local_row[hit].to_numpy()]
 
     # Reject joins whose durations disagree by more than max_ratio.
     joined = row[row >= 0]

@@ -97,7 +97,7 @@ def triage(
                 "the roofline from shape estimates"
             )
     n_steps = len(attr.steps)
-    step_ms = float(np.mean([s.dur for s in attr.steps])) / 1e6
+    step_ms = float(np.mean(step_walls(attr))) / 1e6
     busy_ns, gaps = idle_gaps(attr, timeline, rules.threshold("gap_us") * 1000)
     busy_ms = busy_ns / n_steps / 1e6
     comm_ns, exposed_ns = communication_overlap(attr, lambda n: rules.classify(None, n) == "communication")
@@ -139,6 +139,28 @@ def triage(
         thresholds=dict(rules.thresholds),
         warnings=warnings,
     )
+
+
+def step_walls(attr: Attribution) -> list[int]:
+    """Wall time of each step (ns): the longer of its CPU range and its GPU period.
+
+    With an asynchronous GPU the CPU range says little: a script that never synchronizes
+    launches steps ahead of the GPU (its ranges are short), and one that synchronizes spends
+    its range waiting for the previous step. The GPU period runs from the step's first kernel
+    to the next step's first kernel (the last step: to its last kernel's end).
+    """
+    k = attr.kernels[attr.kernels["step"] >= 0]
+    first = k.groupby("step")["start"].min().to_dict()
+    last = (k["start"] + k["dur"]).groupby(k["step"]).max().to_dict()
+    walls = []
+    for i, s in enumerate(attr.steps):
+        if s.index not in first:
+            walls.append(s.dur)
+            continue
+        nxt = attr.steps[i + 1].index if i + 1 < len(attr.steps) else None
+        end = first.get(nxt) if nxt is not None and nxt in first else last[s.index]
+        walls.append(max(s.dur, int(end - first[s.index])))
+    return walls
 
 
 def require_gpu_activity(timeline: Timeline) -> None:

@@ -113,6 +113,18 @@ class Counters:
         return bool(self.rows["dram_bytes"].notna().any())
 
 
+def merge_counters(parts: list[Counters]) -> Counters:
+    """One table from several captures of the same run; ``capture`` numbers them in order
+    (the join tries them in that order)."""
+    if len(parts) == 1:
+        return parts[0]
+    rows = pd.concat([p.rows.assign(capture=i) for i, p in enumerate(parts)], ignore_index=True)
+    metrics = sorted({m for p in parts for m in p.metrics})
+    return Counters(
+        " + ".join(p.source for p in parts), rows, metrics, [w for p in parts for w in p.warnings]
+    )
+
+
 def read_counters(path: str | os.PathLike[str]) -> Counters:
     """Read ``.csv``/``.csv.gz`` raw-page exports, or export a ``.ncu-rep`` through ``ncu``."""
     path = Path(path)

@@ -15,7 +15,7 @@ from typing import Any
 from kerneltriage import rundir
 from kerneltriage.errors import InputError, TraceFormatError
 from kerneltriage.ingest.kineto import read_trace
-from kerneltriage.ingest.ncu import Counters, read_counters
+from kerneltriage.ingest.ncu import Counters, merge_counters, read_counters
 from kerneltriage.ingest.tables import Timeline
 
 
@@ -85,11 +85,15 @@ def load_profile(
             say(f"reading {run.traces[r].name}")
             timelines[r] = read_timeline(run.traces[r])
             timelines[r].rank = r
-        counters_path = Path(ncu) if ncu else run.ncu_csv
+        # Every-launch captures join first (exact per launch), then one launch per configuration.
+        paths = [Path(ncu)] if ncu else [p for p in (run.ncu_launches_csv, run.ncu_csv) if p is not None]
         counters = None
-        if counters_path is not None:
-            say(f"reading {counters_path.name}")
-            counters = read_counters(counters_path)
+        if paths:
+            parts = []
+            for counters_path in paths:
+                say(f"reading {counters_path.name}")
+                parts.append(read_counters(counters_path))
+            counters = merge_counters(parts)
         profile = Profile(timelines, counters, run.manifest, path)
         if run.regions:
             profile.regions = _read_regions(run.regions, profile.warnings)

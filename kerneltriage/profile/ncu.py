@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kerneltriage.profile.hooks import NCU_RANGE
@@ -44,7 +44,10 @@ PERMISSION_HELP = (
     "/etc/modprobe.d/ and reload the driver (or reboot); in a container, add --cap-add=SYS_ADMIN. "
     "See https://developer.nvidia.com/ERR_NVGPUCTRPERM"
 )
-_PROGRESS = re.compile(r'==PROF== Profiling "(?P<name>[^"]*)" - (?P<id>\d+)(?: \((?P<i>\d+)/(?P<n>\d+)\))?')
+# "==PROF== Profiling "name" - 4 (5/150): 0%…" or, with NVTX filters, "==PROF== Profiling "name": 0%…"
+_PROGRESS = re.compile(
+    r'==PROF== Profiling "(?P<name>[^"]*)"(?: - (?P<id>\d+))?(?: \((?P<i>\d+)/(?P<n>\d+)\))?'
+)
 
 
 @dataclass
@@ -53,9 +56,23 @@ class HotKernels:
     configs: int  # distinct (kernel, grid, block) among them in one step: the expected row count
     coverage: float  # share of in-step GPU kernel time they cover
     left_out: list[str]  # communication kernels excluded on purpose
+    # Kernels whose one launch configuration runs different problem sizes (persistent GEMMs
+    # launch #SMs blocks whatever the size): one profiled launch cannot stand for the others,
+    # so a second pass profiles every launch of these in the step.
+    variable: list[str] = field(default_factory=list)
+    variable_launches: int = 0
 
 
-def select_hot_kernels(trace: Path, coverage: float = 0.95, max_kernels: int = 64) -> HotKernels:
+#: Launches of one (kernel, grid, block) whose durations differ by more than this factor run
+#: different problem sizes.
+VARIABLE_SPREAD = 2.0
+#: ... and only when they take at least this share of the step's kernel time.
+VARIABLE_MIN_SHARE = 0.02
+
+
+def select_hot_kernels(
+    trace: Path, coverage: float = 0.95, max_kernels: int = 64, max_variable_launches: int = 48
+) -> HotKernels:
     """The base names of the kernels covering ``coverage`` of GPU kernel time in the steps."""
     from kerneltriage.analysis.attribution import attribute
     from kerneltriage.analysis.rules import load_rules
@@ -83,10 +100,24 @@ def select_hot_kernels(trace: Path, coverage: float = 0.95, max_kernels: int = 6
         chosen.append(str(name))
         covered += float(dur)
     one_step = compute[(compute["step"] == compute["step"].min()) & compute["base"].isin(chosen)]
-    configs = len(
-        one_step.drop_duplicates(["base", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"])
-    )
-    return HotKernels(chosen, configs, covered / total, comm)
+    key = ["name", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
+    configs = len(one_step.drop_duplicates(key))
+    # Kernels whose one configuration runs several sizes, if they matter: heaviest first, as
+    # long as profiling every launch of their base name stays within the launch budget.
+    groups = one_step.groupby(key)["dur"]
+    spread = groups.max() / groups.min().clip(lower=1)
+    weight = groups.sum() / max(1.0, float(one_step["dur"].sum()))
+    heavy = spread[(spread > VARIABLE_SPREAD) & (weight >= VARIABLE_MIN_SHARE)].index
+    variable: list[str] = []
+    launches = 0
+    for name in sorted(
+        {base_name(k[0]) for k in heavy}, key=lambda n: -one_step.loc[one_step["base"] == n, "dur"].sum()
+    ):
+        count = int((one_step["base"] == name).sum())
+        if launches + count <= max_variable_launches:
+            variable.append(name)
+            launches += count
+    return HotKernels(chosen, configs, covered / total, comm, variable, launches)
 
 
 def available_metrics(ncu: str) -> set[str] | None:
@@ -110,6 +141,19 @@ def metric_list(available: set[str] | None) -> list[str]:
     return [m for m in ROOFLINE_METRICS if m.split(".")[0] in available]
 
 
+def kernel_regex(names: list[str]) -> str:
+    """``-k`` filter on mangled names (``--kernel-name-base mangled``).
+
+    A mangled C++ name spells each identifier as <length><name> (``_ZN2at6native29vectorized_
+    elementwise_kernelILi4E…``), so ``29vectorized_elementwise_kernel`` matches that kernel and
+    not ``unrolled_elementwise_kernel``; unmangled names (cuBLAS ``nvjet_…``, Triton kernels)
+    match whole.
+    """
+    whole = "|".join(re.escape(n) for n in names)
+    spelled = "|".join(f"{len(n)}{re.escape(n)}" for n in names)
+    return f"regex:^(?:{whole})$|(?:^|[^0-9])(?:{spelled})"
+
+
 def ncu_command(
     ncu: str,
     report: Path,
@@ -119,8 +163,13 @@ def ncu_command(
     *,
     nvtx: bool = True,
     full_set: bool = False,
+    every_launch: int | None = None,
 ) -> list[str]:
-    """The ncu command line for phase 2 (``report`` without the .ncu-rep suffix)."""
+    """The ncu command line for phase 2 (``report`` without the .ncu-rep suffix).
+
+    By default one launch per unique launch configuration; ``every_launch=N`` profiles the
+    first N launches instead (the second pass, for kernels that run several sizes).
+    """
     cmd = [
         ncu,
         "--target-processes",
@@ -135,8 +184,13 @@ def ncu_command(
         # A start/end range (no trailing slash): process-wide, so backward kernels count.
         cmd += ["--nvtx", "--nvtx-include", NCU_RANGE]
     if kernels:
-        cmd += ["-k", "regex:^(" + "|".join(re.escape(k) for k in kernels) + ")$"]
-    cmd += ["--filter-mode", "per-launch-config", "--launch-count", "1"]
+        # Mangled names tell template instantiations apart, so per-launch-config profiles
+        # each instantiation (with base names, one bf16 copy would stand for every functor).
+        cmd += ["--kernel-name-base", "mangled", "-k", kernel_regex(kernels)]
+    if every_launch is None:
+        cmd += ["--filter-mode", "per-launch-config", "--launch-count", "1"]
+    else:
+        cmd += ["--launch-count", str(every_launch)]
     if full_set:
         cmd += ["--set", "full"]
     cmd += ["--metrics", ",".join(metrics)]
@@ -144,7 +198,7 @@ def ncu_command(
 
 
 def export_command(ncu: str, report: Path) -> list[str]:
-    return [ncu, "--import", str(report), "--csv", "--page", "raw"]
+    return [ncu, "--import", str(report), "--csv", "--page", "raw", "--print-kernel-base", "demangled"]
 
 
 @dataclass

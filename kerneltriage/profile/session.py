@@ -251,63 +251,104 @@ def _phase_ncu(
     metrics = ncu_tools.metric_list(ncu_tools.available_metrics(ncu))
     whole_run = bool(manifest.schedule.get("whole_run"))
     config = _write_config(out, "ncu", options, command, whole_run=whole_run)
-    report = out / "ncu"
-    cmd = ncu_tools.ncu_command(
-        ncu,
-        report,
-        hot.names,
-        metrics,
-        command.with_runner(),
-        nvtx=not whole_run,
-        full_set=options.ncu_set == "full",
-    )
-    (out / rundir.LOGS / "ncu_command.txt").write_text(" ".join(cmd) + "\n")
+    manifest.phases["ncu"] = {
+        "kernels": hot.names,
+        "expected_configs": hot.configs,
+        "coverage_of_gpu_time": round(hot.coverage, 4),
+        "metrics": metrics,
+        "excluded_communication": hot.left_out,
+        "variable_size_kernels": hot.variable,
+    }
     say.phase(
         "ncu",
         f"Nsight Compute on {len(hot.names)} hot kernels ({hot.coverage:.0%} of GPU time), "
         f"~{hot.configs} launch configurations",
     )
+    passes = [("ncu", rundir.NCU_CSV, hot.names, None, hot.configs)]
+    if hot.variable and not whole_run:
+        # Kernels that run several problem sizes under one configuration: every launch.
+        passes.insert(
+            0,
+            (
+                "ncu.launches",
+                rundir.NCU_LAUNCHES_CSV,
+                hot.variable,
+                hot.variable_launches,
+                hot.variable_launches,
+            ),
+        )
+    total_seconds = 0.0
+    launches = 0
+    for stem, csv_name, kernels, every, expected in passes:
+        cmd = ncu_tools.ncu_command(
+            ncu,
+            out / stem,
+            kernels,
+            metrics,
+            command.with_runner(),
+            nvtx=not whole_run,
+            full_set=options.ncu_set == "full",
+            every_launch=every,
+        )
+        (out / rundir.LOGS / f"{stem}_command.txt").write_text(" ".join(cmd) + "\n")
+        ok, seconds, done = _ncu_pass(
+            ncu, cmd, out, stem, csv_name, expected, config, manifest, say, warnings
+        )
+        total_seconds += seconds
+        launches += done
+        if not ok:
+            break
+    manifest.phases["ncu"].update(seconds=round(total_seconds, 2), profiled_launches=launches)
+    if (out / rundir.NCU_CSV).is_file():
+        say.phase_done("ncu", total_seconds, f"{launches} launches profiled")
+
+
+def _ncu_pass(
+    ncu: str,
+    cmd: list[str],
+    out: Path,
+    stem: str,
+    csv_name: str,
+    expected: int,
+    config: Path,
+    manifest,
+    say: Reporter,
+    warnings: list[str],
+) -> tuple[bool, float, int]:
+    """One ncu run and its CSV export. Returns (went well, seconds, launches profiled)."""
     progress = {"done": 0}
 
     def on_line(line: str) -> bool:
         p = ncu_tools.parse_progress(line, progress["done"])
         if p is not None:
             progress["done"] = p.index
-            say.ncu_progress(p.index, max(hot.configs, p.index), p.kernel)
+            say.ncu_progress(p.index, max(expected, p.index), p.kernel)
             return True
         return False
 
-    seconds, code, tail = _run(cmd, config, out / rundir.LOGS / "phase2", say, manifest, on_line=on_line)
-    log = (out / rundir.LOGS / "phase2.stdout").read_text(errors="replace") + (
-        out / rundir.LOGS / "phase2.stderr"
-    ).read_text(errors="replace")
-    manifest.phases["ncu"] = {
-        "seconds": round(seconds, 2),
-        "exit_code": code,
-        "kernels": hot.names,
-        "profiled_launches": progress["done"],
-        "expected_configs": hot.configs,
-        "coverage_of_gpu_time": round(hot.coverage, 4),
-        "metrics": metrics,
-        "excluded_communication": hot.left_out,
-    }
+    logs = out / rundir.LOGS / stem.replace("ncu", "phase2")
+    seconds, code, tail = _run(cmd, config, logs, say, manifest, on_line=on_line)
+    log = Path(f"{logs}.stdout").read_text(errors="replace") + Path(f"{logs}.stderr").read_text(
+        errors="replace"
+    )
+    manifest.phases["ncu"][f"{stem}_exit_code"] = code
     if "ERR_NVGPUCTRPERM" in log:
         say.warn(ncu_tools.PERMISSION_HELP)
         warnings.append("ncu could not read the performance counters (ERR_NVGPUCTRPERM): timeline only")
-        return
-    rep = report.with_suffix(".ncu-rep")
+        return False, seconds, 0
+    rep = out / f"{stem}.ncu-rep"
     if not rep.is_file():
         warnings.append(f"ncu wrote no report (exit code {code}); last output: " + " | ".join(tail[-3:]))
-        return
+        return False, seconds, progress["done"]
     if code != 0:
         warnings.append(f"ncu exited with code {code} after writing its report")
     export = subprocess.run(ncu_tools.export_command(ncu, rep), capture_output=True, text=True, check=False)
     if export.returncode != 0 or not export.stdout.strip():
         warnings.append(f"ncu could not export its report to CSV: {export.stderr.strip()[-300:]}")
-        return
-    with gzip.open(out / rundir.NCU_CSV, "wt") as f:
+        return False, seconds, progress["done"]
+    with gzip.open(out / csv_name, "wt") as f:
         f.write(export.stdout)
-    say.phase_done("ncu", seconds, f"{progress['done']} launches profiled")
+    return True, seconds, progress["done"]
 
 
 # --- helpers ------------------------------------------------------------------------------

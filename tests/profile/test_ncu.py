@@ -109,12 +109,28 @@ def test_command_line():
     )
     assert cmd[:5] == ["ncu", "--target-processes", "all", "--clock-control", "none"]
     assert cmd[cmd.index("--nvtx-include") + 1] == "kerneltriage.ncu"  # start/end range: no slash
-    assert cmd[cmd.index("-k") + 1] == r"regex:^(a\.b|nvjet_x)$"
+    assert cmd[cmd.index("--kernel-name-base") + 1] == "mangled"
+    assert cmd[cmd.index("-k") + 1] == ncu_tools.kernel_regex(["a.b", "nvjet_x"])
     assert cmd[cmd.index("--filter-mode") + 1] == "per-launch-config"
     assert cmd[cmd.index("--launch-count") + 1] == "1"
     assert cmd[-2:] == ["python", "t.py"]
     full = ncu_tools.ncu_command("ncu", Path("r"), [], ["m"], ["python", "t.py"], nvtx=False, full_set=True)
     assert "--nvtx" not in full and full[full.index("--set") + 1] == "full"
+    every = ncu_tools.ncu_command("ncu", Path("r"), ["k"], ["m"], ["python", "t.py"], every_launch=12)
+    assert "--filter-mode" not in every and every[every.index("--launch-count") + 1] == "12"
+
+
+def test_kernel_filter_tells_instantiations_and_names_apart():
+    import re
+
+    pattern = re.compile(
+        ncu_tools.kernel_regex(["elementwise_kernel", "nvjet_sm90_tst_256x128"])[len("regex:") :]
+    )
+    assert pattern.search("_ZN2at6native18elementwise_kernelILi128ELi4EZNS0_22gpu_kernel_impl_nocast")
+    assert not pattern.search("_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIbEE")
+    assert not pattern.search("_ZN2at6native27unrolled_elementwise_kernelINS0_15direct_copy")
+    assert pattern.search("nvjet_sm90_tst_256x128")
+    assert not pattern.search("nvjet_sm90_tst_256x128_64x4_other")
 
 
 def test_metrics_follow_what_the_gpu_supports():
@@ -146,17 +162,29 @@ def test_phase_two_end_to_end_with_a_stand_in_ncu(tmp_path, monkeypatch, fake_nc
         NCU_PER_CONFIG.read_bytes()
     )
     phase = manifest.phases["ncu"]
-    assert phase["profiled_launches"] == 30 and len(events) == 30
+    # The persistent cuBLAS GEMM runs several sizes under one launch configuration: a first
+    # pass profiles its every launch, then one launch per configuration for the rest (the
+    # stand-in prints the recorded 30-kernel log for each pass).
+    assert phase["variable_size_kernels"] == [
+        "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT",
+        "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT",
+    ]
+    assert (out / rundir.NCU_LAUNCHES_CSV).is_file()
+    assert phase["profiled_launches"] == 60 and len(events) == 60
     assert events[-1][0] == 30 and events[0][2] == "elementwise_kernel"
+    launches_cmd = (out / "logs" / "ncu.launches_command.txt").read_text().split()
+    assert launches_cmd[launches_cmd.index("--launch-count") + 1] == "41"  # 12 + 29 launches a step
+    assert "per-launch-config" not in launches_cmd
     assert manifest.versions["ncu"] == "2025.3.1.0"
-    profile_call = next(line for line in fake_ncu.read_text().splitlines() if " -o " in f" {line} ")
+    profile_call = next(line for line in fake_ncu.read_text().splitlines() if "per-launch-config" in line)
     assert "--nvtx-include kerneltriage.ncu" in profile_call
     assert "-m kerneltriage.profile.runner train.py" in profile_call
     assert (out / "logs" / "ncu_command.txt").read_text().split()[0].endswith("ncu")
+    assert "--print-kernel-base demangled" in fake_ncu.read_text()
     # The run directory now reports with counters joined.
     (out / rundir.MANIFEST).write_text(json.dumps(rundir.Manifest().to_json()))
     rep = build_report(out)
-    assert rep.join is not None and rep.join["rows_joined"] == 30
+    assert rep.join is not None and rep.join["rows"] == 60 and rep.join["rows_joined"] >= 30
 
 
 def test_counter_permission_error_is_explained(tmp_path, monkeypatch, fake_ncu):

@@ -55,6 +55,22 @@ class Command:
     def script(self) -> str:
         return self.target[1] if self.target[0] == "-m" else self.target[0]
 
+    @property
+    def world_size(self) -> int | None:
+        """Processes a single-node torchrun starts (``--nproc-per-node N``), when it says."""
+        if not self.distributed:
+            return None
+        nodes, procs = 1, None
+        for i, arg in enumerate(self.prefix):
+            name, _, value = arg.partition("=")
+            if not value and i + 1 < len(self.prefix):
+                value = self.prefix[i + 1]
+            if name in ("--nproc-per-node", "--nproc_per_node") and value.isdigit():
+                procs = int(value)
+            elif name == "--nnodes" and value.isdigit():
+                nodes = int(value)
+        return procs * nodes if procs else None
+
     def with_runner(self) -> list[str]:
         """The command with kerneltriage's runner in front of the script or module."""
         return [*self.prefix, "-m", RUNNER, *self.target]

@@ -203,13 +203,22 @@ def _phase_timeline(
         statuses = _statuses(out, "timeline")
     if whole_run:
         manifest.schedule["whole_run"] = True
+    failed = _failed_ranks(command, statuses)
+    for rank, why in failed.items():
+        warnings.append(f"rank {rank} failed: {why}")
     if code != 0:
         detail = "\n".join(tail)
+        if failed:
+            detail = "; ".join(f"rank {r}: {w}" for r, w in failed.items()) + "\n" + detail
         if not traces:
             raise ToolError(
                 f"the script failed (exit code {code}) before any step was recorded; its last output:\n{detail}"
             )
-        warnings.append(f"the script exited with code {code} after the profiled steps were written")
+        manifest.ranks = sorted(s.get("rank", 0) for s in statuses if s.get("trace")) or [0]
+        raise ToolError(
+            f"the script failed (exit code {code}); what was recorded is kept ({', '.join(t.name for t in traces)}): "
+            f"`kerneltriage report` can read it. Last output:\n{detail}"
+        )
     if not traces:
         raise ToolError("the profiler wrote no trace (see the logs folder of the run directory)")
     hook_ms = sum(s.get("hook_ms", 0.0) for s in statuses if s.get("rank", 0) == 0)
@@ -371,6 +380,22 @@ def _write_config(out: Path, mode: str, options: Options, command: Command, *, w
     for stale in (out / rundir.LOGS).glob(f"status.{mode}.rank*.json"):
         stale.unlink()
     return path
+
+
+def _failed_ranks(command: Command, statuses: list[dict[str, Any]]) -> dict[int, str]:
+    """Ranks that failed or never reported (killed when torchrun tore the job down)."""
+    failed = {
+        s.get("rank", 0): s.get("error") or s.get("status")
+        for s in statuses
+        if s.get("status") not in ("ok", None)
+    }
+    expected = command.world_size
+    if expected:
+        seen = {s.get("rank", 0) for s in statuses}
+        for rank in range(expected):
+            if rank not in seen:
+                failed.setdefault(rank, "wrote no status: killed, or died before the profiler started")
+    return dict(sorted(failed.items()))
 
 
 def _statuses(out: Path, mode: str) -> list[dict[str, Any]]:

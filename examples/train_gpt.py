@@ -109,8 +109,9 @@ class Block(nn.Module):
         if self.fused:
             from kerneltriage.kernels import fused_add_rms_norm
 
-            # x + attn(…) and the second norm in one pass: (normed, new residual).
-            h, x = fused_add_rms_norm(self.attn(self.n1(x)), x, self.n2.weight, eps=1e-6)
+            # x + attn(…) and the second norm in one pass: (normed, new residual). The residual
+            # stream stays in its own dtype (fp32 under autocast), as in the eager block.
+            h, x = fused_add_rms_norm(self.attn(self.n1(x)).to(x.dtype), x, self.n2.weight, eps=1e-6)
             return x + self.down(F.gelu(self.up(h)))
         x = x + self.attn(self.n1(x))
         return x + self.down(F.gelu(self.up(self.n2(x))))

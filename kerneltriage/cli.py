@@ -482,5 +482,82 @@ def calibrate(quick, device, as_json):
     click.echo(f"saved {path}")
 
 
+# --- scaffold -------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("run", required=False, type=click.Path(path_type=Path))
+@click.argument("candidate", required=False)
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Folder for the package (created; refused when it exists and is not empty, unless --force).",
+)
+@click.option(
+    "--force", is_flag=True, help="Write into a non-empty --out, replacing the scaffold's own files."
+)
+@click.option(
+    "--kind",
+    help="Without a run: rmsnorm, layernorm, add_rmsnorm, softmax, log_softmax, cross_entropy, attention, "
+    "gemm (+bias, +gelu/relu/silu/tanh/sigmoid), an elementwise chain such as gelu or mul+silu, or generic.",
+)
+@click.option(
+    "--shape",
+    "shapes",
+    multiple=True,
+    help="With --kind: one observed shape, e.g. 16384x4096 (attention BxHxSxD, gemm MxNxK); repeatable.",
+)
+@click.option("--dtype", help="With --kind: bf16 (default), fp16 or fp32.")
+@click.option(
+    "--gpu",
+    help="GPU table entry for the ceilings (with --kind: default H100-SXM; with a run: as for report).",
+)
+@click.option(
+    "--ncu", type=click.Path(path_type=Path), help="Nsight Compute counters for a bare trace, as for report."
+)
+@click.option(
+    "--rules",
+    "rules_file",
+    type=click.Path(path_type=Path),
+    help="A rules YAML merged over the defaults, as for report.",
+)
+@handle_errors
+def scaffold(run, candidate, out, force, kind, shapes, dtype, gpu, ncu, rules_file):
+    """Write a Triton kernel package for a report candidate: kernel.py, reference.py,
+    test_kernel.py, bench.py and README.md, correct and benchmarked from the start.
+
+    RUN and CANDIDATE are a run (or trace) and a candidate id from `kerneltriage report RUN`.
+    Without a run, --kind with --shape (and --dtype) scaffolds an op class directly.
+
+    \b
+    Examples:
+      kerneltriage scaffold runs/exp1 C3 --out kernels/c3
+      kerneltriage scaffold --kind rmsnorm --shape 16384x4096 --dtype bf16 --out kernels/my_norm
+      cd kernels/c3 && TRITON_INTERPRET=1 pytest -q && python bench.py
+    """
+    from kerneltriage.errors import InputError
+    from kerneltriage.scaffold import scaffold_candidate, scaffold_kind
+
+    if kind:
+        if run is not None or candidate is not None:
+            raise InputError("give either RUN CANDIDATE or --kind with --shape, not both")
+        result = scaffold_kind(kind, list(shapes), dtype, out, force=force, gpu=gpu)
+    else:
+        if run is None or candidate is None:
+            raise InputError(
+                "expected RUN and CANDIDATE (kerneltriage scaffold runs/exp1 C3 --out kernels/c3), "
+                "or --kind with --shape"
+            )
+        if shapes or dtype:
+            raise InputError("--shape and --dtype go with --kind")
+        result = scaffold_candidate(run, candidate, out, force=force, ncu=ncu, rules_file=rules_file, gpu=gpu)
+    for message in result.messages:
+        click.echo(f"note: {message}", err=True)
+    names = ", ".join(path.name for path in result.files)
+    click.echo(f"wrote {result.out}/: {names} ({result.template} template, `{result.name}`)")
+    click.echo(f"next: cd {result.out} && TRITON_INTERPRET=1 pytest -q && python bench.py")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

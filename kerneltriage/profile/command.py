@@ -131,6 +131,8 @@ def _split_torchrun(argv: list[str], start: int) -> tuple[list[str], list[str]]:
             i += 2
     if i >= len(argv):
         raise InputError("the torchrun command names no training script")
-    prefix = [a for a in argv[:i] if a not in ("-m", "--module")]
+    # Drop torchrun's own --module flag (it moves in front of the target); keep the launcher's
+    # part as is (``python -m torch.distributed.run``).
+    prefix = argv[:start] + [a for a in argv[start:i] if a not in ("-m", "--module")]
     target = ["-m", *argv[i:]] if module else argv[i:]
     return prefix, target

@@ -388,6 +388,13 @@ class _ProfileReporter:
 @click.option(
     "--run-to-end", is_flag=True, help="Let the script finish instead of stopping after the recorded steps."
 )
+@click.option(
+    "--ncu-timeout",
+    type=click.FloatRange(min=10),
+    default=900,
+    show_default=True,
+    help="Seconds each Nsight Compute pass may take; past it ncu is stopped and the timeline kept.",
+)
 @click.option("--step-marker", help="Regex on record_function names that mark steps; records the whole run.")
 @click.option(
     "--cpu", is_flag=True, help="Dry run without a GPU: CPU ops only (checks steps and module hooks)."
@@ -412,6 +419,7 @@ def profile(
     ncu_set,
     ncu_rank,
     run_to_end,
+    ncu_timeout,
     step_marker,
     cpu,
     calibrate_first,
@@ -448,6 +456,7 @@ def profile(
         cpu=cpu,
         ncu_rank=ncu_rank,
         calibrate=calibrate_first,
+        ncu_timeout=ncu_timeout,
     )
     result = run_profile(list(command), options, _ProfileReporter(quiet))
     for warning in result.warnings:

@@ -57,6 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as exc:
         session.finish("failed", error="".join(traceback.format_exception_only(type(exc), exc)).strip())
         raise
+    if config.get("mode") == "ncu" and config.get("distributed"):
+        # Under Nsight Compute a distributed job can hang in NCCL teardown; the counters are
+        # already written by ncu and the status by finish(): leave at once.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     _shutdown_distributed()
     return code
 

@@ -8,6 +8,7 @@ that says what it holds.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import gzip
 import json
@@ -32,6 +33,7 @@ from kerneltriage.profile.command import Command, parse_command
 from kerneltriage.profile.hooks import EXIT_NO_GPU
 from kerneltriage.profile.runner import CONFIG_ENV
 
+TIMED_OUT = -999
 _ENV_KEYS = (
     "CUDA_VISIBLE_DEVICES",
     "PYTORCH_CUDA_ALLOC_CONF",
@@ -60,6 +62,7 @@ class Options:
     ncu_rank: int = 0
     timeline: str = "torch"
     calibrate: bool = False
+    ncu_timeout: float = 900.0  # seconds for each ncu pass
 
 
 class Reporter:
@@ -301,7 +304,7 @@ def _phase_ncu(
         )
         (out / rundir.LOGS / f"{stem}_command.txt").write_text(" ".join(cmd) + "\n")
         ok, seconds, done = _ncu_pass(
-            ncu, cmd, out, stem, csv_name, expected, config, manifest, say, warnings
+            ncu, cmd, out, stem, csv_name, expected, config, manifest, say, warnings, options.ncu_timeout
         )
         total_seconds += seconds
         launches += done
@@ -323,6 +326,7 @@ def _ncu_pass(
     manifest,
     say: Reporter,
     warnings: list[str],
+    timeout: float,
 ) -> tuple[bool, float, int]:
     """One ncu run and its CSV export. Returns (went well, seconds, launches profiled)."""
     progress = {"done": 0}
@@ -336,7 +340,15 @@ def _ncu_pass(
         return False
 
     logs = out / rundir.LOGS / stem.replace("ncu", "phase2")
-    seconds, code, tail = _run(cmd, config, logs, say, manifest, on_line=on_line)
+    seconds, code, tail = _run(cmd, config, logs, say, manifest, on_line=on_line, timeout=timeout)
+    if code == TIMED_OUT:
+        say.warn(f"Nsight Compute did not finish within {timeout:.0f} s: stopped; the timeline is kept")
+        warnings.append(
+            f"ncu ({stem}) was stopped after {timeout:.0f} s ({progress['done']} launches profiled); "
+            "no counters from it (raise --ncu-timeout, or lower --max-kernels)"
+        )
+        manifest.phases["ncu"][f"{stem}_exit_code"] = "timeout"
+        return False, seconds, progress["done"]
     log = Path(f"{logs}.stdout").read_text(errors="replace") + Path(f"{logs}.stderr").read_text(
         errors="replace"
     )
@@ -481,8 +493,13 @@ def _run(
     say: Reporter,
     manifest,
     on_line: Callable[[str], bool] | None = None,
+    timeout: float | None = None,
 ) -> tuple[float, int, list[str]]:
-    """Run ``cmd``, echo and log its output, return (seconds, exit code, last stderr lines)."""
+    """Run ``cmd``, echo and log its output, return (seconds, exit code, last stderr lines).
+
+    Past ``timeout`` seconds the whole process group is stopped and the exit code is
+    ``TIMED_OUT``: a hung tool must not take the phases already written down with it.
+    """
     start = time.perf_counter()
     tail: deque[str] = deque(maxlen=20)
     try:
@@ -494,6 +511,8 @@ def _run(
             text=True,
             errors="replace",
             bufsize=1,
+            # Its own process group, so that a timeout can stop ncu, torchrun and every worker.
+            start_new_session=timeout is not None,
         )
     except FileNotFoundError:
         raise ToolError(f"cannot start {cmd[0]!r}: not found") from None
@@ -517,8 +536,24 @@ def _run(
     for t in threads:
         t.start()
     try:
-        code = proc.wait()
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(timeout=20)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+            except OSError:
+                break
+        for t in threads:
+            t.join(timeout=5)
+        return time.perf_counter() - start, TIMED_OUT, list(tail)
     except KeyboardInterrupt:
+        if timeout is not None:  # a separate session does not get the terminal's Ctrl-C
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGINT)
         # A terminal's Ctrl-C reaches the child too: let it write what it has and exit. A
         # second SIGINT would interrupt its clean-up, so send one only if it is still running.
         for action in (None, signal.SIGINT, signal.SIGKILL):

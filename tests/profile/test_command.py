@@ -48,8 +48,17 @@ def test_torchrun_options_with_and_without_values(script):
     assert m.with_runner() == ["torchrun", "--nnodes", "1", "-m", RUNNER, "-m", "pkg.train", "--x"]
     d = parse_command(["python3", "-m", "torch.distributed.run", "--nproc-per-node", "2", script, "--ddp"])
     assert d.distributed and d.world_size == 2
-    assert d.with_runner() == ["python3", "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                               "-m", RUNNER, script, "--ddp"]
+    assert d.with_runner() == [
+        "python3",
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        RUNNER,
+        script,
+        "--ddp",
+    ]
 
 
 @pytest.mark.parametrize(

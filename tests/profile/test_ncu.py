@@ -32,6 +32,10 @@ elif args[:1] == ["--query-metrics"]:
     print(open(os.environ["FAKE_NCU_METRICS"]).read())
 elif args[:1] == ["--import"]:
     sys.stdout.write(gzip.open(os.environ["FAKE_NCU_CSV"], "rt").read())
+elif os.environ.get("FAKE_NCU_MODE") == "hang":
+    import time
+    print('==PROF== Profiling "elementwise_kernel": 0%....50%....100% - 15 passes', flush=True)
+    time.sleep(600)
 elif os.environ.get("FAKE_NCU_MODE") == "perm":
     print("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance Counters")
     sys.exit(1)
@@ -72,7 +76,7 @@ def _run_dir(tmp_path) -> Path:
     return out
 
 
-def _phase(out: Path, tmp_path, monkeypatch):
+def _phase(out: Path, tmp_path, monkeypatch, **options):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.py").write_text("")
     manifest = rundir.Manifest(command=["python", "train.py"], gpu={"name": "NVIDIA H200"})
@@ -87,7 +91,7 @@ def _phase(out: Path, tmp_path, monkeypatch):
             warnings.append(message)
 
     session._phase_ncu(
-        parse_command(["python", "train.py"]), session.Options(), out, manifest, Recorder(), warnings
+        parse_command(["python", "train.py"]), session.Options(**options), out, manifest, Recorder(), warnings
     )
     return manifest, warnings, events
 
@@ -203,3 +207,17 @@ def test_missing_ncu_means_timeline_only(tmp_path, monkeypatch):
     manifest, warnings, _ = _phase(out, tmp_path, monkeypatch)
     assert "ncu" not in manifest.phases
     assert any("ncu" in w and "not" in w for w in warnings)
+
+
+def test_a_hung_ncu_is_stopped_and_the_timeline_kept(tmp_path, monkeypatch, fake_ncu):
+    import time
+
+    monkeypatch.setenv("FAKE_NCU_MODE", "hang")
+    out = _run_dir(tmp_path)
+    start = time.perf_counter()
+    manifest, warnings, events = _phase(out, tmp_path, monkeypatch, ncu_timeout=3.0)
+    assert time.perf_counter() - start < 60
+    assert any("stopped after 3 s" in w for w in warnings)
+    assert manifest.phases["ncu"]["ncu.launches_exit_code"] == "timeout"
+    assert not (out / rundir.NCU_CSV).exists() and (out / rundir.TRACE).is_file()
+    assert len(events) == 1  # the progress line before the hang was seen

@@ -160,8 +160,8 @@ def _run_segment(ops: list[OpInfo], rules: Rules) -> Segment:
         return Segment("op", ops[0].kind, None, ops)
     variant = _norm_variant(ops, rules)
     if variant is not None:
-        fused_add = _is_residual_add(ops[0], rules)
-        if fused_add:
+        fused_add = _is_residual_add(ops[0], rules) or variant.startswith("fused_add_")
+        if fused_add and not variant.startswith("fused_add_"):
             variant = f"fused_add_{variant}"
         return Segment(
             "region", "norm", variant, ops, {"residual_add": fused_add}, _norm_ideal(ops, fused_add)

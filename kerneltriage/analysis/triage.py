@@ -379,7 +379,9 @@ def _segment_name(seg: Segment) -> str:
         prefix = "residual add + " if seg.variant and seg.variant.startswith("fused_add_") else ""
         x = tensor_inputs(seg.ops[0].dims, seg.ops[0].types)
         shape = "x".join(map(str, x[0][0])) if x else ""
-        return f"{prefix}{label.get(base, base)} (eager, {len(seg.ops)} ops) {shape}".rstrip()
+        fused = next((op.name for op in seg.ops if op.kind == "norm"), None)
+        how = f"via {fused}" if fused else f"eager, {len(seg.ops)} ops"
+        return f"{prefix}{label.get(base, base)} ({how}) {shape}".rstrip()
     short = " → ".join(dict.fromkeys(op.name.replace("aten::", "") for op in seg.ops))
     x = tensor_inputs(seg.ops[0].dims, seg.ops[0].types)
     shape = " " + "x".join(map(str, x[0][0])) if x and x[0][0] else ""
@@ -754,7 +756,8 @@ def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec) -> None:
         c.note = "run with Nsight Compute counters (kerneltriage profile) to place it on the roofline"
         return
     if not cond["headroom"].passed:
-        c.verdict, c.reason = "skip", "library-at-roof" if c.attrs.get("library_op") else "at-roof"
+        library = c.attrs.get("library_op") or _already_uses(c, rec)
+        c.verdict, c.reason = "skip", "library-at-roof" if library else "at-roof"
         return
     if not cond["stability"].passed:
         c.verdict, c.reason = "skip", "unstable-shapes"
@@ -765,6 +768,20 @@ def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec) -> None:
         c.builtin, c.reason = _attention_choice(c, rec, gpu)
     else:
         c.reason = "all three conditions hold"
+    used = _already_uses(c, rec)
+    if used:
+        # It already runs the fused kernel the rules would recommend: nothing to swap in.
+        c.verdict, c.builtin = "write", None
+        c.reason = f"all three conditions hold, and it already uses {used}: that kernel runs well below its ceiling here"
+
+
+def _already_uses(c: Candidate, rec: dict[str, Any]) -> str | None:
+    """The op of ``c`` that is already the fused kernel ``rec`` would recommend, if any."""
+    for pattern in rec.get("already") or []:
+        for op in c.ops:
+            if re.search(pattern, op):
+                return op
+    return None
 
 
 def _attention_choice(c: Candidate, rec: dict[str, Any], gpu: GPUSpec) -> tuple[str | None, str]:

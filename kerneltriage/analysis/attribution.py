@@ -37,9 +37,6 @@ _OPTIMIZER = re.compile(r"^Optimizer\.(step|zero_grad)#")
 _BACKWARD_ROOT = "autograd::engine::evaluate_function"
 _NEST_TOLERANCE_NS = 1000
 # Annotations that frame work rather than name a part of the model.
-_FRAMING = re.compile(
-    r"^(ProfilerStep#|Optimizer\.|enumerate\(DataLoader\)|## |" + re.escape(STEP_RANGE) + ")"
-)
 
 
 @dataclass
@@ -209,8 +206,9 @@ def attribute(tl: Timeline, marker: str | None = None) -> Attribution:
                 region[i] = name[len(REGION_PREFIX) :]
             elif _OPTIMIZER.match(name):
                 optimizer[i] = True
-            elif not _FRAMING.match(name):
-                region[i] = name
+            # Other annotations (DistributedDataParallel.forward, FSDP ranges, a user's own
+            # record_function) frame work but are not fusion candidates: only explicit
+            # kerneltriage.region ranges group ops into one candidate.
 
     children: dict[int, list[int]] = {}
     for i in np.flatnonzero(root >= 0).tolist():

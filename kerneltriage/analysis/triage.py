@@ -650,7 +650,7 @@ def _shapes(g: _Group, timeline: Timeline, attr: Attribution, k: pd.DataFrame) -
 
 
 def _signature(seg: Segment) -> tuple:
-    if seg.kind == "attention" and seg.level == "region":
+    if seg.kind == "attention" and seg.level == "region" and "q" in seg.attrs:
         a = seg.attrs
         return (("q", tuple(a["q"])), ("k", tuple(a["k"])), ("v", tuple(a["v"])))
     ops = seg.ops if seg.level == "op" else seg.ops[:1]

@@ -91,3 +91,42 @@ def test_cli_formats(tmp_path):
     assert html.exit_code == 0 and "<table>" in page.read_text() and "http" not in page.read_text()
     bad = runner.invoke(main, ["diff", str(EXAMPLE_RUN), str(tmp_path / "missing")])
     assert bad.exit_code == 2 and "no such file" in bad.output
+
+
+RUNS = EXAMPLE_RUN.parent
+
+
+def test_naive_attention_replaced_by_sdpa_realizes_the_prediction():
+    """examples/runs: the same GPT profiled on an H200 with naive attention and with SDPA."""
+    before = build_report(RUNS / "gpt-naive-h200")
+    after = build_report(RUNS / "gpt-sdpa-h200")
+    d = compare(before, after)
+    attention = next(m for m in d.candidates if m.kind == "attention")
+    assert attention.ids["before"] == [before.candidates[0].id]  # the top candidate before
+    assert attention.how in ("module and shape", "module")  # the naive region ↔ the SDPA op
+    assert attention.predicted_saving_share > 0.5
+    # Realized: within a few points of the prediction (the fused ceiling is a lower bound).
+    assert (
+        0.8 * attention.predicted_saving_share
+        < attention.realized_saving_share
+        <= attention.predicted_saving_share
+    )
+    assert 0 < attention.ceiling_reached < 1
+    assert d.step_saving_share == pytest.approx(attention.realized_saving_share, abs=0.03)
+    norms = [m for m in d.candidates if m.kind == "norm"]
+    assert norms and all(abs(m.realized_saving_share) < 0.01 for m in norms)  # untouched
+    assert not d.warnings
+
+
+def test_built_in_kernels_realize_attention_and_norm_savings():
+    before = build_report(RUNS / "gpt-naive-h200")
+    after = build_report(RUNS / "gpt-builtin-h200")
+    d = compare(before, after)
+    norm = next(
+        m
+        for m in d.candidates
+        if m.ids["before"] == [c.id for c in before.candidates if c.variant == "fused_add_rmsnorm"]
+    )
+    assert norm.realized_saving_share > 0.5 * norm.predicted_saving_share
+    assert d.kinds["norm"]["after"] < 0.5 * d.kinds["norm"]["before"]
+    assert d.kinds["attention"]["after"] < 0.1 * d.kinds["attention"]["before"]

@@ -1,0 +1,60 @@
+"""Reports across ranks: a 2-GPU DDP run profiled on H200s, and the 2-GPU nsys training capture."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from kerneltriage.analysis.ranks import summarize
+from kerneltriage.api import build_reports
+from kerneltriage.cli import main
+from tests.helpers import DATA, EXAMPLE_RUN
+
+DDP = EXAMPLE_RUN.parent / "gpt-ddp-2gpu-h200"
+
+
+@pytest.fixture(scope="module")
+def ddp():
+    return build_reports(DDP)
+
+
+def test_every_rank_is_reported(ddp):
+    assert sorted(ddp) == [0, 1]
+    for rep in ddp.values():
+        assert rep.candidates[0].kind == "attention" and rep.candidates[0].verdict == "use-builtin"
+        comm = [c for c in rep.candidates if c.kind == "communication"]
+        assert comm and all("nccl" in c.name.lower() for c in comm)
+        assert all(c.verdict == "skip" and c.reason == "communication" for c in comm)
+        # DDP overlaps its all-reduce with the backward: most of it is hidden.
+        assert 0 < rep.exposed_communication_ms_per_step < rep.communication_ms_per_step
+        assert rep.communication_ms_per_step == pytest.approx(sum(c.time_ms_per_step for c in comm), rel=0.05)
+
+
+def test_summary_across_ranks(ddp):
+    s = summarize(ddp)
+    assert [r.rank for r in s.ranks] == [0, 1]
+    top = s.candidates[0]
+    assert top.kind == "attention" and set(top.ids) == {0, 1}
+    assert 1.0 <= top.skew < 1.05  # the same work on both ranks
+    assert not s.stragglers
+
+
+def test_stragglers_are_flagged():
+    reps = build_reports(DATA / "nsys" / "mfu_2gpu_before.sqlite", gpu="H100-SXM")
+    s = summarize(reps)
+    comm = next(c for c in s.candidates if c.kind == "communication")
+    assert comm.skew > 1.25
+    assert any("rank 0" in line and comm.name in line for line in s.stragglers)
+
+
+def test_cli_json_for_several_ranks():
+    result = CliRunner().invoke(main, ["report", str(DDP), "--format", "json", "--top", "3"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["schema"] == "kerneltriage.report-ranks/1"
+    assert set(data["ranks"]) == {"0", "1"} and data["summary"]["schema"] == "kerneltriage.ranks/1"
+    assert any("status is 'failed'" in w for w in data["ranks"]["0"]["warnings"])  # phase 2 did not finish
+    one = CliRunner().invoke(main, ["report", str(DDP), "--rank", "1", "--format", "json"])
+    assert json.loads(one.output)["rank"] == 1

@@ -487,12 +487,13 @@ def _place_labels(
         r = _marker_radius_pt(c.time_share)
         text = f"{c.id} {times(c.headroom)}" if c.headroom and c.verdict != "skip" else c.id
         best = None
-        for dist in (r + 2.5, r + 12, r + 24, r + 40):
+        for dist in (r + 2.5, r + 12, r + 24, r + 40, r + 60, r + 85):
             for deg in (0, 180, 30, -30, 150, -150, 90, -90, 60, -60, 120, -120):
                 dx = dist * math.cos(math.radians(deg))
                 dy = dist * math.sin(math.radians(deg))
                 ha = "left" if dx > 1 else ("right" if dx < -1 else "center")
                 va = "bottom" if dy > 1 else ("top" if dy < -1 else "center")
+                # A far label gets a leader line: measure it with the line, as it will be drawn.
                 ann = ax.annotate(
                     text,
                     (p.intensity, p.achieved),
@@ -504,6 +505,7 @@ def _place_labels(
                     fontweight="bold",
                     color=_INK,
                     zorder=7,
+                    arrowprops=_leader(r) if dist > r + 10 else None,
                 )
                 box = ann.get_window_extent(renderer).padded(1.5)
                 score = cost(box) + dist * 0.5
@@ -526,12 +528,14 @@ def _place_labels(
             fontweight="bold",
             color=_INK,
             zorder=7,
-            arrowprops={"arrowstyle": "-", "color": "#777777", "lw": 0.6, "shrinkA": 1, "shrinkB": r * 0.8}
-            if leader
-            else None,
+            arrowprops=_leader(r) if leader else None,
         )
         ann.set_gid(f"kt-label-{c.id}")
         obstacles.append(box)
+
+
+def _leader(r: float) -> dict[str, Any]:
+    return {"arrowstyle": "-", "color": "#777777", "lw": 0.6, "shrinkA": 1, "shrinkB": r * 0.8}
 
 
 def breakdown_figure(report: Report) -> Figure:

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 from markupsafe import escape
 
+from kerneltriage.analysis.model import Gap
 from kerneltriage.api import build_report
 from kerneltriage.cli import main
 from kerneltriage.report import render
@@ -154,7 +155,10 @@ def test_header(report, page):
     header = page[: page.index('<section id="roofline">')]
     gpu = report.gpu
     assert gpu["name"] in header
-    assert ">datasheet</span>" in header and gpu["source"].startswith("datasheet")
+    # The example run was calibrated on its GPU: the badge says the ceilings were measured.
+    badge = "measured" if gpu["source"].startswith("measured") else "datasheet"
+    assert f">{badge}</span>" in header
+    assert gpu["source"].startswith("measured")
     assert f"memory {gpu['peak_bandwidth_gbs']:,.0f} GB/s" in header
     for precision, peak in gpu["peak_tflops"].items():
         assert f"{precision} {peak:,.4g} TFLOP/s" in header
@@ -172,12 +176,13 @@ def test_header(report, page):
 def test_idle_warning_comes_first(report):
     idle = copy.deepcopy(report)
     idle.idle_pct = 42.0
+    idle.gaps = [Gap("host sync: cudaStreamSynchronize in aten::item", 8.0, 2.0, 5.5)]
     assert idle.idle_bound
     text = html(idle)
     assert 'id="idle-warning"' in text
     assert "The GPU is idle 42% of the step" in text
     assert text.index('id="idle-warning"') < text.index('<dl class="facts">') < text.index('id="warnings"')
-    assert "host busy: aten::embedding" in text  # the gaps
+    assert idle.gaps and escape(idle.gaps[0].cause) in text  # the biggest gap's cause
 
 
 def test_escapes_trace_text(report, page):

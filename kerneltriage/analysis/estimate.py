@@ -8,9 +8,12 @@ the op's math (stated at each factor). Every figure here is marked ``estimate`` 
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
+
+import numpy as np
 
 DTYPE_BYTES = {
     "float": 4,
@@ -152,13 +155,19 @@ def attention_work(q, k, v, type_name: str, causal: bool, window: int | None = N
     es = dtype_bytes(type_name, 2)
     pairs = sq * sk
     if causal:
-        # Bottom-right aligned causal mask: query i sees keys up to i + (sk - sq).
-        pairs = sum(min(sk, max(0, i + 1 + sk - sq)) for i in range(sq)) if sq <= 65536 else sq * sk / 2
+        pairs = _causal_pairs(int(sq), int(sk))
     if window is not None:
         pairs = min(pairs, sq * min(sk, window))
     flops = 2.0 * b_h * pairs * (d + dv)
     bytes_ = es * (numel(q) + numel(k) + numel(v) + b_h * sq * dv) + 4 * b_h * sq
     return Work(flops, bytes_, TENSOR_PRECISION.get(type_name, "bf16"))
+
+
+@functools.lru_cache(maxsize=256)
+def _causal_pairs(sq: int, sk: int) -> int:
+    """Visible (query, key) pairs under a bottom-right aligned causal mask: query i sees keys
+    up to i + (sk − sq)."""
+    return int(np.clip(np.arange(1, sq + 1, dtype=np.int64) + (sk - sq), 0, sk).sum())
 
 
 def _flag(concrete, index: int) -> bool:

@@ -223,9 +223,8 @@ def _group(timeline: Timeline, attr: Attribution, rules: Rules) -> dict[tuple, _
     first = fwd.groupby("fwd_root")[["name", "kind"]].first()
     first_kernel, first_activity = first["name"].to_dict(), first["kind"].to_dict()
     # An op whose GPU work is only copies and memsets is a memcpy, whatever its name says.
-    copy_only = (
-        fwd.groupby("fwd_root")["kind"].agg(lambda kinds: set(kinds) <= {"memcpy", "memset"}).to_dict()
-    )
+    copy_only = (~(fwd["kind"] == "kernel").groupby(fwd["fwd_root"]).any()).to_dict()
+
     compute_types = _compute_types(timeline, attr, set(fwd["fwd_root"].unique().tolist()))
     for step, frame in fwd.groupby("step"):
         rows = sorted(set(frame["fwd_root"].tolist()), key=lambda r: starts[r])

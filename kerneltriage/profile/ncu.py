@@ -146,12 +146,13 @@ def kernel_regex(names: list[str]) -> str:
 
     A mangled C++ name spells each identifier as <length><name> (``_ZN2at6native29vectorized_
     elementwise_kernelILi4E…``), so ``29vectorized_elementwise_kernel`` matches that kernel and
-    not ``unrolled_elementwise_kernel``; unmangled names (cuBLAS ``nvjet_…``, Triton kernels)
-    match whole.
+    ``18elementwise_kernel`` does not. The length may follow another digit: functions in an
+    anonymous namespace mangle as ``…_GLOBAL__N_120softmax_warp_forward…``. Unmangled names
+    (cuBLAS ``nvjet_…``, Triton kernels) match whole.
     """
     whole = "|".join(re.escape(n) for n in names)
     spelled = "|".join(f"{len(n)}{re.escape(n)}" for n in names)
-    return f"regex:^(?:{whole})$|(?:^|[^0-9])(?:{spelled})"
+    return f"regex:^(?:{whole})$|(?:{spelled})"
 
 
 def ncu_command(

@@ -134,6 +134,10 @@ def test_kernel_filter_tells_instantiations_and_names_apart():
     assert not pattern.search("_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIbEE")
     assert not pattern.search("_ZN2at6native27unrolled_elementwise_kernelINS0_15direct_copy")
     assert pattern.search("nvjet_sm90_tst_256x128")
+    anon = re.compile(ncu_tools.kernel_regex(["softmax_warp_forward"])[len("regex:") :])
+    assert anon.search(
+        "_ZN2at6native12_GLOBAL__N_120softmax_warp_forwardIfffLi11ELb0ELb0EEEvPT0_PKT_iiiPKbib"
+    )
     assert not pattern.search("nvjet_sm90_tst_256x128_64x4_other")
 
 

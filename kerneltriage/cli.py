@@ -395,6 +395,13 @@ class _ProfileReporter:
     show_default=True,
     help="Seconds each Nsight Compute pass may take; past it ncu is stopped and the timeline kept.",
 )
+@click.option(
+    "--timeline",
+    type=click.Choice(["torch", "nsys"]),
+    default="torch",
+    show_default=True,
+    help="Phase 1 under the PyTorch profiler, or Nsight Systems (falls back to torch when nsys cannot report).",
+)
 @click.option("--step-marker", help="Regex on record_function names that mark steps; records the whole run.")
 @click.option(
     "--cpu", is_flag=True, help="Dry run without a GPU: CPU ops only (checks steps and module hooks)."
@@ -420,6 +427,7 @@ def profile(
     ncu_rank,
     run_to_end,
     ncu_timeout,
+    timeline,
     step_marker,
     cpu,
     calibrate_first,
@@ -457,6 +465,7 @@ def profile(
         ncu_rank=ncu_rank,
         calibrate=calibrate_first,
         ncu_timeout=ncu_timeout,
+        timeline=timeline,
     )
     result = run_profile(list(command), options, _ProfileReporter(quiet))
     for warning in result.warnings:

@@ -6,6 +6,7 @@ Layout of schema ``kerneltriage.run/1``::
       manifest.json        this module's Manifest: command, GPU, versions, schedule, phases, status
       trace.json.gz        PyTorch profiler (Kineto) chrome trace of the recorded steps
       trace.rank{N}.json.gz  one per rank instead, for multi-process (torchrun) runs
+      timeline.sqlite      instead of a trace: an Nsight Systems export (profile --timeline nsys)
       ncu.csv.gz           optional: ``ncu --import ncu.ncu-rep --csv --page raw`` (one launch per
                            unique kernel/grid/block of the profiled step)
       ncu.launches.csv.gz  optional: every launch of the kernels whose one configuration runs
@@ -33,6 +34,7 @@ SCHEMA = "kerneltriage.run/1"
 MANIFEST = "manifest.json"
 TRACE = "trace.json.gz"
 TRACE_RANK_GLOB = "trace.rank*.json.gz"
+TRACE_NSYS = "timeline.sqlite"
 NCU_CSV = "ncu.csv.gz"
 NCU_LAUNCHES_CSV = "ncu.launches.csv.gz"
 NCU_REP = "ncu.ncu-rep"
@@ -134,6 +136,8 @@ def open_run(path: str | os.PathLike[str]) -> RunDir:
             traces[int(match.group(1))] = file
     if (root / TRACE).is_file():
         traces.setdefault(0, root / TRACE)
+    elif not traces and (root / TRACE_NSYS).is_file():
+        traces[0] = root / TRACE_NSYS
     if not traces:
         hint = f"the run's status is {manifest.status!r}" if manifest.status != "ok" else None
         raise RunDirError(f"no {TRACE} in the run directory", path=str(root), hint=hint)

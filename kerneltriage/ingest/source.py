@@ -72,6 +72,16 @@ def load_profile(
         raise InputError("no such file or directory", path=str(path))
     if path.is_dir():
         run = rundir.open_run(path)
+        if run.trace.suffix == ".sqlite":
+            # An Nsight Systems timeline: one export holds every device; each is a rank.
+            from kerneltriage.ingest.nsys import read_nsys_all
+
+            say(f"reading {run.trace.name}")
+            every = read_nsys_all(run.trace)
+            run.traces = dict.fromkeys(every, run.trace)
+            preloaded = every
+        else:
+            preloaded = {}
         wanted = sorted(run.traces) if ranks is None else ranks
         missing = [r for r in wanted if r not in run.traces]
         if missing:
@@ -82,6 +92,9 @@ def load_profile(
             )
         timelines = {}
         for r in wanted:
+            if r in preloaded:
+                timelines[r] = preloaded[r]
+                continue
             say(f"reading {run.traces[r].name}")
             timelines[r] = read_timeline(run.traces[r])
             timelines[r].rank = r

@@ -26,6 +26,8 @@ from kerneltriage import annotate, rundir
 
 EXIT_NO_GPU = 86
 NCU_RANGE = "kerneltriage.ncu"
+#: The recorded steps under Nsight Systems (``--capture-range=nvtx``).
+CAPTURE_RANGE = "kerneltriage.capture"
 
 
 class Done(BaseException):
@@ -87,6 +89,8 @@ class Session:
             self._start_profiler()
         elif self.mode == "ncu" and self.warmup == 0 and not self.whole_run:
             self._open_ncu_range()
+        elif self.mode == "nsys" and self.warmup == 0:
+            self._open_capture()
 
     def _start_profiler(self) -> None:
         torch = self.torch
@@ -129,6 +133,9 @@ class Session:
         if self.done:
             return
         self.steps_seen += 1
+        if self.mode == "nsys":
+            self._nsys_step()
+            return
         if self.mode == "timeline":
             if self.whole_run:
                 return
@@ -146,6 +153,28 @@ class Session:
                 self.ncu_range = None
                 self.done = True
                 self._finish_and_stop()
+
+    # --- Nsight Systems: a capture range over the recorded steps, a range per step ------
+
+    def _open_capture(self) -> None:
+        nvtx = self.torch.cuda.nvtx
+        self.capture = nvtx.range_start(CAPTURE_RANGE)
+        self.step_range = nvtx.range_start(annotate.STEP_RANGE)
+
+    def _nsys_step(self) -> None:
+        nvtx = self.torch.cuda.nvtx
+        if getattr(self, "step_range", None) is not None:
+            nvtx.range_end(self.step_range)
+            self.step_range = None
+        if self.steps_seen == self.warmup:
+            self._open_capture()
+        elif self.warmup < self.steps_seen < self.warmup + self.steps:
+            self.step_range = nvtx.range_start(annotate.STEP_RANGE)
+        elif self.steps_seen >= self.warmup + self.steps and getattr(self, "capture", None) is not None:
+            nvtx.range_end(self.capture)
+            self.capture = None
+            self.done = True
+            self._finish_and_stop()
 
     def _open_ncu_range(self) -> None:
         if self.ncu_range is None and self.rank == int(self.config.get("ncu_rank", 0)):

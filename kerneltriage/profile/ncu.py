@@ -76,10 +76,10 @@ def select_hot_kernels(
     """The base names of the kernels covering ``coverage`` of GPU kernel time in the steps."""
     from kerneltriage.analysis.attribution import attribute
     from kerneltriage.analysis.rules import load_rules
-    from kerneltriage.ingest.kineto import read_trace
     from kerneltriage.ingest.names import base_name
+    from kerneltriage.ingest.source import read_timeline
 
-    timeline = read_trace(trace)
+    timeline = read_timeline(Path(trace))
     attr = attribute(timeline)
     k = attr.kernels
     k = k[(k["step"] >= 0) & (k["kind"] == "kernel")]

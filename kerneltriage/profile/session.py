@@ -30,7 +30,7 @@ from kerneltriage import rundir
 from kerneltriage.errors import InputError, ToolError
 from kerneltriage.profile import ncu as ncu_tools
 from kerneltriage.profile.command import Command, parse_command
-from kerneltriage.profile.hooks import EXIT_NO_GPU
+from kerneltriage.profile.hooks import CAPTURE_RANGE, EXIT_NO_GPU
 from kerneltriage.profile.runner import CONFIG_ENV
 
 TIMED_OUT = -999
@@ -141,7 +141,11 @@ def run_profile(argv: list[str], options: Options, reporter: Reporter | None = N
     try:
         if options.calibrate and not options.cpu:
             _phase_calibrate(command, out, manifest, say, warnings)
-        _phase_timeline(command, options, out, manifest, say, warnings)
+        if options.timeline == "nsys" and not options.cpu:
+            if not _phase_timeline_nsys(command, options, out, manifest, say, warnings):
+                _phase_timeline(command, options, out, manifest, say, warnings)
+        else:
+            _phase_timeline(command, options, out, manifest, say, warnings)
         if not manifest.calibration and manifest.gpu.get("name"):
             manifest.calibration = _cached_calibration(manifest.gpu["name"]) or {}
         if options.ncu and not options.cpu:
@@ -239,6 +243,89 @@ def _phase_timeline(
     )
 
 
+def find_nsys() -> str | None:
+    found = shutil.which("nsys")
+    if found:
+        return found
+    for candidate in sorted(Path("/opt/nvidia").glob("nsight-*/*/host*/*/nsys")):
+        if candidate.is_file():
+            return str(candidate)
+    return None
+
+
+def _phase_timeline_nsys(
+    command: Command, options: Options, out: Path, manifest, say: Reporter, warnings: list[str]
+) -> bool:
+    """Phase 1 under Nsight Systems. False when it cannot give a timeline (the caller then
+    falls back to the PyTorch profiler): nsys missing, or recording without a report."""
+    nsys = find_nsys()
+    if nsys is None:
+        say.warn("Nsight Systems (nsys) is not on PATH: using the PyTorch profiler for the timeline")
+        warnings.append("--timeline nsys: nsys not found; the PyTorch profiler made the timeline")
+        return False
+    config = _write_config(out, "nsys", options, command, whole_run=False)
+    report = out / "timeline"
+    cmd = [
+        nsys,
+        "profile",
+        "-t",
+        "cuda,nvtx",
+        "--pytorch=autograd-nvtx",
+        "--capture-range=nvtx",
+        f"--nvtx-capture={CAPTURE_RANGE}",
+        "--capture-range-end=stop",
+        "--force-overwrite=true",
+        "-o",
+        str(report),
+        *command.with_runner(),
+    ]
+    (out / rundir.LOGS / "nsys_command.txt").write_text(" ".join(cmd) + "\n")
+    say.phase("timeline", "Nsight Systems")
+    seconds, code, _ = _run(
+        cmd, config, out / rundir.LOGS / "phase1-nsys", say, manifest, timeout=options.ncu_timeout
+    )
+    manifest.phases["timeline"] = {"seconds": round(seconds, 2), "exit_code": code, "tool": "nsys"}
+    rep = report.with_suffix(".nsys-rep")
+    if not rep.is_file():
+        left = sorted(p.name for p in out.glob("timeline*"))
+        say.warn(
+            "nsys recorded but produced no report"
+            + (f" (left: {', '.join(left)})" if left else "")
+            + "; falling back to the PyTorch profiler"
+        )
+        warnings.append(
+            "--timeline nsys: nsys produced no report (no importer on this machine?); "
+            "the PyTorch profiler made the timeline"
+        )
+        return False
+    export = subprocess.run(
+        [
+            nsys,
+            "export",
+            "--type",
+            "sqlite",
+            "--force-overwrite=true",
+            "-o",
+            str(out / rundir.TRACE_NSYS),
+            str(rep),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if export.returncode != 0 or not (out / rundir.TRACE_NSYS).is_file():
+        say.warn("nsys could not export its report to SQLite; falling back to the PyTorch profiler")
+        warnings.append(
+            f"--timeline nsys: export failed ({export.stderr.strip()[-200:]}); "
+            "the PyTorch profiler made the timeline"
+        )
+        return False
+    _record_environment(manifest, _statuses(out, "nsys"))
+    manifest.ranks = [0]
+    say.phase_done("timeline", seconds, "Nsight Systems export: timeline.sqlite")
+    return True
+
+
 # --- phase 2 ------------------------------------------------------------------------------
 
 
@@ -252,6 +339,8 @@ def _phase_ncu(
         return
     manifest.versions["ncu"] = ncu_tools.ncu_version(ncu) or "unknown"
     rank_trace = out / (rundir.TRACE if not command.distributed else f"trace.rank{options.ncu_rank}.json.gz")
+    if not rank_trace.is_file() and (out / rundir.TRACE_NSYS).is_file():
+        rank_trace = out / rundir.TRACE_NSYS
     if not rank_trace.is_file():
         raise ToolError(
             f"no phase-1 trace for rank {options.ncu_rank} ({rank_trace.name}) to pick hot kernels from"

@@ -82,6 +82,28 @@ def main() -> None:
 # --- report ---------------------------------------------------------------------------------
 
 
+def _format_option(schema: str):
+    return click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(["terminal", "markdown", "json", "html"]),
+        default="terminal",
+        show_default=True,
+        help=f"Output format; json follows the schema {schema} (README).",
+    )
+
+
+_output_option = click.option(
+    "-o", "--output", type=click.Path(path_type=Path), help="Write to this file instead of standard output."
+)
+_rules_option = click.option(
+    "--rules",
+    "rules_file",
+    type=click.Path(path_type=Path),
+    help="A rules YAML merged over rules/default.yaml (thresholds, op classes, recommendations).",
+)
+
+
 @main.command()
 @click.argument("run", type=click.Path(path_type=Path))
 @click.option(
@@ -91,24 +113,10 @@ def main() -> None:
     help="Nsight Compute counters for a bare trace: 'ncu --csv --page raw' export (.csv, .csv.gz) "
     "or a .ncu-rep (needs ncu on PATH). Overrides a run directory's own ncu.csv.gz.",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["terminal", "markdown", "json", "html"]),
-    default="terminal",
-    show_default=True,
-    help="Output format. json follows the schema kerneltriage.report/1 (README).",
-)
-@click.option(
-    "-o", "--output", type=click.Path(path_type=Path), help="Write to this file instead of standard output."
-)
+@_format_option("kerneltriage.report/1")
+@_output_option
 @click.option("--top", type=click.IntRange(min=1), help="Show only the first N candidates.")
-@click.option(
-    "--rules",
-    "rules_file",
-    type=click.Path(path_type=Path),
-    help="A rules YAML merged over rules/default.yaml (thresholds, op classes, recommendations).",
-)
+@_rules_option
 @click.option(
     "--gpu", help="GPU table entry to use instead of the trace's device name, e.g. H100-SXM, H200, A100-80GB."
 )
@@ -239,21 +247,10 @@ def _render_ranks(reports, fmt, top, run_ref, color) -> str:
 @click.option(
     "--ncu-after", type=click.Path(path_type=Path), help="Counters for AFTER when it is a bare trace."
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["terminal", "markdown", "json", "html"]),
-    default="terminal",
-    show_default=True,
-    help="Output format; json follows the schema kerneltriage.diff/1.",
-)
-@click.option(
-    "-o", "--output", type=click.Path(path_type=Path), help="Write to this file instead of standard output."
-)
+@_format_option("kerneltriage.diff/1")
+@_output_option
 @click.option("--top", type=click.IntRange(min=1), help="Show only the first N matched candidates.")
-@click.option(
-    "--rules", "rules_file", type=click.Path(path_type=Path), help="Rules YAML merged over the defaults."
-)
+@_rules_option
 @click.option("--gpu", help="GPU table entry for both sides (e.g. H100-SXM), when the traces do not name it.")
 @click.option(
     "--rank", type=int, default=None, help="For multi-rank runs: compare this rank (default: the first)."

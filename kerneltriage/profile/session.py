@@ -627,15 +627,13 @@ def _run(
     try:
         code = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-                proc.wait(timeout=20)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-            except OSError:
-                break
+        _stop(
+            proc,
+            [
+                (lambda: os.killpg(proc.pid, signal.SIGTERM), 20),
+                (lambda: os.killpg(proc.pid, signal.SIGKILL), 20),
+            ],
+        )
         for t in threads:
             t.join(timeout=5)
         return time.perf_counter() - start, TIMED_OUT, list(tail)
@@ -645,19 +643,24 @@ def _run(
                 os.killpg(proc.pid, signal.SIGINT)
         # A terminal's Ctrl-C reaches the child too: let it write what it has and exit. A
         # second SIGINT would interrupt its clean-up, so send one only if it is still running.
-        for action in (None, signal.SIGINT, signal.SIGKILL):
-            try:
-                if action is not None:
-                    proc.send_signal(action)
-                proc.wait(timeout=10 if action is None else 20)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-            except OSError:
-                break
+        _stop(proc, [(None, 10), (lambda: proc.send_signal(signal.SIGINT), 20), (proc.kill, 20)])
         for t in threads:
             t.join(timeout=5)
         raise
     for t in threads:
         t.join()
     return time.perf_counter() - start, code, list(tail)
+
+
+def _stop(proc: subprocess.Popen, steps: list[tuple[Callable[[], None] | None, float]]) -> None:
+    """Escalate until ``proc`` exits: each step acts (None: just wait) and waits its seconds."""
+    for act, seconds in steps:
+        try:
+            if act is not None:
+                act()
+            proc.wait(timeout=seconds)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+        except OSError:
+            return

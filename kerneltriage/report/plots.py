@@ -482,6 +482,21 @@ def _place_labels(
     ax.add_artist(best_label[1])
     best_label[1].set_gid("kt-memory-roof-label")
 
+    def annotate(text, p, dx, dy, ha, va, arrowprops):
+        return ax.annotate(
+            text,
+            (p.intensity, p.achieved),
+            xytext=(dx, dy),
+            textcoords="offset points",
+            ha=ha,
+            va=va,
+            fontsize=9,
+            fontweight="bold",
+            color=_INK,
+            zorder=7,
+            arrowprops=arrowprops,
+        )
+
     for p in labelled:
         c = p.candidate
         r = _marker_radius_pt(c.time_share)
@@ -494,19 +509,7 @@ def _place_labels(
                 ha = "left" if dx > 1 else ("right" if dx < -1 else "center")
                 va = "bottom" if dy > 1 else ("top" if dy < -1 else "center")
                 # A far label gets a leader line: measure it with the line, as it will be drawn.
-                ann = ax.annotate(
-                    text,
-                    (p.intensity, p.achieved),
-                    xytext=(dx, dy),
-                    textcoords="offset points",
-                    ha=ha,
-                    va=va,
-                    fontsize=9,
-                    fontweight="bold",
-                    color=_INK,
-                    zorder=7,
-                    arrowprops=_leader(r) if dist > r + 10 else None,
-                )
+                ann = annotate(text, p, dx, dy, ha, va, _leader(r) if dist > r + 10 else None)
                 box = ann.get_window_extent(renderer).padded(1.5)
                 score = cost(box) + dist * 0.5
                 ann.remove()
@@ -516,20 +519,7 @@ def _place_labels(
                 break
         assert best is not None
         _, dx, dy, ha, va, dist, box = best
-        leader = dist > r + 10
-        ann = ax.annotate(
-            text,
-            (p.intensity, p.achieved),
-            xytext=(dx, dy),
-            textcoords="offset points",
-            ha=ha,
-            va=va,
-            fontsize=9,
-            fontweight="bold",
-            color=_INK,
-            zorder=7,
-            arrowprops=_leader(r) if leader else None,
-        )
+        ann = annotate(text, p, dx, dy, ha, va, _leader(r) if dist > r + 10 else None)
         ann.set_gid(f"kt-label-{c.id}")
         obstacles.append(box)
 

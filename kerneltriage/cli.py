@@ -200,11 +200,7 @@ def report(
         text = render(next(iter(reports.values())), fmt, top=top, run_ref=run_ref, color=color)
     else:
         text = _render_ranks(reports, fmt, top, run_ref, color)
-    if output:
-        output.write_text(text)
-        click.echo(f"wrote {output}", err=True)
-    else:
-        click.echo(text, nl=False)
+    _emit(text, output)
     if plot:
         from kerneltriage.report.plots import save_roofline
 
@@ -279,6 +275,11 @@ def diff(before, after, ncu_before, ncu_after, fmt, output, top, rules_file, gpu
         reports = build_reports(path, ncu=ncu, rules_file=rules_file, gpu=gpu, ranks=ranks)
         sides.append(next(iter(reports.values())))
     text = render_diff(compare(sides[0], sides[1], (str(before), str(after))), fmt, top)
+    _emit(text, output)
+
+
+def _emit(text: str, output: Path | None) -> None:
+    """Write a rendered report to ``output``, or to stdout when none was given."""
     if output:
         output.write_text(text)
         click.echo(f"wrote {output}", err=True)

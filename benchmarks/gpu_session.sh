@@ -38,7 +38,7 @@ for item in "${items[@]}"; do
   python3 -c "import json; m=json.load(open('runs/gpt-$name/manifest.json')); print(json.dumps({'status': m['status'], 'phases': {k: {kk: vv for kk, vv in v.items() if kk not in ('metrics',)} for k, v in m['phases'].items()}}))" | tee -a "$LOG"
   $KT report runs/gpt-$name --top 8 --format markdown >> "$LOG" 2>&1
 done
-for attn in sdpa builtin; do
+for attn in ${LOSS_RUNS-sdpa builtin}; do  # LOSS_RUNS="" skips the 200-step runs
   say "== 200 steps, $attn attention"
   python3 examples/train_gpt.py --steps 200 --attn $attn --loss-log /tmp/extras/loss_$attn.json --time 2>&1 | tail -n 2 | tee -a "$LOG"
 done

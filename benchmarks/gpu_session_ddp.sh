@@ -18,7 +18,7 @@ say "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name --format=csv,noheader |
 t0=$(now); $TR examples/train_gpt.py --ddp --steps 6 > /tmp/plain.log 2>&1; say "plain DDP 6 steps: $(since $t0) s (rc $?)"
 $TR examples/train_gpt.py --ddp --steps 30 --time 2>&1 | grep step_ms | tee -a "$LOG"
 t0=$(now)
-timeout 420 python3 -m kerneltriage profile -q --out runs/gpt-ddp-2gpu --force -- $TR examples/train_gpt.py --ddp --steps 12 2>&1 | tail -n 8 | tee -a "$LOG"
+timeout 420 python3 -m kerneltriage profile -q --ncu-timeout 150 --out runs/gpt-ddp-2gpu --force -- $TR examples/train_gpt.py --ddp --steps 12 2>&1 | tail -n 8 | tee -a "$LOG"
 say "profile wall: $(since $t0) s"
 python3 -c "import json; m=json.load(open('runs/gpt-ddp-2gpu/manifest.json')); print(json.dumps({'status': m['status'], 'ranks': m['ranks'], 'phases': {k: {kk: vv for kk, vv in v.items() if kk not in ('metrics', 'kernels')} for k, v in m['phases'].items()}}))" | tee -a "$LOG"
 python3 -m kerneltriage report runs/gpt-ddp-2gpu --top 8 --format markdown >> "$LOG" 2>&1

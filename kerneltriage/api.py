@@ -60,7 +60,15 @@ def report_for(
     if progress:
         progress(f"analysing {Path(timeline.source).name}")
     # Counters are measured on one rank (the one ncu profiled); join them there only.
-    counters = profile.counters if rank == min(profile.timelines) else None
-    report = triage(timeline, spec, rules, counters, step_marker=step_marker, source=profile.source_info())
+    counters = profile.counters if rank == profile.counters_rank else None
+    report = triage(
+        timeline,
+        spec,
+        rules,
+        counters,
+        step_marker=step_marker,
+        source=profile.source_info(),
+        hot_kernels=profile.hot_kernels,
+    )
     report.warnings = profile.warnings + report.warnings
     return report

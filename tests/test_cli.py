@@ -21,6 +21,10 @@ def test_report_on_the_shipped_example():
     assert result.exit_code == 0, result.output
     assert "attention (naive, causal)" in result.output
     assert "use-builtin" in result.output
+    # profile's acceptance: the kernels phase 2 targeted are (nearly) all joined to counters.
+    assert "hot kernels: 15/15 with counters" in result.output
+    data = json.loads(run("report", EXAMPLE_RUN, "--format", "json").output)
+    assert data["join"]["hot_time_joined_share"] >= 0.95
 
 
 def test_report_on_a_trace_with_counters_as_json(tmp_path):

@@ -44,23 +44,38 @@ class JoinResult:
     rows_rejected: int
     time_joined_share: float
     warnings: list[str] = field(default_factory=list)
+    # The kernels phase 2 targeted (base names), when known: how many got counters, and the
+    # share of their in-step time that did.
+    hot_kernels: int = 0
+    hot_kernels_joined: int = 0
+    hot_time_joined_share: float | None = None
 
     def to_json(self) -> dict:
-        return {
+        data = {
             "rows": self.rows_total,
             "rows_joined": self.rows_joined,
             "rows_rejected": self.rows_rejected,
             "kernel_time_joined_share": round(self.time_joined_share, 4),
             "methods": self.method[self.row >= 0].value_counts().to_dict(),
         }
+        if self.hot_time_joined_share is not None:
+            data["hot_kernels"] = self.hot_kernels
+            data["hot_kernels_joined"] = self.hot_kernels_joined
+            data["hot_time_joined_share"] = round(self.hot_time_joined_share, 4)
+        return data
 
 
 def _key(name: str, gx, gy, gz, bx, by, bz) -> tuple:
     return (base_name(name), int(gx), int(gy), int(gz), int(bx), int(by), int(bz))
 
 
-def join_counters(kernels: pd.DataFrame, counters: Counters, max_ratio: float) -> JoinResult:
-    """Join ``counters`` rows onto the in-step kernels of ``kernels`` (the attribution table)."""
+def join_counters(
+    kernels: pd.DataFrame, counters: Counters, max_ratio: float, hot_kernels: list[str] | None = None
+) -> JoinResult:
+    """Join ``counters`` rows onto the in-step kernels of ``kernels`` (the attribution table).
+
+    ``hot_kernels``: the base names phase 2 targeted; the result then measures them apart.
+    """
     row = pd.Series(-1, index=kernels.index, dtype="int64")
     method = pd.Series("", index=kernels.index, dtype=object)
     in_step = kernels[(kernels["step"] >= 0) & (kernels["kind"] == "kernel")]
@@ -133,9 +148,18 @@ def join_counters(kernels: pd.DataFrame, counters: Counters, max_ratio: float) -
     unjoined = len(ncu) - rows_joined
     if unjoined:
         warnings.append(f"{unjoined} of {len(ncu)} counter rows matched no kernel of the recorded steps")
-    return JoinResult(
+    result = JoinResult(
         row, method, len(ncu), rows_joined, len(rejected_rows - set(row.tolist())), share, warnings
     )
+    if hot_kernels:
+        bases = in_step["_key"].map(lambda k: k[0])
+        hot = in_step[bases.isin(set(hot_kernels))]
+        hot_joined = row[hot.index] >= 0
+        hot_time = float(hot["dur"].sum())
+        result.hot_kernels = len(set(hot_kernels))
+        result.hot_kernels_joined = int(bases[hot.index][hot_joined].nunique())
+        result.hot_time_joined_share = float(hot.loc[hot_joined, "dur"].sum()) / hot_time if hot_time else 0.0
+    return result
 
 
 def _join_by_position(

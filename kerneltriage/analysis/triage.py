@@ -74,8 +74,13 @@ def triage(
     *,
     step_marker: str | None = None,
     source: dict[str, Any] | None = None,
+    hot_kernels: list[str] | None = None,
 ) -> Report:
-    """Analyse one timeline (one process/rank) and return the ranked report."""
+    """Analyse one timeline (one process/rank) and return the ranked report.
+
+    ``hot_kernels``: base names the ncu phase targeted; the join then also says how much of
+    their time has counters.
+    """
     require_gpu_activity(timeline)
     attr = attribute(timeline, step_marker)
     kernels = attr.kernels
@@ -89,7 +94,7 @@ def triage(
     warnings = list(timeline.warnings) + list(attr.warnings)
     join: JoinResult | None = None
     if counters is not None:
-        join = join_counters(kernels, counters, rules.threshold("join_max_duration_ratio"))
+        join = join_counters(kernels, counters, rules.threshold("join_max_duration_ratio"), hot_kernels)
         warnings += counters.warnings + join.warnings
         if join.time_joined_share < rules.threshold("join_warn"):
             warnings.append(

@@ -34,6 +34,21 @@ class Profile:
     def timeline(self) -> Timeline:
         return self.timelines[min(self.timelines)]
 
+    @property
+    def counters_rank(self) -> int:
+        """The rank ncu profiled (``--ncu-rank``; the first rank when the manifest does not say)."""
+        if self.manifest and self.manifest.schedule.get("ncu_rank") is not None:
+            return int(self.manifest.schedule["ncu_rank"])
+        return min(self.timelines)
+
+    @property
+    def hot_kernels(self) -> list[str] | None:
+        """Base names phase 2 was asked to profile (None for counters not made by ``profile``)."""
+        if self.manifest is None:
+            return None
+        names = self.manifest.phases.get("ncu", {}).get("kernels")
+        return list(names) if names else None
+
     def source_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {
             "path": str(self.run_dir) if self.run_dir else self.timeline.source,

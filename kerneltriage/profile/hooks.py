@@ -148,9 +148,12 @@ class Session:
         else:
             if self.steps_seen == self.warmup and self.step_source == "optimizer":
                 self._open_ncu_range()  # the next step starts now
-            elif self.steps_seen == self.warmup + 1 and self.ncu_range is not None:
-                self.torch.cuda.nvtx.range_end(self.ncu_range)
-                self.ncu_range = None
+            elif self.steps_seen == self.warmup + 1 and not self.whole_run:
+                # Every rank stops here, not only the one ncu profiles (the one with the
+                # range): a rank that trained on would wait forever in its next all-reduce.
+                if self.ncu_range is not None:
+                    self.torch.cuda.nvtx.range_end(self.ncu_range)
+                    self.ncu_range = None
                 self.done = True
                 self._finish_and_stop()
 

@@ -34,8 +34,10 @@ ROOFLINE_METRICS = [
     "sm__ops_path_tensor_src_tf32_dst_fp32.sum",
     "sm__ops_path_tensor_src_fp8.sum",
     "sm__ops_path_tensor_src_fp64.sum",
-    "sm__throughput.avg.pct_of_peak_sustained_elapsed",
-    "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+    # DRAM speed-of-light % rides in the passes above. The SM and compute-memory SOL %
+    # (sm__throughput, gpu__compute_memory_throughput) would cost 9 more replay passes on every
+    # launch (15 instead of 6 on an H200: benchmarks/probes/ncu_passes.sh) and the roofline
+    # does not use them; --ncu-set full collects them with the full sections.
     "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
 ]
 PERMISSION_HELP = (
@@ -61,6 +63,7 @@ class HotKernels:
     # so a second pass profiles every launch of these in the step.
     variable: list[str] = field(default_factory=list)
     variable_launches: int = 0
+    variable_configs: int = 0  # the configurations of ``configs`` that belong to ``variable``
 
 
 #: Launches of one (kernel, grid, block) whose durations differ by more than this factor run
@@ -117,7 +120,8 @@ def select_hot_kernels(
         if launches + count <= max_variable_launches:
             variable.append(name)
             launches += count
-    return HotKernels(chosen, configs, covered / total, comm, variable, launches)
+    variable_configs = len(one_step[one_step["base"].isin(variable)].drop_duplicates(key))
+    return HotKernels(chosen, configs, covered / total, comm, variable, launches, variable_configs)
 
 
 def available_metrics(ncu: str) -> set[str] | None:

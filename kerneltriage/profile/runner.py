@@ -7,10 +7,12 @@ parent (``session.py``) passes its settings in the file named by ``KERNELTRIAGE_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import runpy
 import sys
+import threading
 import traceback
 
 from kerneltriage.profile.hooks import Done, Session
@@ -57,27 +59,31 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as exc:
         session.finish("failed", error="".join(traceback.format_exception_only(type(exc), exc)).strip())
         raise
-    if config.get("mode") == "ncu" and config.get("distributed"):
-        # Under Nsight Compute a distributed job can hang in NCCL teardown; the counters are
-        # already written by ncu and the status by finish(): leave at once.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    _shutdown_distributed()
+    _shutdown_distributed(code)
     return code
 
 
-def _shutdown_distributed() -> None:
-    """A script stopped early never destroyed its process group; do it so NCCL exits cleanly."""
+def _shutdown_distributed(code: int, timeout: float = 60.0) -> None:
+    """A script stopped early never destroyed its process group; do it so NCCL exits cleanly.
+
+    The process must then end normally: ``os._exit`` skips the exit handlers of ncu's
+    injected library (on 2× H200, ranks that left that way made ncu crash without writing its
+    report). Only a teardown that hangs is cut short.
+    """
     torch = sys.modules.get("torch")
     if torch is None:
         return
     dist = getattr(torch, "distributed", None)
-    try:
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-    except Exception:  # teardown is best effort: the results are already on disk
-        pass
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    guard = threading.Timer(timeout, os._exit, args=(code,))
+    guard.daemon = True
+    guard.start()
+    with contextlib.suppress(Exception):  # best effort: the results are already on disk
+        dist.destroy_process_group()
+    guard.cancel()
 
 
 if __name__ == "__main__":

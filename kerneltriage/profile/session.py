@@ -367,17 +367,21 @@ def _phase_ncu(
     )
     passes = [("ncu", rundir.NCU_CSV, hot.names, None, hot.configs)]
     if hot.variable and not whole_run:
-        # Kernels that run several problem sizes under one configuration: every launch.
-        passes.insert(
-            0,
+        # Kernels that run several problem sizes under one configuration: every launch, in a
+        # first pass; the per-configuration pass then leaves them out (it runs only if the
+        # first went well).
+        rest = [n for n in hot.names if n not in hot.variable]
+        passes = [
             (
                 "ncu.launches",
                 rundir.NCU_LAUNCHES_CSV,
                 hot.variable,
                 hot.variable_launches,
                 hot.variable_launches,
-            ),
-        )
+            )
+        ]
+        if rest:
+            passes.append(("ncu", rundir.NCU_CSV, rest, None, hot.configs - hot.variable_configs))
     total_seconds = 0.0
     launches = 0
     for stem, csv_name, kernels, every, expected in passes:
@@ -397,6 +401,7 @@ def _phase_ncu(
         )
         total_seconds += seconds
         launches += done
+        manifest.phases["ncu"][f"{stem}_seconds"] = round(seconds, 2)
         if not ok:
             break
     manifest.phases["ncu"].update(seconds=round(total_seconds, 2), profiled_launches=launches)
@@ -430,27 +435,35 @@ def _ncu_pass(
 
     logs = out / rundir.LOGS / stem.replace("ncu", "phase2")
     seconds, code, tail = _run(cmd, config, logs, say, manifest, on_line=on_line, timeout=timeout)
-    if code == TIMED_OUT:
-        say.warn(f"Nsight Compute did not finish within {timeout:.0f} s: stopped; the timeline is kept")
-        warnings.append(
-            f"ncu ({stem}) was stopped after {timeout:.0f} s ({progress['done']} launches profiled); "
-            "no counters from it (raise --ncu-timeout, or lower --max-kernels)"
-        )
-        manifest.phases["ncu"][f"{stem}_exit_code"] = "timeout"
-        return False, seconds, progress["done"]
     log = Path(f"{logs}.stdout").read_text(errors="replace") + Path(f"{logs}.stderr").read_text(
         errors="replace"
     )
-    manifest.phases["ncu"][f"{stem}_exit_code"] = code
+    rep = out / f"{stem}.ncu-rep"
+    if code == TIMED_OUT:
+        manifest.phases["ncu"][f"{stem}_exit_code"] = "timeout"
+        if "==PROF== Report:" in log and rep.is_file():
+            # ncu finished and wrote its report; only the application failed to exit.
+            warnings.append(
+                f"ncu ({stem}) wrote its report, but the application did not exit; it was stopped "
+                f"after {timeout:.0f} s and the counters are kept"
+            )
+        else:
+            say.warn(f"Nsight Compute did not finish within {timeout:.0f} s: stopped; the timeline is kept")
+            warnings.append(
+                f"ncu ({stem}) was stopped after {timeout:.0f} s ({progress['done']} launches profiled); "
+                "no counters from it (raise --ncu-timeout, or lower --max-kernels)"
+            )
+            return False, seconds, progress["done"]
+    else:
+        manifest.phases["ncu"][f"{stem}_exit_code"] = code
     if "ERR_NVGPUCTRPERM" in log:
         say.warn(ncu_tools.PERMISSION_HELP)
         warnings.append("ncu could not read the performance counters (ERR_NVGPUCTRPERM): timeline only")
         return False, seconds, 0
-    rep = out / f"{stem}.ncu-rep"
     if not rep.is_file():
         warnings.append(f"ncu wrote no report (exit code {code}); last output: " + " | ".join(tail[-3:]))
         return False, seconds, progress["done"]
-    if code != 0:
+    if code not in (0, TIMED_OUT):
         warnings.append(f"ncu exited with code {code} after writing its report")
     export = subprocess.run(ncu_tools.export_command(ncu, rep), capture_output=True, text=True, check=False)
     if export.returncode != 0 or not export.stdout.strip():

@@ -16,6 +16,7 @@ from kerneltriage.analysis.model import Candidate, Report
 from kerneltriage.report.text import (
     bytes_,
     condition_line,
+    counters_text,
     flops,
     ms,
     pct,
@@ -87,10 +88,7 @@ def _header(report: Report) -> dict[str, Any]:
         command = shlex.join(str(part) for part in command)
     join = report.join
     if join:
-        counters = (
-            f"{join['rows_joined']}/{join['rows']} ncu rows joined, covering "
-            f"{pct(join['kernel_time_joined_share'])} of kernel time"
-        )
+        counters = counters_text(join)
         counters_ok = join["kernel_time_joined_share"] >= report.thresholds.get("join_warn", 0.9)
     else:
         counters = "none: rooflines from shape estimates (run `kerneltriage profile` for ncu counters)"

@@ -431,9 +431,9 @@ def _place_labels(
     to_px = fig.dpi / 72.0
     trans = ax.transData
     obstacles: list[Bbox] = [legend.get_window_extent(renderer)]
-    for text in ax.texts:
-        if text.get_text():
-            obstacles.append(text.get_window_extent(renderer))
+    # Text already drawn (the roof labels) and id labels placed so far must stay legible: a
+    # label may cover part of a point or an arrow sooner than any text.
+    texts: list[Bbox] = [t.get_window_extent(renderer) for t in ax.texts if t.get_text()]
     for p in data.points:
         cx, cy = trans.transform((p.intensity, p.achieved))
         r = _marker_radius_pt(p.candidate.time_share) * to_px
@@ -450,6 +450,7 @@ def _place_labels(
 
     def cost(box: Bbox) -> float:
         total = sum(overlap(box, other) for other in obstacles)
+        total += 100 * sum(overlap(box, other) for other in texts)
         outside = box.width * box.height - overlap(box, axbox)
         return total + 4 * outside
 
@@ -481,6 +482,7 @@ def _place_labels(
     assert best_label is not None
     ax.add_artist(best_label[1])
     best_label[1].set_gid("kt-memory-roof-label")
+    texts.append(best_label[2])
 
     def annotate(text, p, dx, dy, ha, va, arrowprops):
         return ax.annotate(
@@ -497,6 +499,20 @@ def _place_labels(
             arrowprops=arrowprops,
         )
 
+    def leader_boxes(p: Point, box: Bbox, r_px: float) -> list[Bbox]:
+        """Small boxes every 3 px along the leader line, from the point's rim to the label."""
+        cx, cy = trans.transform((p.intensity, p.achieved))
+        tx, ty = min(max(cx, box.x0), box.x1), min(max(cy, box.y0), box.y1)
+        length = math.hypot(tx - cx, ty - cy)
+        if length <= r_px:
+            return []
+        n = max(2, int((length - r_px) / 3))
+        steps = (r_px / length + (1 - r_px / length) * i / n for i in range(n + 1))
+        return [
+            Bbox.from_extents(x - 1, y - 1, x + 1, y + 1)
+            for x, y in ((cx + (tx - cx) * t, cy + (ty - cy) * t) for t in steps)
+        ]
+
     for p in labelled:
         c = p.candidate
         r = _marker_radius_pt(c.time_share)
@@ -508,11 +524,12 @@ def _place_labels(
                 dy = dist * math.sin(math.radians(deg))
                 ha = "left" if dx > 1 else ("right" if dx < -1 else "center")
                 va = "bottom" if dy > 1 else ("top" if dy < -1 else "center")
-                # A far label gets a leader line: measure it with the line, as it will be drawn.
-                ann = annotate(text, p, dx, dy, ha, va, _leader(r) if dist > r + 10 else None)
+                ann = annotate(text, p, dx, dy, ha, va, None)
                 box = ann.get_window_extent(renderer).padded(1.5)
-                score = cost(box) + dist * 0.5
                 ann.remove()
+                score = cost(box) + dist * 0.5
+                if dist > r + 10:  # a far label gets a leader line: it must not cross text either
+                    score += sum(cost(b) for b in leader_boxes(p, box, r * to_px))
                 if best is None or score < best[0]:
                     best = (score, dx, dy, ha, va, dist, box)
             if best is not None and best[0] <= best[5] * 0.5 + 1e-9:
@@ -521,7 +538,7 @@ def _place_labels(
         _, dx, dy, ha, va, dist, box = best
         ann = annotate(text, p, dx, dy, ha, va, _leader(r) if dist > r + 10 else None)
         ann.set_gid(f"kt-label-{c.id}")
-        obstacles.append(box)
+        texts.append(box)
 
 
 def _leader(r: float) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from rich.text import Text
 from kerneltriage.analysis.model import Candidate, Report
 from kerneltriage.report.text import (
     condition_line,
+    counters_text,
     ms,
     pct,
     roofline_line,
@@ -67,11 +68,7 @@ def _header_lines(report: Report) -> list[str]:
         f"GPU busy {report.gpu_busy_pct:.1f}% · idle {report.idle_pct:.1f}%",
     ]
     if report.join:
-        j = report.join
-        lines.append(
-            f"Counters: {j['rows_joined']}/{j['rows']} ncu rows joined, covering "
-            f"{pct(j['kernel_time_joined_share'])} of kernel time"
-        )
+        lines.append(f"Counters: {counters_text(report.join)}")
     else:
         lines.append(
             "Counters: none (roofline from shape estimates; run `kerneltriage profile` for ncu counters)"

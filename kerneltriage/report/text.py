@@ -9,6 +9,20 @@ def pct(x: float | None, digits: int = 1) -> str:
     return "—" if x is None else f"{100 * x:.{digits}f}%"
 
 
+def counters_text(join: dict) -> str:
+    """How much of the step the ncu counters cover (the report's ``join`` object)."""
+    text = (
+        f"{join['rows_joined']}/{join['rows']} ncu rows joined, covering "
+        f"{pct(join['kernel_time_joined_share'])} of kernel time"
+    )
+    if "hot_time_joined_share" in join:
+        text += (
+            f"; hot kernels: {join['hot_kernels_joined']}/{join['hot_kernels']} with counters, "
+            f"{pct(join['hot_time_joined_share'])} of their time"
+        )
+    return text
+
+
 def times(x: float | None) -> str:
     if x is None:
         return "—"

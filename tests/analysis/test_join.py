@@ -84,3 +84,19 @@ def test_rows_from_another_program_do_not_join(kernels):
     j = join_counters(kernels, c, 4.0)
     assert j.rows_joined == 0 and j.time_joined_share == 0.0
     assert any("matched no kernel" in w for w in j.warnings)
+
+
+def test_hot_kernels_are_measured_apart(kernels):
+    # The fixture's per-config capture was filtered on the main thread: the backward-only
+    # kernels among the hot ones never got counters, and the join says so.
+    hot = ["softmax_warp_forward", "cunn_SoftMaxForward", "cunn_SoftMaxBackwardSmem", "cunn_SoftMaxBackward"]
+    j = join_counters(kernels, read_counters(NCU_PER_CONFIG), 4.0, hot)
+    assert (j.hot_kernels, j.hot_kernels_joined) == (4, 2)
+    names = kernels["name"].map(base_name)
+    in_step = kernels[(kernels["step"] >= 0) & (kernels["kind"] == "kernel")]
+    fwd = in_step[names[in_step.index].isin(hot[:2])]["dur"].sum()
+    assert j.hot_time_joined_share == pytest.approx(
+        fwd / in_step[names[in_step.index].isin(hot)]["dur"].sum()
+    )
+    assert j.to_json()["hot_kernels_joined"] == 2
+    assert "hot_kernels" not in join_counters(kernels, read_counters(NCU_PER_CONFIG), 4.0).to_json()

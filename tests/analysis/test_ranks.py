@@ -55,6 +55,12 @@ def test_cli_json_for_several_ranks():
     data = json.loads(result.output)
     assert data["schema"] == "kerneltriage.report-ranks/1"
     assert set(data["ranks"]) == {"0", "1"} and data["summary"]["schema"] == "kerneltriage.ranks/1"
-    assert any("status is 'failed'" in w for w in data["ranks"]["0"]["warnings"])  # phase 2 did not finish
+    # Counters were taken on rank 0 (--ncu-rank), NCCL left out: they join there, nowhere else.
+    join = data["ranks"]["0"]["join"]
+    assert join["hot_kernels_joined"] == join["hot_kernels"] and join["hot_time_joined_share"] >= 0.95
+    assert data["ranks"]["1"]["join"] is None
     one = CliRunner().invoke(main, ["report", str(DDP), "--rank", "1", "--format", "json"])
-    assert json.loads(one.output)["rank"] == 1
+    assert json.loads(one.output)["rank"] == 1 and json.loads(one.output)["join"] is None
+    manifest = json.loads((DDP / "manifest.json").read_text())
+    assert manifest["status"] == "ok"
+    assert manifest["phases"]["ncu"]["excluded_communication"] == ["ncclDevKernel_AllReduce_Sum_f32_RING_LL"]

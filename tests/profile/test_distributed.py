@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -108,6 +110,46 @@ def test_a_rank_that_dies_is_named(tmp_path):
     m = json.loads((out / rundir.MANIFEST).read_text())
     assert m["status"] == "failed"
     assert any("rank 1 failed" in n for n in m["notes"])
+
+
+def test_under_ncu_every_rank_stops_after_the_profiled_step(tmp_path):
+    # Phase 2 marks the step on one rank (--ncu-rank) only; the others must stop at the same
+    # step, or they wait forever in an all-reduce that rank never joins (seen on 2× H200).
+    # NVTX is recorded by a shim here: the CPU build of torch has none.
+    shim = tmp_path / "shim.py"
+    shim.write_text(
+        textwrap.dedent(f"""
+        import os, runpy, sys, torch
+        log = os.path.join({str(tmp_path)!r}, "nvtx.rank" + os.environ["RANK"])
+        def start(name):
+            open(log, "a").write("start " + name + "\\n")
+            return 1
+        torch.cuda.nvtx.range_start = start
+        torch.cuda.nvtx.range_end = lambda _r: open(log, "a").write("end\\n")
+        script = {str(ROOT / "examples" / "train_gpt.py")!r}
+        sys.argv = [script, *sys.argv[1:]]
+        runpy.run_path(script, run_name="__main__")
+        """)
+    )
+    out = tmp_path / "run"
+    (out / rundir.LOGS).mkdir(parents=True)
+    config = out / rundir.LOGS / "config.ncu.json"
+    config.write_text(
+        json.dumps(
+            {"mode": "ncu", "out": str(out), "warmup": 2, "steps": 3, "cpu": True, "distributed": True}
+            | {"ncu_rank": 0, "run_to_end": False, "whole_run": False}
+        )
+    )
+    env = dict(os.environ, KERNELTRIAGE_PROFILE=str(config), PYTHONPATH=str(ROOT))
+    cmd = [TORCHRUN, "--nproc-per-node", "2", "-m", "kerneltriage.profile.runner", str(shim)]
+    args = ["--tiny", "--device", "cpu", "--ddp", "--steps", "8"]
+    proc = subprocess.run(cmd + args, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for rank in (0, 1):
+        status = json.loads((out / rundir.LOGS / f"status.ncu.rank{rank}.json").read_text())
+        assert (status["status"], status["steps_seen"]) == ("ok", 3)
+    assert (tmp_path / "nvtx.rank0").read_text().split("\n")[:2] == ["start kerneltriage.ncu", "end"]
+    assert not (tmp_path / "nvtx.rank1").exists()
 
 
 @pytest.fixture(autouse=True)

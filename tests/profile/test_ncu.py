@@ -36,6 +36,13 @@ elif os.environ.get("FAKE_NCU_MODE") == "hang":
     import time
     print('==PROF== Profiling "elementwise_kernel": 0%....50%....100% - 15 passes', flush=True)
     time.sleep(600)
+elif os.environ.get("FAKE_NCU_MODE") == "report-then-hang":
+    import time
+    print('==PROF== Profiling "elementwise_kernel": 0%....50%....100% - 15 passes', flush=True)
+    report = args[args.index("-o") + 1] + ".ncu-rep"
+    open(report, "wb").write(b"fake report")
+    print("==PROF== Report: " + report, flush=True)
+    time.sleep(600)  # the application never exits
 elif os.environ.get("FAKE_NCU_MODE") == "perm":
     print("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance Counters")
     sys.exit(1)
@@ -146,7 +153,11 @@ def test_metrics_follow_what_the_gpu_supports():
     chosen = ncu_tools.metric_list(available)
     assert "sm__ops_path_tensor_src_bf16_dst_fp32.sum" in chosen
     assert "dram__bytes_read.sum" in chosen
-    assert "sm__throughput.avg.pct_of_peak_sustained_elapsed" not in chosen  # not in that list
+    assert "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed" not in chosen  # not in that list
+    # The SM and compute-memory SOL % cost 9 replay passes per launch and are not measured.
+    assert not any(
+        m.startswith(("sm__throughput", "gpu__compute_memory")) for m in ncu_tools.ROOFLINE_METRICS
+    )
     assert ncu_tools.metric_list(None) == ncu_tools.ROOFLINE_METRICS
 
 
@@ -183,6 +194,11 @@ def test_phase_two_end_to_end_with_a_stand_in_ncu(tmp_path, monkeypatch, fake_nc
     launches_cmd = (out / "logs" / "ncu.launches_command.txt").read_text().split()
     assert launches_cmd[launches_cmd.index("--launch-count") + 1] == "41"  # 12 + 29 launches a step
     assert "per-launch-config" not in launches_cmd
+    # ... and the per-configuration pass leaves those two out: they are profiled already.
+    config_cmd = (out / "logs" / "ncu_command.txt").read_text()
+    assert "coopA_NNT" not in config_cmd and "elementwise_kernel" in config_cmd
+    assert "coopA_NNT" in " ".join(launches_cmd)
+    assert phase["ncu.launches_seconds"] >= 0 and phase["ncu_seconds"] >= 0
     assert manifest.versions["ncu"] == "2025.3.1.0"
     profile_call = next(line for line in fake_ncu.read_text().splitlines() if "per-launch-config" in line)
     assert "--nvtx-include kerneltriage.ncu" in profile_call
@@ -225,3 +241,12 @@ def test_a_hung_ncu_is_stopped_and_the_timeline_kept(tmp_path, monkeypatch, fake
     assert manifest.phases["ncu"]["ncu.launches_exit_code"] == "timeout"
     assert not (out / rundir.NCU_CSV).exists() and (out / rundir.TRACE).is_file()
     assert len(events) == 1  # the progress line before the hang was seen
+
+
+def test_a_report_written_before_a_hang_is_kept(tmp_path, monkeypatch, fake_ncu):
+    monkeypatch.setenv("FAKE_NCU_MODE", "report-then-hang")
+    out = _run_dir(tmp_path)
+    manifest, warnings, _ = _phase(out, tmp_path, monkeypatch, ncu_timeout=3.0)
+    assert manifest.phases["ncu"]["ncu_exit_code"] == "timeout"
+    assert (out / rundir.NCU_CSV).is_file() and (out / rundir.NCU_LAUNCHES_CSV).is_file()
+    assert any("counters are kept" in w for w in warnings)

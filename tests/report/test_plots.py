@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from matplotlib.text import Text
 
 from kerneltriage.api import build_report
 from kerneltriage.cli import main
@@ -121,6 +122,12 @@ def test_roofline_figure(report, figure):
         assert (f"{precision} peak {peak:,.4g} TFLOP/s" in texts) == (precision in used), precision
 
 
+def text_box(t, renderer):
+    """The box of a text alone (an annotation's own box takes in its leader line)."""
+    t.get_window_extent(renderer)  # places an annotation's text
+    return Text.get_window_extent(t, renderer)
+
+
 def test_labels_name_the_top_candidates_without_overlap(report, figure):
     labels = by_gid(figure, "kt-label-")
     actionable = [c.id for c in report.candidates if c.verdict != "skip"]
@@ -128,9 +135,19 @@ def test_labels_name_the_top_candidates_without_overlap(report, figure):
     assert len(labels) == min(plots.MAX_LABELS, len(placeable(report)))
     assert labels["C1"].get_text() == f"C1 {times(report.candidate('C1').headroom)}"
     renderer = figure.canvas.get_renderer()
-    boxes = {k: a.get_window_extent(renderer) for k, a in labels.items()}
+    # No text on the chart (id labels, roof labels) touches another, and no leader line
+    # crosses a text other than its own label.
+    ax = figure.axes[0]
+    boxes = {t.get_text(): text_box(t, renderer) for t in ax.texts if t.get_text()}
+    assert set(boxes) >= {a.get_text() for a in labels.values()}
     for (a, box_a), (b, box_b) in itertools.combinations(boxes.items(), 2):
         assert not box_a.overlaps(box_b), (a, b)
+    for label in labels.values():
+        if label.arrow_patch is None:
+            continue
+        line = label.arrow_patch.get_path()
+        crossed = [t for t, box in boxes.items() if t != label.get_text() and line.intersects_bbox(box)]
+        assert not crossed, (label.get_text(), crossed)
     # the key under the standalone chart names them
     key = [t.get_text() for t in figure.texts]
     assert any(t.startswith("C1  attention (naive, causal)") for t in key)

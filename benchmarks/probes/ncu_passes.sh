@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# How many replay passes each group of the roofline metrics costs (ncu prints "- N passes"
+# per profiled kernel). One bf16 GEMM and one elementwise kernel per metric set.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+cat > /tmp/passes_app.py <<'PY'
+import torch
+a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+for _ in range(2):
+    (a @ a).add_(1.0)
+torch.cuda.synchronize()
+PY
+M=$(python3 -c "from kerneltriage.profile.ncu import ROOFLINE_METRICS as m; print(','.join(m))")
+declare -A SETS=(
+  [all]="$M"
+  [time_dram_l2]="gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum"
+  [sass_flops]="$(echo "$M" | tr ',' '\n' | grep sass_thread | paste -sd,)"
+  [tensor_ops]="$(echo "$M" | tr ',' '\n' | grep ops_path_tensor | paste -sd,)"
+  [sol_pct]="$(echo "$M" | tr ',' '\n' | grep pct_of_peak | paste -sd,)"
+  [all_but_sol]="$(echo "$M" | tr ',' '\n' | grep -v pct_of_peak | paste -sd,)"
+  [sm_pct]="sm__throughput.avg.pct_of_peak_sustained_elapsed"
+  [memory_pct]="gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"
+  [dram_pct]="gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"
+  [all_but_sol+dram_pct]="$(echo "$M" | tr ',' '\n' | grep -v pct_of_peak | paste -sd,),gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"
+)
+for name in ${SETS_RUN:-all time_dram_l2 sass_flops tensor_ops sol_pct all_but_sol sm_pct memory_pct dram_pct all_but_sol+dram_pct}; do
+  passes=$(ncu --clock-control none --metrics "${SETS[$name]}" -c 4 python3 /tmp/passes_app.py 2>&1 | grep -oE "[0-9]+ pass(es)?" | sort | uniq -c | tr '\n' ' ')
+  echo "$name: $passes" | tee -a "$OUT/ncu_passes.txt"
+done

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 
 import pytest
 from click.testing import CliRunner
@@ -64,3 +66,20 @@ def test_cli_json_for_several_ranks():
     manifest = json.loads((DDP / "manifest.json").read_text())
     assert manifest["status"] == "ok"
     assert manifest["phases"]["ncu"]["excluded_communication"] == ["ncclDevKernel_AllReduce_Sum_f32_RING_LL"]
+
+
+def test_a_missing_rank_trace_reports_the_ranks_present(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(DDP, run)
+    (run / "trace.rank1.json.gz").unlink()
+    result = CliRunner().invoke(main, ["report", str(run), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["rank"] == 0 and data["join"]["hot_kernels_joined"] == 15
+    assert any("rank(s) [1] are missing" in w for w in data["warnings"])
+
+
+def test_ranks_with_different_step_counts_are_flagged(ddp):
+    uneven = {0: ddp[0], 1: dataclasses.replace(ddp[1], steps=ddp[1].steps - 1)}
+    assert any("different numbers of steps" in w for w in summarize(uneven).warnings)
+    assert not any("different numbers of steps" in w for w in summarize(ddp).warnings)

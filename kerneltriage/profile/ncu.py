@@ -60,7 +60,7 @@ class HotKernels:
     left_out: list[str]  # communication kernels excluded on purpose
     # Kernels whose one launch configuration runs different problem sizes (persistent GEMMs
     # launch #SMs blocks whatever the size): one profiled launch cannot stand for the others,
-    # so a second pass profiles every launch of these in the step.
+    # so a pass of its own, run first, profiles every launch of these in the step.
     variable: list[str] = field(default_factory=list)
     variable_launches: int = 0
     variable_configs: int = 0  # the configurations of ``configs`` that belong to ``variable``

@@ -100,7 +100,7 @@ _rules_option = click.option(
     "--rules",
     "rules_file",
     type=click.Path(path_type=Path),
-    help="A rules YAML merged over rules/default.yaml (thresholds, op classes, recommendations).",
+    help="A rules YAML merged over the shipped kerneltriage/data/rules/default.yaml (thresholds, op classes, recommendations).",
 )
 
 

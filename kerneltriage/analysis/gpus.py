@@ -16,8 +16,9 @@ from typing import Any
 import yaml
 
 from kerneltriage.errors import RulesError, UnknownGPUError
+from kerneltriage.resources import data_path
 
-GPU_TABLE = Path(__file__).resolve().parents[1] / "data" / "gpus.yaml"
+GPU_TABLE = data_path("gpus.yaml")
 PRECISIONS = ("fp64", "fp32", "fp16", "tf32", "bf16", "fp16_tensor", "fp8")
 
 

@@ -1,6 +1,6 @@
 """Rules: the thresholds, op classes, region patterns and recommendations, as data.
 
-``rules/default.yaml`` is the base; a user file given with ``--rules`` is merged over it
+``kerneltriage/data/rules/default.yaml`` is the base; a user file given with ``--rules`` is merged over it
 (mappings merge key by key, lists replace). Patterns are compiled regular expressions used
 with ``re.search``; nothing from a rules file is evaluated as code.
 """
@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from kerneltriage.errors import RulesError
+from kerneltriage.resources import data_path
 
 SCHEMA = "kerneltriage.rules/1"
 VERDICTS = ("write", "use-builtin", "compile", "skip")
@@ -33,15 +34,8 @@ THRESHOLDS = {
 }
 
 
-def data_dir(name: str) -> Path:
-    """A data folder (``rules`` or ``templates``): inside the installed package, else the repo."""
-    package = Path(__file__).resolve().parents[1]
-    installed = package / f"_{name}"
-    return installed if installed.is_dir() else package.parent / name
-
-
 def default_rules_path() -> Path:
-    return data_dir("rules") / "default.yaml"
+    return data_path("rules", "default.yaml")
 
 
 @dataclass(frozen=True)

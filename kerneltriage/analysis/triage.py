@@ -40,6 +40,7 @@ from kerneltriage.analysis.model import (
 from kerneltriage.analysis.regions import OpInfo, Segment, segment
 from kerneltriage.analysis.rules import Rules
 from kerneltriage.errors import TraceFormatError
+from kerneltriage.resources import data_path
 from kerneltriage.ingest.names import base_name
 from kerneltriage.ingest.ncu import Counters
 from kerneltriage.ingest.tables import Timeline
@@ -49,7 +50,7 @@ _GEMM_LEAF = re.compile(
 )
 _ROW_WISE = {"norm", "softmax", "elementwise", "reduction", "cross-entropy", "embedding"}
 _BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
-_ATTENTION_PERF = Path(__file__).resolve().parents[1] / "data" / "attention_perf.yaml"
+_ATTENTION_PERF = data_path("attention_perf.yaml")
 
 
 @dataclass

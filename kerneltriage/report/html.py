@@ -13,6 +13,7 @@ from functools import cache
 from typing import Any
 
 from kerneltriage.analysis.model import Candidate, Report
+from kerneltriage.resources import data_path
 from kerneltriage.report.text import (
     bytes_,
     condition_line,
@@ -33,7 +34,7 @@ def _environment():
     import jinja2
 
     return jinja2.Environment(
-        loader=jinja2.PackageLoader("kerneltriage.report", "templates"),
+        loader=jinja2.FileSystemLoader(str(data_path("html"))),
         autoescape=True,  # report.html.j2 does not end in .html: turn it on explicitly
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,

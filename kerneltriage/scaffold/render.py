@@ -6,15 +6,15 @@ import re
 from pathlib import Path
 from typing import Any
 
-from kerneltriage.analysis.rules import data_dir
 from kerneltriage.errors import InputError
+from kerneltriage.resources import data_path
 from kerneltriage.scaffold.names import literal
 
 FILES = ("kernel.py", "reference.py", "test_kernel.py", "bench.py", "README.md")
 
 
 def templates_dir() -> Path:
-    return data_dir("templates")
+    return data_path("templates")
 
 
 def _environment():

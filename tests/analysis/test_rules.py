@@ -10,7 +10,7 @@ from kerneltriage.errors import RulesError
 
 def test_default_rules_classify_real_names():
     r = load_rules()
-    assert str(default_rules_path()).endswith("rules/default.yaml")
+    assert str(default_rules_path()).endswith("data/rules/default.yaml")
     assert r.classify("aten::linear", "nvjet_sm90_tst_256x128") == "gemm"
     assert r.classify("aten::scaled_dot_product_attention", None) == "attention"
     assert r.classify(None, "ncclDevKernel_AllReduce_Sum_bf16_RING_LL") == "communication"

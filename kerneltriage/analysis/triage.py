@@ -16,7 +16,6 @@ import math
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,10 +39,10 @@ from kerneltriage.analysis.model import (
 from kerneltriage.analysis.regions import OpInfo, Segment, segment
 from kerneltriage.analysis.rules import Rules
 from kerneltriage.errors import TraceFormatError
-from kerneltriage.resources import data_path
 from kerneltriage.ingest.names import base_name
 from kerneltriage.ingest.ncu import Counters
 from kerneltriage.ingest.tables import Timeline
+from kerneltriage.resources import data_path
 
 _GEMM_LEAF = re.compile(
     r"^aten::(mm|bmm|addmm|baddbmm|_scaled_mm|matmul|_addmm_activation|convolution|_convolution)$"

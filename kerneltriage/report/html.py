@@ -13,7 +13,6 @@ from functools import cache
 from typing import Any
 
 from kerneltriage.analysis.model import Candidate, Report
-from kerneltriage.resources import data_path
 from kerneltriage.report.text import (
     bytes_,
     condition_line,
@@ -25,6 +24,7 @@ from kerneltriage.report.text import (
     times,
     verdict_text,
 )
+from kerneltriage.resources import data_path
 
 CONDITIONS = ("headroom", "hotness", "stability")
 

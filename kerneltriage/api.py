@@ -13,7 +13,7 @@ from pathlib import Path
 
 from kerneltriage.analysis.gpus import resolve_gpu
 from kerneltriage.analysis.model import Report
-from kerneltriage.analysis.rules import load_rules
+from kerneltriage.analysis.rules import Rules, load_rules
 from kerneltriage.analysis.triage import require_gpu_activity, triage
 from kerneltriage.ingest.source import Profile, load_profile
 
@@ -48,7 +48,7 @@ def report_for(
     profile: Profile,
     rank: int,
     *,
-    rules,
+    rules: Rules,
     gpu: str | None = None,
     step_marker: str | None = None,
     progress: Callable[[str], None] | None = None,

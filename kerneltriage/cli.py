@@ -6,7 +6,6 @@ Core errors (``KernelTriageError``) become a one-line message and their exit cod
 
 from __future__ import annotations
 
-import functools
 import sys
 from pathlib import Path
 
@@ -16,26 +15,29 @@ from kerneltriage import __version__
 from kerneltriage.errors import KernelTriageError
 
 
-def _fail(message: str, code: int) -> None:
-    click.echo(f"kerneltriage: error: {message}", err=True)
-    sys.exit(code)
+class _Failure(click.ClickException):
+    """A core error on its way to click: one line on stderr, the error's exit code."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def show(self, file=None) -> None:
+        click.echo(f"kerneltriage: error: {self.format_message()}", err=True)
 
 
-def handle_errors(func):
-    """Turn core exceptions into messages and exit codes (never a traceback for user errors)."""
+class _Main(click.Group):
+    """The command group; every command's core errors reach click here, and only here."""
 
-    @functools.wraps(func)
-    def wrapper(*args, **kwargs):
+    def invoke(self, ctx: click.Context):
         try:
-            return func(*args, **kwargs)
+            return super().invoke(ctx)
         except KernelTriageError as exc:
-            _fail(str(exc), exc.exit_code)
+            raise _Failure(str(exc), exc.exit_code) from None
         except KeyboardInterrupt:
-            _fail("interrupted", 130)
+            raise _Failure("interrupted", 130) from None
         except BrokenPipeError:  # `kerneltriage report … | head`
-            sys.exit(0)
-
-    return wrapper
+            raise click.exceptions.Exit(0) from None
 
 
 class _Progress:
@@ -62,7 +64,7 @@ class _Progress:
             self.status.update(message)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="kerneltriage")
 def main() -> None:
     """Decide whether a custom GPU kernel is worth writing.
@@ -79,7 +81,7 @@ def main() -> None:
     """
 
 
-# --- report ---------------------------------------------------------------------------------
+# --- options shared by several commands --------------------------------------------------
 
 
 def _format_option(schema: str):
@@ -93,6 +95,14 @@ def _format_option(schema: str):
     )
 
 
+def _gpu_option(note: str = ""):
+    return click.option(
+        "--gpu",
+        help="GPU table entry to use instead of the trace's device name, e.g. H100-SXM, H200, A100-80GB"
+        + (f" ({note})." if note else "."),
+    )
+
+
 _output_option = click.option(
     "-o", "--output", type=click.Path(path_type=Path), help="Write to this file instead of standard output."
 )
@@ -102,38 +112,51 @@ _rules_option = click.option(
     type=click.Path(path_type=Path),
     help="A rules YAML merged over the shipped kerneltriage/data/rules/default.yaml (thresholds, op classes, recommendations).",
 )
-
-
-@main.command()
-@click.argument("run", type=click.Path(path_type=Path))
-@click.option(
+_ncu_option = click.option(
     "--ncu",
-    "ncu",
     type=click.Path(path_type=Path),
     help="Nsight Compute counters for a bare trace: 'ncu --csv --page raw' export (.csv, .csv.gz) "
     "or a .ncu-rep (needs ncu on PATH). Overrides a run directory's own ncu.csv.gz.",
 )
+
+
+class _ThresholdOption(click.Option):
+    """A threshold flag (overrides the rules' value); its help ends with the default read from
+    the shipped rules file when help is shown, so the file stays the one source of the value."""
+
+    def get_help_record(self, ctx: click.Context):
+        from kerneltriage.analysis.rules import default_rules_path, default_thresholds
+        from kerneltriage.resources import DATA_DIR
+
+        value = getattr(default_thresholds(), self.name)
+        where = default_rules_path().relative_to(DATA_DIR.parents[1])
+        text = self.help
+        self.help = f"{text} Default: {value} (from {where})."
+        try:
+            return super().get_help_record(ctx)
+        finally:
+            self.help = text
+
+
+def _threshold_option(flag: str, kind, text: str):
+    return click.option(flag, cls=_ThresholdOption, type=kind, help=text)
+
+
+# --- report ---------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("run", type=click.Path(path_type=Path))
+@_ncu_option
 @_format_option("kerneltriage.report/1")
 @_output_option
 @click.option("--top", type=click.IntRange(min=1), help="Show only the first N candidates.")
 @_rules_option
-@click.option(
-    "--gpu", help="GPU table entry to use instead of the trace's device name, e.g. H100-SXM, H200, A100-80GB."
-)
-@click.option(
-    "--min-headroom",
-    type=click.FloatRange(min=1.0),
-    help="Headroom threshold (measured ÷ ceiling time). Default 2.",
-)
-@click.option(
-    "--min-share",
-    type=click.FloatRange(0.0, 1.0),
-    help="Hotness threshold as a share of step time. Default 0.03.",
-)
-@click.option(
-    "--max-shapes",
-    type=click.IntRange(min=1),
-    help="Shape-stability threshold: distinct shape signatures. Default 4.",
+@_gpu_option()
+@_threshold_option("--min-headroom", float, "Headroom threshold (measured ÷ ceiling time), at least 1.")
+@_threshold_option("--min-share", click.FloatRange(0.0, 1.0), "Hotness threshold as a share of step time.")
+@_threshold_option(
+    "--max-shapes", click.IntRange(min=1), "Shape-stability threshold: distinct shape signatures."
 )
 @click.option(
     "--step-marker",
@@ -144,7 +167,6 @@ _rules_option = click.option(
 )
 @click.option("--plot", type=click.Path(path_type=Path), help="Also write the roofline chart as PNG or SVG.")
 @click.option("--color/--no-color", default=None, help="Force or disable colour in terminal output.")
-@handle_errors
 def report(
     run,
     ncu,
@@ -199,36 +221,16 @@ def report(
     if len(reports) == 1:
         text = render(next(iter(reports.values())), fmt, top=top, run_ref=run_ref, color=color)
     else:
-        text = _render_ranks(reports, fmt, top, run_ref, color)
+        from kerneltriage.analysis.ranks import summarize
+        from kerneltriage.report.ranks_render import render_rank_reports
+
+        text = render_rank_reports(summarize(reports), reports, fmt, top=top, run_ref=run_ref, color=color)
     _emit(text, output)
     if plot:
         from kerneltriage.report.plots import save_roofline
 
         save_roofline(next(iter(reports.values())), plot)
         click.echo(f"wrote {plot}", err=True)
-
-
-def _render_ranks(reports, fmt, top, run_ref, color) -> str:
-    """Several ranks: the summary across ranks, then each rank's own report."""
-    import json
-
-    from kerneltriage.analysis.ranks import summarize
-    from kerneltriage.report import render
-    from kerneltriage.report.ranks_render import render_ranks
-
-    summary = summarize(reports)
-    if fmt == "json":
-        data = {
-            "schema": "kerneltriage.report-ranks/1",
-            "summary": summary.to_json(),
-            "ranks": {str(r): json.loads(render(rep, "json", top=top)) for r, rep in reports.items()},
-        }
-        return json.dumps(data, indent=2) + "\n"
-    parts = [render_ranks(summary, "markdown" if fmt in ("markdown", "html") else "terminal", top or 10)]
-    for rank, rep in reports.items():
-        parts.append(f"\n=== rank {rank} ===\n" if fmt != "html" else "")
-        parts.append(render(rep, fmt, top=top, run_ref=run_ref, color=color))
-    return "".join(parts)
 
 
 # --- diff -----------------------------------------------------------------------------------
@@ -247,11 +249,10 @@ def _render_ranks(reports, fmt, top, run_ref, color) -> str:
 @_output_option
 @click.option("--top", type=click.IntRange(min=1), help="Show only the first N matched candidates.")
 @_rules_option
-@click.option("--gpu", help="GPU table entry for both sides (e.g. H100-SXM), when the traces do not name it.")
+@_gpu_option("for both sides")
 @click.option(
     "--rank", type=int, default=None, help="For multi-rank runs: compare this rank (default: the first)."
 )
-@handle_errors
 def diff(before, after, ncu_before, ncu_after, fmt, output, top, rules_file, gpu, rank):
     """Did the kernel pay? Compare a run before and after a change.
 
@@ -410,9 +411,9 @@ class _ProfileReporter:
     is_flag=True,
     help="Measure this GPU's ceilings first (copy, matmul, FMA) and record them in the run.",
 )
+@_rules_option
 @click.option("-q", "--quiet", is_flag=True, help="Do not echo the script's output.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-@handle_errors
 def profile(
     out,
     force,
@@ -429,6 +430,7 @@ def profile(
     step_marker,
     cpu,
     calibrate_first,
+    rules_file,
     quiet,
     command,
 ):
@@ -464,6 +466,7 @@ def profile(
         calibrate=calibrate_first,
         ncu_timeout=ncu_timeout,
         timeline=timeline,
+        rules_file=rules_file,
     )
     result = run_profile(list(command), options, _ProfileReporter(quiet))
     for warning in result.warnings:
@@ -477,7 +480,6 @@ def profile(
 @click.option("--quick", is_flag=True, help="Smaller problems and fewer repetitions (a few seconds).")
 @click.option("--device", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device index.")
 @click.option("--json", "as_json", is_flag=True, help="Print the measurement as JSON.")
-@handle_errors
 def calibrate(quick, device, as_json):
     """Measure this GPU's ceilings: copy bandwidth, bf16/fp16/tf32 matmul and fp32 FMA peaks.
 
@@ -525,20 +527,9 @@ def calibrate(quick, device, as_json):
     help="With --kind: one observed shape, e.g. 16384x4096 (attention BxHxSxD, gemm MxNxK); repeatable.",
 )
 @click.option("--dtype", help="With --kind: bf16 (default), fp16 or fp32.")
-@click.option(
-    "--gpu",
-    help="GPU table entry for the ceilings (with --kind: default H100-SXM; with a run: as for report).",
-)
-@click.option(
-    "--ncu", type=click.Path(path_type=Path), help="Nsight Compute counters for a bare trace, as for report."
-)
-@click.option(
-    "--rules",
-    "rules_file",
-    type=click.Path(path_type=Path),
-    help="A rules YAML merged over the defaults, as for report.",
-)
-@handle_errors
+@_gpu_option("with --kind: default H100-SXM")
+@_ncu_option
+@_rules_option
 def scaffold(run, candidate, out, force, kind, shapes, dtype, gpu, ncu, rules_file):
     """Write a Triton kernel package for a report candidate: kernel.py, reference.py,
     test_kernel.py, bench.py and README.md, correct and benchmarked from the start.

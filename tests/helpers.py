@@ -25,7 +25,7 @@ def timeline():
 
 @functools.cache
 def counters(path: Path = NCU_ALL):
-    from kerneltriage.ingest.ncu import read_counters
+    from kerneltriage.ingest.ncu_csv import read_counters
 
     return read_counters(path)
 

@@ -99,3 +99,34 @@ def test_bad_run_directory_manifest(tmp_path):
     (tmp_path / "manifest.json").write_text('{"schema": "kerneltriage.run/1"}')
     result = run("report", tmp_path)
     assert result.exit_code == 2 and "no trace.json.gz" in result.output
+
+
+def test_help_shows_the_rules_files_defaults():
+    import yaml
+
+    from kerneltriage.analysis.rules import default_rules_path
+
+    shipped = yaml.safe_load(default_rules_path().read_text())["thresholds"]
+    text = " ".join(run("report", "--help").output.split())
+    for flag, name in (("--min-headroom", "min_headroom"), ("--min-share", "min_share")):
+        after = text[text.index(flag) :]
+        assert f"Default: {shipped[name]} (from kerneltriage/data/rules/default.yaml)" in after
+
+
+def test_a_bad_threshold_flag_is_one_line_exit_2():
+    result = run("report", EXAMPLE_RUN, "--min-headroom", "0.5")
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        "kerneltriage: error: --min-headroom: min_headroom is a ratio of times and must be at least 1"
+    )
+
+
+def test_profile_refuses_a_bad_rules_file_before_running(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("open(__file__ + '.ran', 'w').close()\n")
+    result = run(
+        "profile", "--rules", tmp_path / "none.yaml", "--out", tmp_path / "run", "--", "python", script
+    )
+    assert result.exit_code == 2
+    assert "no such rules file" in result.output
+    assert not (tmp_path / "train.py.ran").exists() and not (tmp_path / "run").exists()

@@ -10,7 +10,7 @@ for _ in range(2):
     (a @ a).add_(1.0)
 torch.cuda.synchronize()
 PY
-M=$(python3 -c "from kerneltriage.profile.ncu import ROOFLINE_METRICS as m; print(','.join(m))")
+M=$(python3 -c "from kerneltriage.profile.nsight_compute import ROOFLINE_METRICS as m; print(','.join(m))")
 declare -A SETS=(
   [all]="$M"
   [time_dram_l2]="gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum"

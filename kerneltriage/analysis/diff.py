@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kerneltriage.analysis.estimate import tensor_inputs
-from kerneltriage.analysis.model import Candidate, Report, _clean
+from kerneltriage.analysis.model import Candidate, Report, json_safe
 
 SCHEMA = "kerneltriage.diff/1"
 _REGRESSION = 0.05  # slower by more than this share of its own time
@@ -54,7 +54,7 @@ class Diff:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        return _clean({"schema": data.pop("schema"), **data})
+        return json_safe({"schema": data.pop("schema"), **data})
 
     @property
     def step_saving_share(self) -> float:
@@ -110,7 +110,7 @@ def compare(before: Report, after: Report, names: tuple[str, str] = ("before", "
             )
         )
     out.sort(key=lambda m: (-m.predicted_saving_share, -m.time_ms_per_step["before"]))
-    min_share = before.thresholds.get("min_share", 0.03)
+    min_share = before.thresholds.min_share
     new_hot = [
         {
             "id": c.id,
@@ -197,8 +197,8 @@ def _match(before: Report, after: Report) -> list[tuple[list[Candidate], list[Ca
 
 def _comparability(before: Report, after: Report) -> list[str]:
     warnings = []
-    if before.gpu.get("name") != after.gpu.get("name"):
-        warnings.append(f"different GPUs: {before.gpu.get('name')} vs {after.gpu.get('name')}")
+    if before.gpu.name != after.gpu.name:
+        warnings.append(f"different GPUs: {before.gpu.name} vs {after.gpu.name}")
     if before.steps != after.steps:
         warnings.append(f"different numbers of recorded steps: {before.steps} vs {after.steps}")
     vb, va = before.source.get("versions") or {}, after.source.get("versions") or {}

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from kerneltriage.ingest.names import base_name, name_similarity
-from kerneltriage.ingest.ncu import Counters
+from kerneltriage.ingest.kernel_names import base_name, name_similarity
+from kerneltriage.ingest.ncu_csv import Counters
 
 _MIN_SIMILARITY = 0.5
 _MIN_MARGIN = 0.02

@@ -7,6 +7,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kerneltriage.analysis.gpus import GPUSpec
+from kerneltriage.analysis.rules import Thresholds
+
 SCHEMA = "kerneltriage.report/1"
 KINDS = (
     "attention",
@@ -116,7 +119,7 @@ class Gap:
 
 @dataclass
 class Report:
-    gpu: dict[str, Any]
+    gpu: GPUSpec
     source: dict[str, Any]
     steps: int
     step_source: str
@@ -130,7 +133,7 @@ class Report:
     unattributed_share: float  # of GPU-busy time
     kind_breakdown: dict[str, float]  # kind -> ms per step
     candidates: list[Candidate]
-    thresholds: dict[str, float]
+    thresholds: Thresholds  # the ones this report was made with
     warnings: list[str]
     notes: list[str] = field(default_factory=list)
     communication_ms_per_step: float = 0.0
@@ -140,7 +143,7 @@ class Report:
 
     @property
     def idle_bound(self) -> bool:
-        return self.idle_pct / 100.0 >= self.thresholds.get("idle_warn", 1.0)
+        return self.idle_pct / 100.0 >= self.thresholds.idle_warn
 
     def candidate(self, ident: str) -> Candidate | None:
         for c in self.candidates:
@@ -150,20 +153,21 @@ class Report:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
+        data["gpu"] = self.gpu.to_json()  # the documented keys, not the dataclass's fields
         data = {"schema": data.pop("schema"), **data}
-        return _clean(data)
+        return json_safe(data)
 
 
-def _clean(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """JSON-safe: NaN/inf → null, floats rounded to what the measurement supports."""
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [json_safe(v) for v in value]
     if isinstance(value, float):
         if not math.isfinite(value):
             return None
         return float(f"{value:.6g}")
     if hasattr(value, "item"):  # numpy scalars
-        return _clean(value.item())
+        return json_safe(value.item())
     return value

@@ -11,7 +11,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kerneltriage.analysis.model import Report, _clean
+from kerneltriage.analysis.model import Report, json_safe
 
 SCHEMA = "kerneltriage.ranks/1"
 STRAGGLER_STEP = 1.10  # a rank's step this much slower than the median step
@@ -50,7 +50,7 @@ class RankSummary:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        return _clean({"schema": data.pop("schema"), **data})
+        return json_safe({"schema": data.pop("schema"), **data})
 
 
 def summarize(reports: dict[int, Report]) -> RankSummary:
@@ -99,7 +99,7 @@ def summarize(reports: dict[int, Report]) -> RankSummary:
                 stragglers.append(
                     f"rank {row.rank}: step {row.step_time_ms:.2f} ms vs median {median_step:.2f} ms"
                 )
-        min_share = min(rep.thresholds.get("min_share", 0.03) for rep in reports.values())
+        min_share = min(rep.thresholds.min_share for rep in reports.values())
         for c in across:
             if c.mean_share < min_share or len(c.ids) < 2:
                 continue

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import copy
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 import yaml
 
@@ -20,18 +20,30 @@ from kerneltriage.resources import data_path
 
 SCHEMA = "kerneltriage.rules/1"
 VERDICTS = ("write", "use-builtin", "compile", "skip")
-THRESHOLDS = {
-    "min_headroom": float,
-    "min_share": float,
-    "top_fraction": float,
-    "min_share_floor": float,
-    "max_shapes": int,
-    "min_dominant_coverage": float,
-    "idle_warn": float,
-    "gap_us": float,
-    "join_warn": float,
-    "join_max_duration_ratio": float,
-}
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """The named thresholds of ``thresholds:`` in the rules (their meaning: default.yaml).
+    Every one must be given there; nothing else in kerneltriage has a default for them."""
+
+    min_headroom: float
+    min_share: float
+    top_fraction: float
+    min_share_floor: float
+    max_shapes: int
+    min_dominant_coverage: float
+    idle_warn: float
+    gap_us: float
+    join_warn: float
+    join_max_duration_ratio: float
+
+    def to_json(self) -> dict[str, float]:
+        return asdict(self)
+
+
+#: Threshold name -> type, in the order of ``Thresholds`` (and of the report's JSON).
+THRESHOLDS: dict[str, type] = {f.name: get_type_hints(Thresholds)[f.name] for f in fields(Thresholds)}
 
 
 def default_rules_path() -> Path:
@@ -50,7 +62,7 @@ class OpClass:
 class Rules:
     """Validated rules. ``raw`` keeps the merged YAML for the report's provenance."""
 
-    thresholds: dict[str, float]
+    thresholds: Thresholds
     classes: list[OpClass]
     library_ops: tuple[re.Pattern[str], ...]
     regions: dict[str, Any]
@@ -62,9 +74,6 @@ class Rules:
     )
     # Classifications are asked for the same few hundred names millions of times.
     _memo: dict[tuple, Any] = field(default_factory=dict, repr=False)
-
-    def threshold(self, name: str) -> float:
-        return self.thresholds[name]
 
     def classify(self, op: str | None, kernel: str | None, activity: str = "kernel") -> str:
         """Kind of a kernel: by activity, then by its op, then by its own name."""
@@ -123,17 +132,23 @@ class Rules:
 
 
 def load_rules(user_file: str | Path | None = None, overrides: dict[str, float] | None = None) -> Rules:
-    """Default rules, merged with ``user_file`` and then with threshold ``overrides``."""
+    """Default rules, merged with ``user_file`` and then with threshold ``overrides`` (the
+    command line's ``--min-headroom`` and the like; None values are not given)."""
     sources = [str(default_rules_path())]
     raw = _read_yaml(default_rules_path())
     if user_file is not None:
         user = _read_yaml(Path(user_file))
         raw = _merge(raw, user)
         sources.append(str(user_file))
-    for key, value in (overrides or {}).items():
-        if value is not None:
-            raw.setdefault("thresholds", {})[key] = value
-    return _validate(raw, sources)
+    given = {key: value for key, value in (overrides or {}).items() if value is not None}
+    raw.setdefault("thresholds", {}).update(given)
+    return _validate(raw, sources, set(given))
+
+
+def default_thresholds() -> Thresholds:
+    """The thresholds of the shipped rules file alone (for help texts)."""
+    path = default_rules_path()
+    return _thresholds(_read_yaml(path).get("thresholds") or {}, str(path), set())
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -169,29 +184,33 @@ def _compile(pattern: Any, where: str) -> re.Pattern[str]:
         raise RulesError(f"{where}: bad regular expression {pattern!r} ({exc})") from None
 
 
-def _validate(raw: dict[str, Any], sources: list[str]) -> Rules:
-    where = sources[-1]
-    thresholds: dict[str, float] = {}
-    given = raw.get("thresholds") or {}
+def _thresholds(given: dict[str, Any], where: str, overridden: set[str]) -> Thresholds:
     unknown = sorted(set(given) - set(THRESHOLDS))
     if unknown:
         raise RulesError(
             f"unknown threshold(s) {', '.join(unknown)}; known: {', '.join(THRESHOLDS)}", path=where
         )
+    values: dict[str, Any] = {}
     for name, kind in THRESHOLDS.items():
+        # An error in a value given on the command line names its flag, not the rules file.
+        path = f"--{name.replace('_', '-')}" if name in overridden else where
         if name not in given:
-            raise RulesError(f"threshold {name!r} is missing", path=where)
+            raise RulesError(f"threshold {name!r} is missing", path=path)
         try:
             value = kind(given[name])
         except (TypeError, ValueError):
-            raise RulesError(
-                f"threshold {name!r} must be a number, got {given[name]!r}", path=where
-            ) from None
+            raise RulesError(f"threshold {name!r} must be a number, got {given[name]!r}", path=path) from None
         if value < 0:
-            raise RulesError(f"threshold {name!r} must not be negative", path=where)
-        thresholds[name] = value
-    if thresholds["min_headroom"] < 1.0:
-        raise RulesError("min_headroom is a ratio of times and must be at least 1", path=where)
+            raise RulesError(f"threshold {name!r} must not be negative", path=path)
+        if name == "min_headroom" and value < 1.0:
+            raise RulesError("min_headroom is a ratio of times and must be at least 1", path=path)
+        values[name] = value
+    return Thresholds(**values)
+
+
+def _validate(raw: dict[str, Any], sources: list[str], overridden: set[str]) -> Rules:
+    where = sources[-1]
+    thresholds = _thresholds(raw.get("thresholds") or {}, where, overridden)
 
     classes = []
     for i, entry in enumerate(raw.get("op_classes") or []):

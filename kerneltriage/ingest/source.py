@@ -15,7 +15,7 @@ from typing import Any
 from kerneltriage import rundir
 from kerneltriage.errors import InputError, TraceFormatError
 from kerneltriage.ingest.kineto import read_trace
-from kerneltriage.ingest.ncu import Counters, merge_counters, read_counters
+from kerneltriage.ingest.ncu_csv import Counters, merge_counters, read_counters
 from kerneltriage.ingest.tables import Timeline
 
 

@@ -4,6 +4,6 @@ Nsight Compute on its hot kernels only, and write one run directory (``kerneltri
 - ``command.py``: the user's command and its rewrite with the runner in front;
 - ``runner.py`` + ``hooks.py``: run inside the user's process (steps, profiler, module ranges);
 - ``session.py``: the two phases, logs, manifest, failures and Ctrl-C;
-- ``ncu.py``: hot-kernel selection, the ncu command line, its progress output;
+- ``nsight_compute.py``: the ncu command line, its metrics, its progress output;
 - ``calibrate.py``: measured ceilings of this GPU.
 """

@@ -27,8 +27,9 @@ from typing import Any
 
 import kerneltriage
 from kerneltriage import rundir
+from kerneltriage.analysis.rules import load_rules
 from kerneltriage.errors import InputError, ToolError
-from kerneltriage.profile import ncu as ncu_tools
+from kerneltriage.profile import nsight_compute as ncu_tools
 from kerneltriage.profile.command import Command, parse_command
 from kerneltriage.profile.hooks import CAPTURE_RANGE, EXIT_NO_GPU
 from kerneltriage.profile.runner import CONFIG_ENV
@@ -63,6 +64,7 @@ class Options:
     timeline: str = "torch"
     calibrate: bool = False
     ncu_timeout: float = 900.0  # seconds for each ncu pass
+    rules_file: Path | None = None  # --rules: merged over the shipped rules (hot-kernel selection)
 
 
 class Reporter:
@@ -119,6 +121,7 @@ def run_profile(argv: list[str], options: Options, reporter: Reporter | None = N
     command = parse_command(argv)
     if options.steps < 1 or options.warmup < 0:
         raise InputError("--steps must be at least 1 and --warmup at least 0")
+    load_rules(options.rules_file)  # a bad rules file fails now, not after phase 1
     out = Path(options.out) if options.out else default_out(command)
     _prepare_out(out, options.force)
     manifest = rundir.Manifest(
@@ -345,7 +348,15 @@ def _phase_ncu(
         raise ToolError(
             f"no phase-1 trace for rank {options.ncu_rank} ({rank_trace.name}) to pick hot kernels from"
         )
-    hot = ncu_tools.select_hot_kernels(rank_trace, options.coverage, options.max_kernels)
+    from kerneltriage.analysis.hot_kernels import select_hot_kernels
+    from kerneltriage.ingest.source import read_timeline
+
+    hot = select_hot_kernels(
+        read_timeline(rank_trace),
+        load_rules(options.rules_file),
+        coverage=options.coverage,
+        max_kernels=options.max_kernels,
+    )
     if not hot.names:
         warnings.append("phase 1 recorded no GPU kernels in the steps: nothing for ncu to profile")
         return

@@ -18,6 +18,7 @@ from kerneltriage.report.text import (
     condition_line,
     counters_text,
     flops,
+    idle_lines,
     ms,
     pct,
     roofline_line,
@@ -48,7 +49,6 @@ def html(report: Report, *, top: int | None = None, run_ref: str = "RUN") -> str
     from markupsafe import Markup
 
     from kerneltriage.report import plots
-    from kerneltriage.report.render import _idle_lines
 
     candidates = report.candidates[:top] if top else list(report.candidates)
     data = plots.roofline_data(report, candidates)
@@ -56,7 +56,7 @@ def html(report: Report, *, top: int | None = None, run_ref: str = "RUN") -> str
         "report": report,
         "title": f"kerneltriage report: {report.source.get('path', '')}",
         "header": _header(report),
-        "idle": _idle_lines(report) if report.idle_bound else None,
+        "idle": idle_lines(report) if report.idle_bound else None,
         "warnings": list(report.warnings),
         "notes": list(report.notes),
         "summary": _summary(report, candidates),
@@ -80,9 +80,9 @@ def html(report: Report, *, top: int | None = None, run_ref: str = "RUN") -> str
 def _header(report: Report) -> dict[str, Any]:
     gpu = report.gpu
     source = report.source
-    peaks = gpu.get("peak_tflops", {})
+    peaks = gpu.peak_tflops
     used = {c.roofline.precision for c in report.candidates if c.roofline.precision}
-    ceilings = [{"name": "memory", "value": f"{gpu['peak_bandwidth_gbs']:,.0f} GB/s", "used": True}]
+    ceilings = [{"name": "memory", "value": f"{gpu.peak_bandwidth_gbs:,.0f} GB/s", "used": True}]
     ceilings += [{"name": p, "value": f"{v:,.4g} TFLOP/s", "used": p in used} for p, v in peaks.items()]
     command = source.get("command")
     if isinstance(command, (list, tuple)):
@@ -90,7 +90,7 @@ def _header(report: Report) -> dict[str, Any]:
     join = report.join
     if join:
         counters = counters_text(join)
-        counters_ok = join["kernel_time_joined_share"] >= report.thresholds.get("join_warn", 0.9)
+        counters_ok = join["kernel_time_joined_share"] >= report.thresholds.join_warn
     else:
         counters = "none: rooflines from shape estimates (run `kerneltriage profile` for ncu counters)"
         counters_ok = False
@@ -98,9 +98,9 @@ def _header(report: Report) -> dict[str, Any]:
     for c in report.candidates:
         sources[c.roofline.source] = sources.get(c.roofline.source, 0) + 1
     return {
-        "gpu_name": gpu.get("name", "unknown GPU"),
-        "gpu_source": gpu.get("source", ""),
-        "measured": str(gpu.get("source", "")).startswith("measured"),
+        "gpu_name": gpu.name,
+        "gpu_source": gpu.source,
+        "measured": gpu.source.startswith("measured"),
         "ceilings": ceilings,
         "path": str(source.get("path", "")),
         "command": command,

@@ -92,19 +92,6 @@ class RooflineData:
     measured: bool
 
 
-def gpu_spec(report: Report) -> GPUSpec:
-    g = report.gpu
-    return GPUSpec(
-        key=str(g.get("key", g.get("name", "GPU"))),
-        name=str(g.get("name", "GPU")),
-        sms=int(g.get("sms") or 0),
-        l2_mb=float(g.get("l2_mb") or 0.0),
-        hbm_gbs=float(g["peak_bandwidth_gbs"]),
-        peak_tflops={k: float(v) for k, v in g["peak_tflops"].items()},
-        source=str(g.get("source", "")),
-    )
-
-
 def _resolved_precision(spec: GPUSpec, precision: str | None) -> str:
     """The table entry ``GPUSpec.peak`` uses for ``precision`` (bf16 may fall back to fp16_tensor)."""
     wanted = precision or "fp32"
@@ -132,9 +119,9 @@ def _why_not_placed(c: Candidate) -> str | None:
 
 def roofline_data(report: Report, candidates: list[Candidate] | None = None) -> RooflineData:
     """The points, roofs and unplaceable candidates of the roofline chart."""
-    spec = gpu_spec(report)
+    spec = report.gpu
     cands = report.candidates if candidates is None else candidates
-    bw = spec.hbm_gbs / 1000.0
+    bw = spec.peak_bandwidth_gbs / 1000.0
     points, not_placed = [], []
     for c in cands:
         why = _why_not_placed(c)
@@ -151,7 +138,7 @@ def roofline_data(report: Report, candidates: list[Candidate] | None = None) -> 
     if not roofs:
         roofs = {"fp32": spec.peak("fp32") / 1e12}
     roofs = dict(sorted(roofs.items(), key=lambda kv: -kv[1]))
-    measured = str(report.gpu.get("source", "")).startswith("measured")
+    measured = spec.source.startswith("measured")
     return RooflineData(points, not_placed, bw, roofs, measured)
 
 
@@ -360,7 +347,7 @@ def roofline_figure(report: Report, *, candidates: list[Candidate] | None = None
         fig.text(
             0.075,
             1 - 0.3 / height,
-            f"Roofline — {gpu.get('name', 'GPU')}",
+            f"Roofline — {gpu.name}",
             fontsize=13,
             fontweight="bold",
             color=_INK,
@@ -727,7 +714,7 @@ def roofline_svg(report: Report, *, candidates: list[Candidate] | None = None) -
     ``<title>`` for hover and a link to ``#C1``."""
     fig = roofline_figure(report, candidates=candidates, key=False)
     svg = _titled_svg(_svg_text(fig), _titles(report, candidates))
-    return _inline(svg, "roofline", f"Roofline chart of {report.gpu.get('name', 'the GPU')}")
+    return _inline(svg, "roofline", f"Roofline chart of {report.gpu.name}")
 
 
 def breakdown_svg(report: Report) -> str:

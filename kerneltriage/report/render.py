@@ -15,6 +15,7 @@ from kerneltriage.analysis.model import Candidate, Report
 from kerneltriage.report.text import (
     condition_line,
     counters_text,
+    idle_lines,
     ms,
     pct,
     roofline_line,
@@ -60,10 +61,10 @@ def render(
 
 def _header_lines(report: Report) -> list[str]:
     gpu = report.gpu
-    peaks = gpu["peak_tflops"]
+    peaks = gpu.peak_tflops
     compute = ", ".join(f"{peaks[p]:g} {p}" for p in ("bf16", "fp32") if p in peaks)
     lines = [
-        f"GPU: {gpu['name']} — {gpu['peak_bandwidth_gbs']:g} GB/s, {compute} TFLOP/s ({gpu['source']})",
+        f"GPU: {gpu.name} — {gpu.peak_bandwidth_gbs:g} GB/s, {compute} TFLOP/s ({gpu.source})",
         f"Steps: {report.steps} ({report.step_source}) · step time {ms(report.step_time_ms)} · "
         f"GPU busy {report.gpu_busy_pct:.1f}% · idle {report.idle_pct:.1f}%",
     ]
@@ -77,16 +78,6 @@ def _header_lines(report: Report) -> list[str]:
         f"Unattributed kernel time: {ms(report.unattributed_ms_per_step)} per step "
         f"({pct(report.unattributed_share)} of GPU-busy time)"
     )
-    return lines
-
-
-def _idle_lines(report: Report) -> list[str]:
-    lines = [
-        f"The GPU is idle {report.idle_pct:.0f}% of the step: the step is bound by the host, not by kernels. "
-        "No kernel fixes an idle GPU — every saving below shrinks only the busy part."
-    ]
-    for g in report.gaps[:5]:
-        lines.append(f"  {ms(g.ms_per_step)} per step in {g.count_per_step:.0f} gap(s): {g.cause}")
     return lines
 
 
@@ -122,7 +113,7 @@ def terminal(
     for line in _header_lines(report):
         console.print(line)
     if report.idle_bound:
-        console.print(Panel("\n".join(_idle_lines(report)), title="GPU idle", border_style="red"))
+        console.print(Panel("\n".join(idle_lines(report)), title="GPU idle", border_style="red"))
     candidates = report.candidates[:top] if top else report.candidates
     table = Table(
         title="Candidates (actionable first, by expected saving)", title_justify="left", expand=False
@@ -202,8 +193,8 @@ def markdown(report: Report, *, top: int | None, run_ref: str) -> str:
     out += [f"- {line}" for line in _header_lines(report)]
     out.append("")
     if report.idle_bound:
-        out += ["> **" + _idle_lines(report)[0] + "**", ">"]
-        out += [f"> - {line.strip()}" for line in _idle_lines(report)[1:]]
+        out += ["> **" + idle_lines(report)[0] + "**", ">"]
+        out += [f"> - {line.strip()}" for line in idle_lines(report)[1:]]
         out.append("")
     candidates = report.candidates[:top] if top else report.candidates
     out += [

@@ -1,8 +1,8 @@
-"""Number formatting shared by the renderers."""
+"""Number formatting and text shared by the renderers."""
 
 from __future__ import annotations
 
-from kerneltriage.analysis.model import Candidate, Condition
+from kerneltriage.analysis.model import Candidate, Condition, Report
 
 
 def pct(x: float | None, digits: int = 1) -> str:
@@ -97,3 +97,14 @@ def roofline_line(c: Candidate) -> str:
     if r.measured_dram_bytes and r.source == "fused estimate":
         line += f"; today it moves {bytes_(r.measured_dram_bytes)} of DRAM traffic per step (ncu)"
     return line
+
+
+def idle_lines(report: Report) -> list[str]:
+    """The idle-GPU warning: its headline, then the biggest gaps."""
+    lines = [
+        f"The GPU is idle {report.idle_pct:.0f}% of the step: the step is bound by the host, not by kernels. "
+        "No kernel fixes an idle GPU — every saving below shrinks only the busy part."
+    ]
+    for g in report.gaps[:5]:
+        lines.append(f"  {ms(g.ms_per_step)} per step in {g.count_per_step:.0f} gap(s): {g.cause}")
+    return lines

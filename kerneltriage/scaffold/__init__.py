@@ -15,11 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kerneltriage.analysis.gpus import GPUSpec, resolve_gpu
 from kerneltriage.errors import InputError
 from kerneltriage.scaffold import classes
 from kerneltriage.scaffold.common import Origin
-from kerneltriage.scaffold.names import comment_text, parse_dtype, parse_shape
-from kerneltriage.scaffold.render import FILES, check_out, render, write
+from kerneltriage.scaffold.identifiers import comment_text, parse_dtype, parse_shape
+from kerneltriage.scaffold.writer import FILES, check_out, render, write
 
 __all__ = [
     "FILES",
@@ -69,7 +70,7 @@ class ScaffoldResult:
     messages: list[str] = field(default_factory=list)
 
 
-def _build(template: str, origin: Origin, gpu: dict, **kind_args) -> dict | None:
+def _build(template: str, origin: Origin, gpu: GPUSpec, **kind_args) -> dict | None:
     builders = {
         "rownorm": (classes.rownorm_from_candidate, classes.rownorm_from_kind),
         "softmax": (classes.softmax_from_candidate, classes.softmax_from_kind),
@@ -137,10 +138,8 @@ def scaffold_candidate(
     return ScaffoldResult(out, template, context["name"], files, messages)
 
 
-def _gpu_json(gpu: str | None) -> dict:
-    from kerneltriage.analysis.gpus import resolve_gpu
-
-    return resolve_gpu(None, gpu or DEFAULT_GPU, None).to_json()
+def _gpu_spec(gpu: str | None) -> GPUSpec:
+    return resolve_gpu(None, gpu or DEFAULT_GPU, None)
 
 
 def plan_kind(
@@ -170,8 +169,7 @@ def plan_kind(
     )
     command = comment_text(command + f" --dtype {dtype_name} --out {out}", 300)
     origin = Origin(command=command, short=f"--kind {kind_l}", title=f"{kind_l} (no trace)")
-    gpu_json = _gpu_json(gpu)
-    context = _build(template, origin, gpu_json, kind=kind_l, shapes=dims, dtype=dtype_name)
+    context = _build(template, origin, _gpu_spec(gpu), kind=kind_l, shapes=dims, dtype=dtype_name)
     return template, context, []
 
 

@@ -2,7 +2,7 @@
 
 Each ``*_from_candidate`` / ``*_from_kind`` pair calls one ``*_context`` that knows the class's
 template variables. Values that reach generated code are numbers, bools, dtype names from a
-fixed table, identifiers from ``names.identifier`` or comment-safe text.
+fixed table, identifiers from ``identifiers.identifier`` or comment-safe text.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import math
 import re
 from typing import Any
 
+from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.analysis.model import Candidate
 from kerneltriage.errors import InputError
 from kerneltriage.scaffold.common import (
@@ -25,7 +26,7 @@ from kerneltriage.scaffold.common import (
     signatures,
     tol_context,
 )
-from kerneltriage.scaffold.names import (
+from kerneltriage.scaffold.identifiers import (
     FLOAT_DTYPES,
     class_name,
     comment_text,
@@ -33,7 +34,14 @@ from kerneltriage.scaffold.names import (
     number,
     trace_dtype,
 )
-from kerneltriage.scaffold.ops import KIND_OPS, UNARY, Chain, chain_from_example, chain_from_kind, op_label
+from kerneltriage.scaffold.op_chains import (
+    KIND_OPS,
+    UNARY,
+    Chain,
+    chain_from_example,
+    chain_from_kind,
+    op_label,
+)
 
 
 def _float(dtype: str | None, default: str = "float32") -> str:
@@ -90,7 +98,7 @@ def _kernel_imports(name: str, extra: list[str]) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def rownorm_from_candidate(origin: Origin, gpu: dict) -> dict[str, Any] | None:
+def rownorm_from_candidate(origin: Origin, gpu: GPUSpec) -> dict[str, Any] | None:
     cand = origin.candidate
     variant = (cand.variant or "").lower()
     if "rms" in variant:
@@ -173,7 +181,7 @@ def _find_eps(example: list[dict]) -> tuple[float | None, bool]:
 
 def rownorm_context(
     origin: Origin,
-    gpu: dict,
+    gpu: GPUSpec,
     *,
     norm: str,
     residual: bool,
@@ -256,7 +264,7 @@ def rownorm_context(
 
 
 def rownorm_from_kind(
-    origin: Origin, gpu: dict, kind: str, shapes: list[list[int]], dtype: str
+    origin: Origin, gpu: GPUSpec, kind: str, shapes: list[list[int]], dtype: str
 ) -> dict[str, Any]:
     norm = "rms" if "rms" in kind else "layer"
     residual = kind.startswith(("add", "fused_add"))
@@ -282,7 +290,7 @@ def rownorm_from_kind(
 _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
 
 
-def softmax_from_candidate(origin: Origin, gpu: dict) -> dict[str, Any] | None:
+def softmax_from_candidate(origin: Origin, gpu: GPUSpec) -> dict[str, Any] | None:
     cand = origin.candidate
     example = cand.example
     names = [_short(op) for op in example]
@@ -460,7 +468,7 @@ def cross_entropy_context(
 
 
 def softmax_from_kind(
-    origin: Origin, gpu: dict, kind: str, shapes: list[list[int]], dtype: str
+    origin: Origin, gpu: GPUSpec, kind: str, shapes: list[list[int]], dtype: str
 ) -> dict[str, Any]:
     observed = [Observed({"x": s}, 1.0 / len(shapes), 0) for s in shapes]
     if kind == "cross_entropy":
@@ -488,7 +496,7 @@ def softmax_from_kind(
 # --------------------------------------------------------------------------------------------
 
 
-def attention_from_candidate(origin: Origin, gpu: dict) -> dict[str, Any] | None:
+def attention_from_candidate(origin: Origin, gpu: GPUSpec) -> dict[str, Any] | None:
     cand = origin.candidate
     attrs = cand.attrs or {}
     example = cand.example
@@ -653,7 +661,7 @@ def attention_context(
 
 
 def attention_from_kind(
-    origin: Origin, gpu: dict, kind: str, shapes: list[list[int]], dtype: str
+    origin: Origin, gpu: GPUSpec, kind: str, shapes: list[list[int]], dtype: str
 ) -> dict[str, Any]:
     observed = []
     for s in shapes:
@@ -681,7 +689,7 @@ _GEMM_OPS = {"linear": "nk", "mm": "kn", "addmm": "kn", "matmul": "kn", "_addmm_
 _ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu", "sigmoid", "tanh")
 
 
-def gemm_from_candidate(origin: Origin, gpu: dict) -> dict[str, Any] | None:
+def gemm_from_candidate(origin: Origin, gpu: GPUSpec) -> dict[str, Any] | None:
     cand = origin.candidate
     example = cand.example
     if not example:
@@ -820,7 +828,7 @@ def gemm_context(
 
 
 def gemm_from_kind(
-    origin: Origin, gpu: dict, kind: str, shapes: list[list[int]], dtype: str
+    origin: Origin, gpu: GPUSpec, kind: str, shapes: list[list[int]], dtype: str
 ) -> dict[str, Any]:
     parts = kind.split("+")
     has_bias = "bias" in parts[1:]
@@ -874,7 +882,7 @@ def _broadcast_like(
     return tuple(reversed(out))
 
 
-def elementwise_from_candidate(origin: Origin, gpu: dict) -> dict[str, Any] | None:
+def elementwise_from_candidate(origin: Origin, gpu: GPUSpec) -> dict[str, Any] | None:
     cand = origin.candidate
     sigs = signatures(cand)
     default_dims = sigs[0].dims.get("arg0", []) if sigs else []
@@ -1022,7 +1030,7 @@ def elementwise_context(
 
 
 def elementwise_from_kind(
-    origin: Origin, gpu: dict, kind: str, shapes: list[list[int]], dtype: str
+    origin: Origin, gpu: GPUSpec, kind: str, shapes: list[list[int]], dtype: str
 ) -> dict[str, Any]:
     ops = [o for o in kind.split("+") if o]
     chain = chain_from_kind(ops, shapes[0], dtype)
@@ -1035,7 +1043,7 @@ def elementwise_from_kind(
 # --------------------------------------------------------------------------------------------
 
 
-def generic_from_candidate(origin: Origin, gpu: dict) -> dict[str, Any]:
+def generic_from_candidate(origin: Origin, gpu: GPUSpec) -> dict[str, Any]:
     cand = origin.candidate
     first = cand.example[0] if cand.example else {}
     op_name = first.get("name") or (cand.ops[0] if cand.ops else cand.name)
@@ -1103,7 +1111,7 @@ def generic_context(origin, gpu, *, op_name, observed, dtype, differentiable) ->
 
 
 def generic_from_kind(
-    origin: Origin, gpu: dict, kind: str, shapes: list[list[int]], dtype: str
+    origin: Origin, gpu: GPUSpec, kind: str, shapes: list[list[int]], dtype: str
 ) -> dict[str, Any]:
     observed = [Observed({"x": s}, 1.0 / len(shapes), 0) for s in shapes]
     return generic_context(

@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kerneltriage import __version__
+from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.analysis.model import Candidate, Report
-from kerneltriage.scaffold.names import SHORT_DTYPE, comment_text, dims_text, literal, parse_signature
-from kerneltriage.scaffold.ops import op_label
+from kerneltriage.scaffold.identifiers import SHORT_DTYPE, comment_text, dims_text, literal, parse_signature
+from kerneltriage.scaffold.op_chains import op_label
 
 # (absolute relative to max|expected|, relative) per output dtype; classes may override.
 DEFAULT_TOL = {"float32": (1e-5, 1e-4), "bfloat16": (1e-2, 2e-2), "float16": (2e-3, 5e-3)}
@@ -106,16 +107,16 @@ def _fmt_ms(value: float | None) -> str:
     return f"{value:.3g} ms" if value >= 0.1 else f"{value * 1e3:.3g} µs"
 
 
-def gpu_context(gpu: dict[str, Any]) -> dict[str, Any]:
-    peaks = {k: float(v) for k, v in (gpu.get("peak_tflops") or {}).items()}
+def gpu_context(gpu: GPUSpec) -> dict[str, Any]:
+    peaks = dict(gpu.peak_tflops)
     shown = [f"{peaks[p]:g} {p}" for p in ("bf16", "fp16_tensor", "tf32", "fp32") if p in peaks]
     return {
-        "name": comment_text(gpu.get("name") or "unknown GPU", 80),
-        "key": comment_text(gpu.get("key") or "", 40),
-        "bandwidth_gbs": float(gpu.get("peak_bandwidth_gbs") or gpu.get("hbm_gbs") or 0.0),
+        "name": comment_text(gpu.name or "unknown GPU", 80),
+        "key": comment_text(gpu.key, 40),
+        "bandwidth_gbs": gpu.peak_bandwidth_gbs,
         "peak_tflops": peaks,
         "peak_text": ", ".join(shown) + " TFLOP/s" if shown else "no compute peaks",
-        "source": comment_text(gpu.get("source") or "GPU table", 120),
+        "source": comment_text(gpu.source or "GPU table", 120),
     }
 
 
@@ -178,7 +179,7 @@ def report_context(origin: Origin) -> dict[str, Any]:
     }
     numbers = {
         "candidate": cand.id,
-        "gpu": comment_text(report.gpu.get("name") or "", 80),
+        "gpu": comment_text(report.gpu.name, 80),
         "calls_per_step": _round(calls),
         "measured_ms_per_step": _round(cand.time_ms_per_step),
         "measured_ms_per_call": _round(cand.time_ms_per_step / calls),
@@ -260,7 +261,7 @@ def short_dtypes(dtypes: dict[str, str]) -> str:
     return "/".join(names)
 
 
-def base_context(origin: Origin, gpu: dict[str, Any]) -> dict[str, Any]:
+def base_context(origin: Origin, gpu: GPUSpec) -> dict[str, Any]:
     ctx = {
         "version": __version__,
         "origin_command": origin.command,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kerneltriage.analysis.gpus import known_gpus, resolve_gpu
+from kerneltriage.analysis.gpus import attention_perf, known_gpus, match_gpu, resolve_gpu
 from kerneltriage.errors import UnknownGPUError
 
 
@@ -43,7 +43,7 @@ def test_table_covers_the_required_gpus():
     assert required <= set(known_gpus())
     for key in required:
         spec = resolve_gpu(key)
-        assert spec.hbm_gbs > 0 and spec.sms > 0 and spec.l2_mb > 0
+        assert spec.peak_bandwidth_gbs > 0 and spec.sms > 0 and spec.l2_mb > 0
         assert {"fp32", "tf32", "bf16"} <= set(spec.peak_tflops)
 
 
@@ -67,6 +67,26 @@ def test_calibration_replaces_measured_ceilings_only():
     spec = resolve_gpu(
         "H200", calibration={"hbm_gbs": 4166, "peak_tflops": {"bf16": 680, "bogus": 1}, "date": "2026-11-21"}
     )
-    assert spec.hbm_gbs == 4166 and spec.peak_tflops["bf16"] == 680
+    assert spec.peak_bandwidth_gbs == 4166 and spec.peak_tflops["bf16"] == 680
     assert spec.peak_tflops["fp32"] == 66.9
     assert "measured" in spec.source and "bandwidth" in spec.source and "bogus" not in spec.source
+
+
+def test_attention_rates_use_the_gpu_matcher():
+    import yaml
+
+    from kerneltriage.resources import data_path
+
+    table = yaml.safe_load(data_path("attention_perf.yaml").read_text())["gpus"]
+    device, entries = next(iter(table.items()))
+    key = match_gpu(device)
+    assert key is not None and key == resolve_gpu(device).key
+    entry = next(e for e in entries if e.get("variant", "plain") == "plain")
+    spec = resolve_gpu(key)
+    assert attention_perf(spec, entry["head_dim"], entry["causal"]) == (
+        entry["sdpa_tflops"],
+        entry["builtin_tflops"],
+    )
+    assert attention_perf(spec, None, True) is None
+    unmeasured = next(k for k in known_gpus() if all(match_gpu(d) != k for d in table))
+    assert attention_perf(resolve_gpu(unmeasured), entry["head_dim"], entry["causal"]) is None

@@ -7,8 +7,8 @@ import pytest
 
 from kerneltriage.analysis.attribution import attribute
 from kerneltriage.analysis.join import join_counters
-from kerneltriage.ingest.names import base_name, canonical_name, name_similarity
-from kerneltriage.ingest.ncu import read_counters
+from kerneltriage.ingest.kernel_names import base_name, canonical_name, name_similarity
+from kerneltriage.ingest.ncu_csv import read_counters
 from tests.helpers import NCU_ALL, NCU_PER_CONFIG, NCU_SECTIONS, timeline
 
 

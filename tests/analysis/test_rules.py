@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kerneltriage.analysis.rules import default_rules_path, load_rules
+from kerneltriage.analysis.rules import THRESHOLDS, default_rules_path, default_thresholds, load_rules
 from kerneltriage.errors import RulesError
 
 
@@ -29,9 +29,9 @@ def test_user_file_merges_over_the_defaults(tmp_path):
         "recommendations:\n  gemm: {verdict: skip, reason: library-at-roof}\n"
     )
     r = load_rules(user, overrides={"min_share": 0.2})
-    assert r.threshold("min_headroom") == 3.5
-    assert r.threshold("min_share") == 0.2
-    assert r.threshold("max_shapes") == 4  # untouched default
+    assert r.thresholds.min_headroom == 3.5
+    assert r.thresholds.min_share == 0.2
+    assert r.thresholds.max_shapes == 4  # untouched default
     assert r.recommendation("gemm")["verdict"] == "skip"
     assert r.recommendation("norm", "rmsnorm")["builtin"] == "kerneltriage.kernels.rms_norm"
     assert r.sources[-1] == str(user)
@@ -62,3 +62,22 @@ def test_bad_rules_are_one_line_errors(tmp_path, text, message):
 def test_missing_rules_file(tmp_path):
     with pytest.raises(RulesError, match="no such rules file"):
         load_rules(tmp_path / "none.yaml")
+
+
+def test_thresholds_are_typed_and_come_from_the_file():
+    import yaml
+
+    shipped = yaml.safe_load(default_rules_path().read_text())["thresholds"]
+    t = default_thresholds()
+    assert t == load_rules().thresholds
+    assert t.to_json() == {name: kind(shipped[name]) for name, kind in THRESHOLDS.items()}
+    assert list(t.to_json()) == list(THRESHOLDS)  # the report's JSON order
+    assert isinstance(t.max_shapes, int) and isinstance(t.gap_us, float)
+    with pytest.raises(AttributeError):
+        t.min_share = 0.5  # frozen
+
+
+def test_a_bad_override_names_its_flag():
+    with pytest.raises(RulesError, match=r"^--min-headroom: min_headroom .* at least 1"):
+        load_rules(overrides={"min_headroom": 0.5})
+    assert load_rules(overrides={"min_headroom": 1.0, "min_share": None}).thresholds.min_headroom == 1.0

@@ -154,7 +154,7 @@ def test_measured_peaks_replace_the_datasheet():
         tl.gpu_name, calibration={"hbm_gbs": 4166, "peak_tflops": {"bf16": 680}, "date": "2026-11-21"}
     )
     rep = triage(tl, gpu, load_rules())
-    assert "measured" in rep.gpu["source"]
+    assert "measured" in rep.gpu.source
     base = report(None)
     # Lower ceilings: less headroom for the same measured times.
     assert rep.candidates[0].headroom < base.candidates[0].headroom
@@ -168,3 +168,16 @@ def test_cpu_only_trace_is_refused(tmp_path):
     tl = read_trace(write_trace(tmp_path / "cpu.json.gz", data))
     with pytest.raises(TraceFormatError, match="CPU-only"):
         triage(tl, resolve_gpu("H200"), load_rules())
+
+
+def test_the_report_carries_its_rules_thresholds(tmp_path):
+    tl = timeline()
+    user = tmp_path / "idle.yaml"
+    user.write_text("schema: kerneltriage.rules/1\nthresholds: {idle_warn: 0.01}\n")
+    rules = load_rules(user)
+    rep = triage(tl, resolve_gpu(tl.gpu_name), rules)
+    assert rep.thresholds == rules.thresholds
+    # The example idles 4.5% of the step: past this file's 1%, not past the shipped 10%.
+    assert rep.idle_pct / 100 >= 0.01 and rep.idle_bound
+    assert not report(None).idle_bound
+    assert rep.to_json()["thresholds"] == rules.thresholds.to_json()

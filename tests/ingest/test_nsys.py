@@ -19,7 +19,7 @@ from kerneltriage.analysis.attribution import attribute, find_steps
 from kerneltriage.analysis.rules import load_rules
 from kerneltriage.cli import main
 from kerneltriage.errors import InputError, ToolError, TraceFormatError
-from kerneltriage.ingest.names import base_name
+from kerneltriage.ingest.kernel_names import base_name
 from kerneltriage.ingest.nsys import read_nsys, read_nsys_all
 from kerneltriage.ingest.source import load_profile
 from kerneltriage.ingest.tables import CPU_COLUMNS, KERNEL_COLUMNS, RUNTIME_COLUMNS

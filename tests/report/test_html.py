@@ -154,13 +154,13 @@ def test_breakdown_chart(report, page):
 def test_header(report, page):
     header = page[: page.index('<section id="roofline">')]
     gpu = report.gpu
-    assert gpu["name"] in header
+    assert gpu.name in header
     # The example run was calibrated on its GPU: the badge says the ceilings were measured.
-    badge = "measured" if gpu["source"].startswith("measured") else "datasheet"
+    badge = "measured" if gpu.source.startswith("measured") else "datasheet"
     assert f">{badge}</span>" in header
-    assert gpu["source"].startswith("measured")
-    assert f"memory {gpu['peak_bandwidth_gbs']:,.0f} GB/s" in header
-    for precision, peak in gpu["peak_tflops"].items():
+    assert gpu.source.startswith("measured")
+    assert f"memory {gpu.peak_bandwidth_gbs:,.0f} GB/s" in header
+    for precision, peak in gpu.peak_tflops.items():
         assert f"{precision} {peak:,.4g} TFLOP/s" in header
     for name, version in report.source["versions"].items():
         assert f'{name} <span class="mono">{escape(version)}</span>' in header

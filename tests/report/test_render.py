@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.report import render
 from tests.helpers import report
 
@@ -76,3 +77,13 @@ def test_markdown_is_a_pasteable_table():
     assert len(rows) >= 5
     assert rows[0].count("|") == lines[header].count("|")
     assert "### C1" in text
+
+
+def test_one_gpu_spec_from_resolution_to_rendering():
+    rep = report()
+    assert isinstance(rep.gpu, GPUSpec)
+    data = json.loads(render(rep, "json"))
+    # The documented keys, and only them (the spec's ``measured`` record stays out).
+    assert set(data["gpu"]) == {"name", "key", "peak_bandwidth_gbs", "peak_tflops", "sms", "l2_mb", "source"}
+    assert data["gpu"]["peak_bandwidth_gbs"] == rep.gpu.peak_bandwidth_gbs
+    assert data["thresholds"] == rep.thresholds.to_json()

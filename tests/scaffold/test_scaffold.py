@@ -23,8 +23,8 @@ from click.testing import CliRunner
 from kerneltriage.cli import main
 from kerneltriage.errors import InputError
 from kerneltriage.scaffold import FILES, plan_candidate, scaffold_candidate, scaffold_kind
-from kerneltriage.scaffold.names import identifier
-from kerneltriage.scaffold.render import safe_target
+from kerneltriage.scaffold.identifiers import identifier
+from kerneltriage.scaffold.writer import safe_target
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "examples" / "runs" / "gpt-naive-h200"

@@ -15,7 +15,7 @@ import pytest
 
 from kerneltriage import rundir
 from kerneltriage.api import build_report
-from kerneltriage.profile import ncu as ncu_tools
+from kerneltriage.profile import nsight_compute as ncu_tools
 from kerneltriage.profile import session
 from kerneltriage.profile.command import parse_command
 from tests.helpers import GPT, NCU_PER_CONFIG, TRACE
@@ -101,17 +101,6 @@ def _phase(out: Path, tmp_path, monkeypatch, **options):
         parse_command(["python", "train.py"]), session.Options(**options), out, manifest, Recorder(), warnings
     )
     return manifest, warnings, events
-
-
-def test_hot_kernels_cover_the_step():
-    hot = ncu_tools.select_hot_kernels(TRACE, coverage=0.95, max_kernels=64)
-    assert hot.coverage >= 0.95
-    assert "softmax_warp_forward" in hot.names and any(n.startswith("nvjet") for n in hot.names)
-    assert hot.names == sorted(hot.names, key=hot.names.index)  # hottest first, no repeats
-    assert len(set(hot.names)) == len(hot.names)
-    capped = ncu_tools.select_hot_kernels(TRACE, coverage=1.0, max_kernels=3)
-    assert len(capped.names) == 3 and capped.names == hot.names[:3]
-    assert 0 < hot.configs <= 510
 
 
 def test_command_line():
@@ -250,3 +239,18 @@ def test_a_report_written_before_a_hang_is_kept(tmp_path, monkeypatch, fake_ncu)
     assert manifest.phases["ncu"]["ncu_exit_code"] == "timeout"
     assert (out / rundir.NCU_CSV).is_file() and (out / rundir.NCU_LAUNCHES_CSV).is_file()
     assert any("counters are kept" in w for w in warnings)
+
+
+def test_phase_two_picks_kernels_with_the_users_rules(tmp_path, monkeypatch, fake_ncu):
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(
+        "schema: kerneltriage.rules/1\n"
+        "op_classes:\n"
+        "  - {kind: communication, kernels: ['softmax_warp_forward']}\n"
+        "  - {kind: other, ops: ['.'], kernels: ['.']}\n"
+    )
+    out = _run_dir(tmp_path)
+    manifest, _, _ = _phase(out, tmp_path, monkeypatch, rules_file=rules)
+    phase = manifest.phases["ncu"]
+    assert phase["excluded_communication"] == ["softmax_warp_forward"]
+    assert "softmax_warp_forward" not in phase["kernels"]

@@ -34,7 +34,7 @@ from pathlib import Path
 import pandas as pd
 
 from kerneltriage.errors import CountersFormatError, ToolError
-from kerneltriage.ingest.names import base_name
+from kerneltriage.ingest.kernel_names import base_name
 
 _NAME_COLUMNS = ("Kernel Name", "Function Name", "Name")
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from kerneltriage.errors import InputError
 from kerneltriage.resources import data_path
-from kerneltriage.scaffold.names import literal
+from kerneltriage.scaffold.identifiers import literal
 
 FILES = ("kernel.py", "reference.py", "test_kernel.py", "bench.py", "README.md")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kerneltriage.scaffold.names import comment_text, number, trace_dtype
+from kerneltriage.scaffold.identifiers import comment_text, number, trace_dtype
 
 _ERF = "tl.math.erf({v} * 0.7071067811865476)"
 _U = "0.7978845608028654 * ({v} + 0.044715 * {v} * {v} * {v})"

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from kerneltriage.errors import CountersFormatError
-from kerneltriage.ingest.ncu import parse_counters, read_counters
+from kerneltriage.ingest.ncu_csv import parse_counters, read_counters
 from tests.helpers import NCU_ALL, NCU_PER_CONFIG, NCU_SECTIONS
 
 

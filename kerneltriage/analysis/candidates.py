@@ -1,0 +1,110 @@
+"""Candidate assembly: the numbers of one group (time, shares, kernels, roofline, shapes),
+before the conditions and the verdict (``verdict.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from kerneltriage.analysis.attribution import Attribution
+from kerneltriage.analysis.gpus import GPUSpec
+from kerneltriage.analysis.grouping import Group, module_label
+from kerneltriage.analysis.join import JoinResult
+from kerneltriage.analysis.model import Candidate, KernelInfo
+from kerneltriage.analysis.roofline import place_on_roofline
+from kerneltriage.analysis.shapes import candidate_shapes
+from kerneltriage.ingest.kernel_names import base_name
+from kerneltriage.ingest.ncu_csv import Counters
+
+
+def build_candidate(
+    g: Group,
+    attr: Attribution,
+    join: JoinResult | None,
+    counters: Counters | None,
+    gpu: GPUSpec,
+    n_steps: int,
+    step_ms: float,
+    busy_ms: float,
+) -> Candidate:
+    """The candidate of group ``g``: its time per step, kernels, roofline and shapes."""
+    k = attr.kernels.loc[g.kernel_index]
+    total_ns = float(k["dur"].sum())
+    per_step_ms = total_ns / n_steps / 1e6
+    fwd_ms = float(k.loc[k["phase"] != "bwd", "dur"].sum()) / n_steps / 1e6
+    bwd_ms = float(k.loc[k["phase"] == "bwd", "dur"].sum()) / n_steps / 1e6
+    rows = join.row.loc[k.index] if join is not None else pd.Series(-1, index=k.index)
+    kernels_info = _kernel_info(k, rows, n_steps)
+    module = module_label(k["module"].dropna().tolist())
+    roof = place_on_roofline(g, k, rows, counters, gpu, n_steps)
+    headroom = (total_ns / n_steps / 1e6) / roof.ceiling_ms if roof.ceiling_ms else None
+    shapes = candidate_shapes(g, k)
+    instances = len(g.segments) / n_steps if g.segments else float(len(k)) / n_steps
+    name = g.name
+    if module and g.level != "kernel":
+        name = f"{name} in {module}"
+    return Candidate(
+        id="",
+        name=name,
+        kind=g.kind,
+        level=g.level,
+        variant=g.variant,
+        time_ms_per_step=per_step_ms,
+        time_share=per_step_ms / step_ms if step_ms else 0.0,
+        gpu_share=per_step_ms / busy_ms if busy_ms else 0.0,
+        fwd_ms_per_step=fwd_ms,
+        bwd_ms_per_step=bwd_ms,
+        instances_per_step=instances,
+        ops=g.ops,
+        module=module,
+        kernels=kernels_info,
+        roofline=roof,
+        headroom=headroom,
+        shapes=shapes,
+        conditions={},
+        attrs=_json_attrs(g),
+        builtin=None,
+        example=_example(g),
+    )
+
+
+def _example(g: Group) -> list[dict[str, Any]]:
+    if not g.segments:
+        return []
+    _, seg = g.segments[0]
+    return [
+        {
+            "name": op.name,
+            "dims": op.dims,
+            "types": op.types,
+            "concrete": op.concrete,
+            "compute_type": op.compute_type,
+        }
+        for op in seg.ops
+    ]
+
+
+def _json_attrs(g: Group) -> dict[str, Any]:
+    attrs = dict(g.attrs)
+    if g.library:
+        attrs["library_op"] = True
+    return attrs
+
+
+def _kernel_info(k: pd.DataFrame, rows: pd.Series, n_steps: int) -> list[KernelInfo]:
+    frame = k.assign(_joined=(rows >= 0).to_numpy())
+    out = []
+    for (name, phase), g in frame.groupby(["name", "phase"], sort=False):
+        out.append(
+            KernelInfo(
+                name=base_name(name),
+                full_name=name,
+                launches_per_step=len(g) / n_steps,
+                time_ms_per_step=float(g["dur"].sum()) / n_steps / 1e6,
+                phase=phase,
+                joined=bool(g["_joined"].all()),
+            )
+        )
+    out.sort(key=lambda x: -x.time_ms_per_step)
+    return out

@@ -1,0 +1,267 @@
+"""Grouping: ops and regions of every step into candidate groups.
+
+Each step's forward ops are segmented into fused regions and single ops (``regions.py``;
+ops inside a named region form one segment). Segments are grouped across layers and steps by
+(kind, variant, ops, key shape); backward kernels join their forward op's group; optimizer
+kernels, ops without a forward op, communication and unattributed kernels form groups of
+their own. A ``Group`` names its candidate and holds the kernels and instances it covers.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from kerneltriage.analysis.attribution import Attribution
+from kerneltriage.analysis.estimate import tensor_inputs
+from kerneltriage.analysis.regions import OpInfo, Segment, segment
+from kerneltriage.analysis.rules import Rules
+from kerneltriage.ingest.kernel_names import base_name
+from kerneltriage.ingest.tables import Timeline
+
+_GEMM_LEAF = re.compile(
+    r"^aten::(mm|bmm|addmm|baddbmm|_scaled_mm|matmul|_addmm_activation|convolution|_convolution)$"
+)
+_BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
+
+
+@dataclass
+class Group:
+    """The kernels and instances of one candidate, before any number is computed."""
+
+    key: tuple
+    kind: str
+    level: str
+    variant: str | None = None
+    name: str = ""
+    ops: list[str] = field(default_factory=list)
+    segments: list[tuple[int, Segment]] = field(default_factory=list)  # (step, segment)
+    kernel_index: list[int] = field(default_factory=list)
+    library: bool = False
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+def _compute_types(timeline: Timeline, attr: Attribution, roots: set[int]) -> dict[int, str | None]:
+    """The dtype a GEMM-like top-level op computes in: its innermost matmul's input type
+    (under autocast ``aten::linear`` sees float inputs and casts them inside)."""
+    cpu = timeline.cpu
+    names = cpu["name"].astype(str).to_numpy()
+    types = cpu["types"].to_numpy()
+    out: dict[int, str | None] = {}
+    for r in roots:
+        found = None
+        for c in attr.cpu_children_of_root.get(r, []):
+            if _GEMM_LEAF.match(names[c]) and types[c] >= 0:
+                t = timeline.arg(int(types[c]))
+                if t:
+                    found = t[0]
+        out[r] = found
+    return out
+
+
+def group_candidates(timeline: Timeline, attr: Attribution, rules: Rules) -> dict[tuple, Group]:
+    """Groups by key: every in-step kernel in exactly one of them."""
+    cpu = timeline.cpu
+    names = cpu["name"].astype(str).to_numpy()
+    starts = cpu["start"].to_numpy()
+    dims_ix, types_ix, concrete_ix = (cpu[c].to_numpy() for c in ("dims", "types", "concrete"))
+
+    def op_info(row: int, name: str, kind: str, compute_type: str | None = None) -> OpInfo:
+        return OpInfo(
+            row,
+            name,
+            kind,
+            timeline.arg(int(dims_ix[row])),
+            timeline.arg(int(types_ix[row])),
+            timeline.arg(int(concrete_ix[row])),
+            compute_type,
+        )
+
+    k = attr.kernels
+    in_step = k[k["step"] >= 0]
+    groups: dict[tuple, Group] = {}
+    row_group: dict[tuple[int, int], tuple] = {}  # (step, forward top-level op row) -> group key
+
+    # Communication kernels are their own candidates, whatever op launched them: they are
+    # never a Triton candidate, and folding them into that op would hide them.
+    comm_names = {n for n in in_step["name"].unique() if rules.classify(None, n) == "communication"}
+    comm = in_step["name"].isin(comm_names) & (in_step["kind"] == "kernel")
+    fwd_mask = (in_step["fwd_root"] >= 0) & in_step["phase"].isin(["fwd", "bwd"]) & ~comm
+    fwd = in_step[fwd_mask]
+    first = fwd.groupby("fwd_root")[["name", "kind"]].first()
+    first_kernel, first_activity = first["name"].to_dict(), first["kind"].to_dict()
+    # An op whose GPU work is only copies and memsets is a memcpy, whatever its name says.
+    copy_only = (~(fwd["kind"] == "kernel").groupby(fwd["fwd_root"]).any()).to_dict()
+
+    compute_types = _compute_types(timeline, attr, set(fwd["fwd_root"].unique().tolist()))
+    for step, frame in fwd.groupby("step"):
+        rows = sorted(set(frame["fwd_root"].tolist()), key=lambda r: starts[r])
+        ops = []
+        for r in rows:
+            # An op's class comes from the op; copies or memsets inside it are part of it.
+            if copy_only.get(r):
+                kind = "memcpy"
+            else:
+                kind = rules.classify_op(names[r]) or rules.classify(
+                    None, first_kernel.get(r), first_activity.get(r, "kernel")
+                )
+            ops.append(op_info(r, names[r], kind, compute_types.get(r)))
+        region_of = [attr.cpu_region[r] for r in rows]
+        for seg in _segments_with_regions(ops, region_of, rules):
+            key = _segment_key(seg)
+            g = groups.get(key)
+            if g is None:
+                g = groups[key] = _new_group(key, seg, rules)
+            g.segments.append((int(step), seg))
+            for r in seg.rows:
+                row_group[(int(step), r)] = key
+
+    # Kernels of forward/backward work: their forward op's group (one lookup per kernel).
+    for index, step, fr in zip(fwd.index, fwd["step"].tolist(), fwd["fwd_root"].tolist()):
+        groups[row_group[(step, fr)]].kernel_index.append(index)
+
+    # The rest: optimizer ops, backward ops with no forward op, annotated or bare kernels.
+    seen_roots: set[tuple[int, int]] = set()
+    rest = in_step[~fwd_mask]
+    for index, step, phase, root, name, region, module, activity in zip(
+        rest.index,
+        rest["step"].tolist(),
+        rest["phase"].tolist(),
+        rest["root"].tolist(),
+        rest["name"].tolist(),
+        rest["region"].tolist(),
+        rest["module"].tolist(),
+        rest["kind"].tolist(),
+    ):
+        if name in comm_names and activity == "kernel":
+            kind, label = "communication", base_name(name)
+            key, level = ("kernel", kind, label), "kernel"
+        elif root >= 0:
+            label = names[root]
+            if label.startswith(_BACKWARD_PREFIX):
+                label = label[len(_BACKWARD_PREFIX) :]
+            kind = rules.classify_op(label) or rules.classify(None, name, activity)
+            key, level = ("op", kind, label, phase == "opt"), "op"
+        elif region is not None or module is not None:
+            # Kernels launched from Python inside a module or region (Triton kernels): one
+            # candidate per place in the model, layers folded (blocks.0.attn → blocks.*.attn).
+            label = region or module_label([module])
+            kind = rules.classify(None, name, activity)
+            key, level = ("annotation", label, kind), "region"
+        else:
+            kind = rules.classify(None, name, activity)
+            label = base_name(name)
+            key, level = ("kernel", kind, label), "kernel"
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = Group(key, kind, level, name=label, ops=[label] if level == "op" else [])
+            g.library = level == "op" and rules.is_library_op(label)
+        if level == "op" and (step, root) not in seen_roots:
+            # The op itself is the instance (optimizer ops, backward ops with no forward).
+            seen_roots.add((step, root))
+            g.segments.append((step, Segment("op", kind, None, [op_info(root, label, kind)])))
+        g.kernel_index.append(index)
+    return {key: g for key, g in groups.items() if g.kernel_index}
+
+
+def _segments_with_regions(ops: list[OpInfo], region_of: list[str | None], rules: Rules) -> list[Segment]:
+    """Ops inside one named region (kerneltriage.region or a user record_function) form one
+    segment; the rest is segmented structurally."""
+    out: list[Segment] = []
+    i = 0
+    while i < len(ops):
+        name = region_of[i]
+        if name is None:
+            j = i
+            while j < len(ops) and region_of[j] is None:
+                j += 1
+            out.extend(segment(ops[i:j], rules))
+            i = j
+            continue
+        j = i
+        while j < len(ops) and region_of[j] == name:
+            j += 1
+        inner = segment(ops[i:j], rules)
+        if len(inner) == 1:
+            inner[0].attrs["region"] = name
+            out.extend(inner)
+        else:
+            kinds = [s.kind for s in inner]
+            kind = (
+                "attention"
+                if "attention" in kinds
+                else next(
+                    (k for k in ("norm", "gemm", *rules.regions.get("kind_priority", [])) if k in kinds),
+                    "other",
+                )
+            )
+            out.append(Segment("region", kind, None, ops[i:j], {"region": name}, None))
+        i = j
+    return out
+
+
+def _key_shape(seg: Segment) -> tuple:
+    if seg.kind == "attention" and seg.level == "region":
+        a = seg.attrs
+        return (a.get("heads"), a.get("head_dim"), a.get("dtype"), a.get("mask"), a.get("softcap"))
+    op = seg.ops[0]
+    tensors = tensor_inputs(op.dims, op.types)
+    if not tensors:
+        return ()
+    key = [("x", tensors[0][0][-1] if tensors[0][0] else None, tensors[0][1])]
+    for d, t in tensors[1:]:
+        key.append(("p", tuple(d), t) if len(d) <= 2 else ("x", d[-1] if d else None, t))
+    return tuple(key)
+
+
+def _segment_key(seg: Segment) -> tuple:
+    if seg.level == "op":
+        return ("op", seg.kind, seg.ops[0].name, _key_shape(seg))
+    return ("region", seg.kind, seg.variant, seg.attrs.get("region"), seg.signature_ops, _key_shape(seg))
+
+
+def _new_group(key: tuple, seg: Segment, rules: Rules) -> Group:
+    g = Group(key, seg.kind, seg.level, seg.variant, ops=list(seg.signature_ops), attrs=dict(seg.attrs))
+    g.library = seg.level == "op" and rules.is_library_op(seg.ops[0].name)
+    g.name = _segment_name(seg)
+    return g
+
+
+def _segment_name(seg: Segment) -> str:
+    if "region" in seg.attrs:
+        return f"region '{seg.attrs['region']}'"
+    if seg.level == "op":
+        shapes = ", ".join(
+            "x".join(map(str, d)) for d, _ in tensor_inputs(seg.ops[0].dims, seg.ops[0].types)[:3]
+        )
+        return f"{seg.ops[0].name}({shapes})" if shapes else seg.ops[0].name
+    if seg.kind == "attention":
+        a = seg.attrs
+        mask = {"causal": "causal", "custom-mask": "masked", "none": "unmasked"}[a["mask"]]
+        extra = ", softcap" if a.get("softcap") else ""
+        return f"attention ({a['written']}, {mask}{extra}) " + "x".join(map(str, a["q"]))
+    if seg.kind == "norm":
+        label = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
+        base = (seg.variant or "").replace("fused_add_", "")
+        prefix = "residual add + " if seg.variant and seg.variant.startswith("fused_add_") else ""
+        x = tensor_inputs(seg.ops[0].dims, seg.ops[0].types)
+        shape = "x".join(map(str, x[0][0])) if x else ""
+        fused = next((op.name for op in seg.ops if op.kind == "norm"), None)
+        how = f"via {fused}" if fused else f"eager, {len(seg.ops)} ops"
+        return f"{prefix}{label.get(base, base)} ({how}) {shape}".rstrip()
+    short = " → ".join(dict.fromkeys(op.name.replace("aten::", "") for op in seg.ops))
+    x = tensor_inputs(seg.ops[0].dims, seg.ops[0].types)
+    shape = " " + "x".join(map(str, x[0][0])) if x and x[0][0] else ""
+    return f"{seg.kind} region [{short}]{shape}"
+
+
+def module_label(modules: list[str]) -> str | None:
+    """``blocks.0.attn:Attention``, ``blocks.1.attn:Attention`` → ``blocks.*.attn (Attention)``."""
+    if not modules:
+        return None
+    counts = Counter(re.sub(r"\.\d+(?=\.|:|$)", ".*", m) for m in modules)
+    label, _ = counts.most_common(1)[0]
+    path, _, cls = label.partition(":")
+    return f"{path} ({cls})" if cls else path

@@ -1,0 +1,87 @@
+"""Which kernels phase 2 (Nsight Compute) profiles: the hot kernels of the phase-1 timeline.
+
+The kernels covering ``coverage`` of GPU time in the recorded steps (capped by
+``max_kernels``), communication kernels left out: ncu serializes kernels, which can hang
+collectives. Kernels whose one launch configuration runs several problem sizes are listed
+apart, for a pass that profiles every launch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kerneltriage.analysis.attribution import attribute
+from kerneltriage.analysis.rules import Rules
+from kerneltriage.ingest.kernel_names import base_name
+from kerneltriage.ingest.tables import Timeline
+
+
+@dataclass
+class HotKernels:
+    names: list[str]  # base names, hottest first
+    configs: int  # distinct (kernel, grid, block) among them in one step: the expected row count
+    coverage: float  # share of in-step GPU kernel time they cover
+    left_out: list[str]  # communication kernels excluded on purpose
+    # Kernels whose one launch configuration runs different problem sizes (persistent GEMMs
+    # launch #SMs blocks whatever the size): one profiled launch cannot stand for the others,
+    # so a pass of its own, run first, profiles every launch of these in the step.
+    variable: list[str] = field(default_factory=list)
+    variable_launches: int = 0
+    variable_configs: int = 0  # the configurations of ``configs`` that belong to ``variable``
+
+
+#: Launches of one (kernel, grid, block) whose durations differ by more than this factor run
+#: different problem sizes.
+VARIABLE_SPREAD = 2.0
+#: ... and only when they take at least this share of the step's kernel time.
+VARIABLE_MIN_SHARE = 0.02
+
+
+def select_hot_kernels(
+    timeline: Timeline,
+    rules: Rules,
+    *,
+    coverage: float,
+    max_kernels: int,
+    max_variable_launches: int = 48,
+) -> HotKernels:
+    """The base names of the kernels covering ``coverage`` of GPU kernel time in the steps;
+    ``rules`` tell communication kernels apart."""
+    attr = attribute(timeline)
+    k = attr.kernels
+    k = k[(k["step"] >= 0) & (k["kind"] == "kernel")]
+    if k.empty:
+        return HotKernels([], 0, 0.0, [])
+    k = k.assign(base=k["name"].map(base_name))
+    k = k.assign(kindof=[rules.classify(None, n) for n in k["name"]])
+    comm = sorted(set(k.loc[k["kindof"] == "communication", "base"]))
+    compute = k[k["kindof"] != "communication"]
+    by_name = compute.groupby("base")["dur"].sum().sort_values(ascending=False)
+    total = float(by_name.sum()) or 1.0
+    chosen: list[str] = []
+    covered = 0.0
+    for name, dur in by_name.items():
+        if covered / total >= coverage or len(chosen) >= max_kernels:
+            break
+        chosen.append(str(name))
+        covered += float(dur)
+    one_step = compute[(compute["step"] == compute["step"].min()) & compute["base"].isin(chosen)]
+    key = ["name", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
+    configs = len(one_step.drop_duplicates(key))
+    # Kernels whose one configuration runs several sizes, if they matter: heaviest first, as
+    # long as profiling every launch of their base name stays within the launch budget.
+    groups = one_step.groupby(key)["dur"]
+    spread = groups.max() / groups.min().clip(lower=1)
+    weight = groups.sum() / max(1.0, float(one_step["dur"].sum()))
+    heavy = spread[(spread > VARIABLE_SPREAD) & (weight >= VARIABLE_MIN_SHARE)].index
+    variable: list[str] = []
+    launches = 0
+    for name in sorted(
+        {base_name(k[0]) for k in heavy}, key=lambda n: -one_step.loc[one_step["base"] == n, "dur"].sum()
+    ):
+        count = int((one_step["base"] == name).sum())
+        if launches + count <= max_variable_launches:
+            variable.append(name)
+            launches += count
+    variable_configs = len(one_step[one_step["base"].isin(variable)].drop_duplicates(key))
+    return HotKernels(chosen, configs, covered / total, comm, variable, launches, variable_configs)

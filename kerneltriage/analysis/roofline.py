@@ -1,0 +1,134 @@
+"""The roofline of a candidate: bytes, FLOPs and the ceiling time they allow on this GPU.
+
+Counters (ncu) where the candidate's kernels are joined to them, analytic estimates from the
+recorded shapes where not, and for fused regions the fused ceiling: only external inputs,
+outputs and parameters cross HBM.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from kerneltriage.analysis import estimate
+from kerneltriage.analysis.estimate import Work, tensor_inputs
+from kerneltriage.analysis.gpus import GPUSpec
+from kerneltriage.analysis.grouping import Group
+from kerneltriage.analysis.model import Roofline
+from kerneltriage.ingest.ncu_csv import Counters
+
+
+def _tensor_precision(g: Group) -> str:
+    """The tensor-core precision of the group's dtype (bf16 when it cannot tell)."""
+    dtype = g.attrs.get("dtype")
+    if dtype is None:
+        for _, seg in g.segments[:1]:
+            op = seg.ops[0]
+            dtype = op.compute_type or (tensor_inputs(op.dims, op.types) or [(None, None)])[0][1]
+    return estimate.TENSOR_PRECISION.get(dtype or "", "bf16")
+
+
+def _ceiling_ns(work: Work, gpu: GPUSpec) -> float:
+    return max(work.bytes / gpu.bandwidth, work.flops / gpu.peak(work.precision)) * 1e9
+
+
+def _estimate_total(g: Group, k: pd.DataFrame) -> tuple[Work | None, float, float]:
+    """Summed forward + backward work of the group's instances: (work, bytes, flops)."""
+    bwd_steps_rows = set(
+        zip(k.loc[k["phase"] == "bwd", "step"].tolist(), k.loc[k["phase"] == "bwd", "fwd_root"].tolist())
+    )
+    total_bytes = total_flops = 0.0
+    precision = None
+    for step, seg in g.segments:
+        if seg.level == "region":
+            fwd = seg.ideal
+        else:
+            op = seg.ops[0]
+            fwd = estimate.op_work(seg.kind, op.name, op.dims, op.types, op.concrete, op.compute_type)
+        if fwd is None:
+            return None, 0.0, 0.0
+        precision = fwd.precision
+        works = [fwd]
+        if any((step, r) in bwd_steps_rows for r in seg.rows):
+            fl, by = estimate.bwd_factor(seg.kind)
+            works.append(fwd.scaled(fl, by))
+        for w in works:
+            total_bytes += w.bytes
+            total_flops += w.flops
+    if precision is None:
+        return None, 0.0, 0.0
+    return Work(total_flops, total_bytes, precision), total_bytes, total_flops
+
+
+def place_on_roofline(
+    g: Group, k: pd.DataFrame, rows: pd.Series, counters: Counters | None, gpu: GPUSpec, n_steps: int
+) -> Roofline:
+    """``g``'s bytes, FLOPs and ceiling per step. ``k``: its kernels; ``rows``: their ncu rows
+    (-1 where not joined)."""
+    total_ns = float(k["dur"].sum())
+    est, _, _ = _estimate_total(g, k) if g.segments else (None, 0.0, 0.0)
+    est_ceiling = _ceiling_ns(est, gpu) if est else None
+
+    joined = rows >= 0
+    coverage = float(k.loc[joined.to_numpy(), "dur"].sum()) / total_ns if total_ns else 0.0
+    cnt_bytes = cnt_flops = cnt_ceiling = None
+    measured_bytes = None
+    if counters is not None and joined.any():
+        c = counters.rows.iloc[rows[joined].to_numpy()]
+        by = c["dram_bytes"].to_numpy(dtype=float)
+        parts = {
+            "fp32": c["flops_fp32"].to_numpy(dtype=float),
+            "fp64": c["flops_fp64"].to_numpy(dtype=float),
+            "fp16": c["flops_fp16"].to_numpy(dtype=float),
+        }
+        # Tensor FLOPs run at the peak of the precision the counter saw (else the op's dtype).
+        fallback = _tensor_precision(g)
+        tensor = c["flops_tensor"].to_numpy(dtype=float)
+        tensor_peak = np.array([gpu.peak(p or fallback) for p in c["tensor_precision"]], dtype=float)
+        if np.isfinite(by).any():
+            per_kernel = np.nan_to_num(by) / gpu.bandwidth
+            flops_time = sum(np.nan_to_num(v) / gpu.peak(p) for p, v in parts.items())
+            flops_time = flops_time + np.nan_to_num(tensor) / tensor_peak
+            ceilings = np.maximum(per_kernel, flops_time)
+            scale = 1.0 / coverage if coverage else 0.0  # unjoined kernels: same efficiency
+            cnt_ceiling = float(ceilings.sum()) * 1e9 * scale
+            cnt_bytes = float(np.nansum(by)) * scale
+            cnt_flops = float(sum(np.nansum(v) for v in parts.values()) + np.nansum(tensor)) * scale
+            measured_bytes = cnt_bytes / n_steps
+
+    fused = g.level == "region" and est is not None
+    if fused:
+        # The fused ceiling: only external inputs, outputs and parameters cross HBM.
+        ceiling, bytes_, flops, source = est_ceiling, est.bytes, est.flops, "fused estimate"
+    elif cnt_ceiling is not None and coverage >= 0.5:
+        ceiling = max(cnt_ceiling, est_ceiling or 0.0)
+        bytes_ = cnt_bytes
+        flops = max(cnt_flops or 0.0, est.flops if est else 0.0)
+        source = "ncu+estimate" if est_ceiling and est_ceiling > cnt_ceiling else "ncu"
+    elif est is not None:
+        ceiling, bytes_, flops, source = est_ceiling, est.bytes, est.flops, "estimate"
+    elif cnt_ceiling is not None:
+        ceiling, bytes_, flops, source = cnt_ceiling, cnt_bytes, cnt_flops, "ncu"
+    else:
+        return Roofline(None, None, None, None, None, None, None, "none", None, measured_bytes, coverage)
+
+    precision = est.precision if est else _tensor_precision(g)
+    if flops and bytes_ and flops / bytes_ < 1.0:
+        precision = precision if est else "fp32"
+    time_s = total_ns / 1e9
+    intensity = flops / bytes_ if bytes_ else None
+    mem_time = bytes_ / gpu.bandwidth if bytes_ else 0.0
+    compute_time = flops / gpu.peak(precision) if flops else 0.0
+    return Roofline(
+        bytes=bytes_ / n_steps,
+        flops=flops / n_steps,
+        intensity=intensity,
+        achieved_gbs=bytes_ / time_s / 1e9 if time_s and bytes_ else None,
+        achieved_tflops=flops / time_s / 1e12 if time_s and flops else None,
+        bound="compute" if compute_time > mem_time else "memory",
+        ceiling_ms=ceiling / n_steps / 1e6 if ceiling else None,
+        source=source,
+        precision=precision,
+        measured_dram_bytes=measured_bytes,
+        counters_coverage=coverage,
+    )

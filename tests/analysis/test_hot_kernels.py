@@ -1,0 +1,34 @@
+"""Hot-kernel selection for phase 2 on the real H200 capture."""
+
+from __future__ import annotations
+
+from kerneltriage.analysis.hot_kernels import select_hot_kernels
+from kerneltriage.analysis.rules import load_rules
+from tests.helpers import timeline
+
+
+def test_hot_kernels_cover_the_step():
+    hot = select_hot_kernels(timeline(), load_rules(), coverage=0.95, max_kernels=64)
+    assert hot.coverage >= 0.95
+    assert "softmax_warp_forward" in hot.names and any(n.startswith("nvjet") for n in hot.names)
+    assert hot.names == sorted(hot.names, key=hot.names.index)  # hottest first, no repeats
+    assert len(set(hot.names)) == len(hot.names)
+    capped = select_hot_kernels(timeline(), load_rules(), coverage=1.0, max_kernels=3)
+    assert len(capped.names) == 3 and capped.names == hot.names[:3]
+    assert 0 < hot.configs <= 510
+
+
+def test_the_rules_say_which_kernels_are_communication(tmp_path):
+    # The user's rules decide what counts as communication (left out: ncu would serialize it).
+    user = tmp_path / "rules.yaml"
+    user.write_text(
+        "schema: kerneltriage.rules/1\n"
+        "op_classes:\n"
+        "  - {kind: communication, kernels: ['softmax_warp_forward']}\n"
+        "  - {kind: other, ops: ['.'], kernels: ['.']}\n"
+    )
+    default = select_hot_kernels(timeline(), load_rules(), coverage=0.95, max_kernels=64)
+    mine = select_hot_kernels(timeline(), load_rules(user), coverage=0.95, max_kernels=64)
+    assert "softmax_warp_forward" in default.names and not default.left_out
+    assert mine.left_out == ["softmax_warp_forward"]
+    assert "softmax_warp_forward" not in mine.names

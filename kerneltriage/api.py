@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from kerneltriage.analysis.gpus import resolve_gpu
+from kerneltriage.analysis.gpus import GPUSpec, known_gpus, resolve_gpu, unresolved_reason
 from kerneltriage.analysis.model import Report
 from kerneltriage.analysis.rules import Rules, load_rules
 from kerneltriage.analysis.triage import require_gpu_activity, triage
@@ -49,14 +49,21 @@ def report_for(
     rank: int,
     *,
     rules: Rules,
-    gpu: str | None = None,
+    gpu: str | GPUSpec | None = None,
     step_marker: str | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> Report:
+    """One rank's report. ``gpu``: a ``--gpu`` key or device name, or a ready ``GPUSpec``;
+    left out, the GPU comes from the run's calibration, the trace's name or deviceProperties,
+    and without any of them the report has no ceilings (``report.gpu`` is None)."""
     timeline = profile.timelines[rank]
     require_gpu_activity(timeline)
-    calibration = profile.manifest.calibration if profile.manifest else None
-    spec = resolve_gpu(timeline.gpu_name, gpu, calibration)
+    properties = timeline.gpu_properties
+    if isinstance(gpu, GPUSpec):
+        spec: GPUSpec | None = gpu
+    else:
+        calibration = profile.manifest.calibration if profile.manifest else None
+        spec = resolve_gpu(timeline.gpu_name, gpu, calibration, properties)
     if progress:
         progress(f"analysing {Path(timeline.source).name}")
     # Counters are measured on one rank (the one ncu profiled); join them there only.
@@ -71,4 +78,17 @@ def report_for(
         hot_kernels=profile.hot_kernels,
     )
     report.warnings = profile.warnings + report.warnings
+    if spec is None:
+        # No ceilings: the report still gives shares, idle time, kinds, shapes and a ranking.
+        reason = unresolved_reason(timeline.gpu_name, properties)
+        report.source["gpu_unresolved"] = reason
+        report.notes.insert(0, no_gpu_note(reason))
     return report
+
+
+def no_gpu_note(reason: str) -> str:
+    """The report's note when no GPU row fits the trace."""
+    return (
+        f"GPU unknown ({reason}): no ceilings, so no headroom and no write or compile verdict; "
+        f"pass --gpu KEY, one of: {', '.join(known_gpus())}"
+    )

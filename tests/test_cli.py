@@ -60,7 +60,7 @@ def test_help_teaches():
         ),
         (lambda p: (p / "t.json").write_text('{"a": 1}') and p / "t.json", "not a PyTorch profiler"),
         (lambda p: (p / "t.txt").write_text("x") and p / "t.txt", "unrecognised file type"),
-        (lambda p: (p / "empty").mkdir() or p / "empty", "not a kerneltriage run directory"),
+        (lambda p: (p / "empty").mkdir() or p / "empty", "neither a run directory (no manifest.json) nor a folder of traces"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(tmp_path, make, message):

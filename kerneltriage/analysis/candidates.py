@@ -13,6 +13,7 @@ from kerneltriage.analysis.grouping import Group, module_label
 from kerneltriage.analysis.join import JoinResult
 from kerneltriage.analysis.model import Candidate, KernelInfo
 from kerneltriage.analysis.roofline import place_on_roofline
+from kerneltriage.analysis.rules import Rules
 from kerneltriage.analysis.shapes import candidate_shapes
 from kerneltriage.ingest.kernel_names import base_name
 from kerneltriage.ingest.ncu_csv import Counters
@@ -23,13 +24,15 @@ def build_candidate(
     attr: Attribution,
     join: JoinResult | None,
     counters: Counters | None,
-    gpu: GPUSpec,
+    gpu: GPUSpec | None,
     n_steps: int,
     step_ms: float,
     busy_ms: float,
+    rules: Rules,
 ) -> Candidate:
     """The candidate of group ``g``: its time per step, kernels, roofline and shapes."""
     k = attr.kernels.loc[g.kernel_index]
+    _follow_kernels(g, k, rules)
     total_ns = float(k["dur"].sum())
     per_step_ms = total_ns / n_steps / 1e6
     fwd_ms = float(k.loc[k["phase"] != "bwd", "dur"].sum()) / n_steps / 1e6
@@ -67,6 +70,43 @@ def build_candidate(
         builtin=None,
         example=_example(g),
     )
+
+
+def _follow_kernels(g: Group, k: pd.DataFrame, rules: Rules) -> None:
+    """A candidate's kind agrees with what most of its kernel time is: when GEMM, convolution,
+    attention or communication kernels hold most of it, that is its kind (a pattern region —
+    naive attention, an eager norm — keeps the kind of its pattern). The kernel mix and the
+    library holding most of the time go into ``attrs``."""
+    total = float(k["dur"].sum())
+    if not total:
+        return
+    kinds = [rules.kernel_kind(n, a) for n, a in zip(k["name"].tolist(), k["kind"].tolist())]
+    libs = [rules.kernel_class(n, a) for n, a in zip(k["name"].tolist(), k["kind"].tolist())]
+    dur = k["dur"].to_numpy(dtype=float)
+    by_kind: dict[str, float] = {}
+    by_lib: dict[str, float] = {}
+    vendor = 0.0
+    for kind, cls, d in zip(kinds, libs, dur):
+        by_kind[kind] = by_kind.get(kind, 0.0) + d
+        if cls.library:
+            by_lib[cls.library] = by_lib.get(cls.library, 0.0) + d
+        if cls.vendor_library:
+            vendor += d
+    g.attrs["kernel_mix"] = {
+        kk: round(v / total, 3) for kk, v in sorted(by_kind.items(), key=lambda kv: -kv[1])[:4]
+    }
+    if by_lib:
+        lib = max(by_lib, key=by_lib.get)
+        g.attrs["kernel_library"] = lib
+    g.attrs["vendor_share"] = round(vendor / total, 3)
+    top = max(by_kind, key=by_kind.get)
+    pattern = g.level == "region" and (g.kind in ("attention", "norm") or "region" in g.attrs)
+    if top != g.kind and top in rules.unabsorbed_kinds and by_kind[top] >= 0.5 * total and not pattern:
+        g.kind = top
+        g.variant = None
+    if g.level != "region" and vendor >= 0.5 * total:
+        # Mostly tuned library kernels (cuBLAS, cuDNN, FBGEMM, …): nothing to write at the roof.
+        g.library = True
 
 
 def _example(g: Group) -> list[dict[str, Any]]:

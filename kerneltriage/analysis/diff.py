@@ -197,8 +197,9 @@ def _match(before: Report, after: Report) -> list[tuple[list[Candidate], list[Ca
 
 def _comparability(before: Report, after: Report) -> list[str]:
     warnings = []
-    if before.gpu.name != after.gpu.name:
-        warnings.append(f"different GPUs: {before.gpu.name} vs {after.gpu.name}")
+    names = [r.gpu.name if r.gpu is not None else "unknown GPU" for r in (before, after)]
+    if names[0] != names[1] or before.gpu is None:
+        warnings.append(f"different GPUs (or none known): {names[0]} vs {names[1]}")
     if before.steps != after.steps:
         warnings.append(f"different numbers of recorded steps: {before.steps} vs {after.steps}")
     vb, va = before.source.get("versions") or {}, after.source.get("versions") or {}

@@ -95,19 +95,60 @@ def group_candidates(timeline: Timeline, attr: Attribution, rules: Rules) -> dic
     # An op whose GPU work is only copies and memsets is a memcpy, whatever its name says.
     copy_only = (~(fwd["kind"] == "kernel").groupby(fwd["fwd_root"]).any()).to_dict()
 
+    # Kinds follow kernels: an op whose kernel time is mostly GEMM, convolution, attention or
+    # communication is of that kind and a boundary, whatever its name; ops of extension
+    # namespaces (fbgemm::, vllm::, …) are candidates of their own, classed by their kernels.
+    kernel_kind = {
+        (n, a): rules.kernel_kind(n, a) for n, a in set(zip(fwd["name"].tolist(), fwd["kind"].tolist()))
+    }
+    kinds_of = fwd.assign(
+        _kk=[kernel_kind[(n, a)] for n, a in zip(fwd["name"].tolist(), fwd["kind"].tolist())]
+    )
+    by_kind = kinds_of.groupby(["fwd_root", "_kk"])["dur"].sum()
+    root_kinds: dict[int, dict[str, float]] = {}
+    for (r, kk), dur in by_kind.items():
+        root_kinds.setdefault(int(r), {})[kk] = float(dur)
+
+    def kernel_majority(r: int) -> tuple[str | None, str | None, bool]:
+        """(most time's kind, the unabsorbed kind holding ≥ half the time or None, whether any
+        unabsorbed kernel runs in it at all)."""
+        shares = root_kinds.get(r)
+        if not shares:
+            return None, None, False
+        total = sum(shares.values()) or 1.0
+        top = max(shares, key=shares.get)
+        strong = max((kk for kk in shares if kk in rules.unabsorbed_kinds), key=shares.get, default=None)
+        return top, strong if strong and shares[strong] >= 0.5 * total else None, strong is not None
+
+    # Compiled graphs (torch.compile) are not one opaque op: their kernels are candidates
+    # kernel by kernel (below, with the rest).
+    compiled_roots = {int(r) for r in fwd["fwd_root"].unique() if rules.match(names[r], "compiled_ops")}
+    if compiled_roots:
+        fwd_mask &= ~in_step["fwd_root"].isin(compiled_roots)
+        fwd = in_step[fwd_mask]
+
     compute_types = _compute_types(timeline, attr, set(fwd["fwd_root"].unique().tolist()))
     for step, frame in fwd.groupby("step"):
         rows = sorted(set(frame["fwd_root"].tolist()), key=lambda r: starts[r])
         ops = []
         for r in rows:
             # An op's class comes from the op; copies or memsets inside it are part of it.
+            top, strong, any_strong = kernel_majority(r)
+            # A region never absorbs GEMM, convolution, attention or communication kernels.
+            boundary = any_strong
             if copy_only.get(r):
                 kind = "memcpy"
+            elif rules.is_extension_op(names[r]):
+                kind, boundary = strong or top or "other", True
+            elif strong and rules.classify_op(names[r]) not in rules.unabsorbed_kinds:
+                kind = strong
             else:
                 kind = rules.classify_op(names[r]) or rules.classify(
                     None, first_kernel.get(r), first_activity.get(r, "kernel")
                 )
-            ops.append(op_info(r, names[r], kind, compute_types.get(r)))
+            info = op_info(r, names[r], kind, compute_types.get(r))
+            info.boundary = boundary
+            ops.append(info)
         region_of = [attr.cpu_region[r] for r in rows]
         for seg in _segments_with_regions(ops, region_of, rules):
             key = _segment_key(seg)
@@ -125,11 +166,12 @@ def group_candidates(timeline: Timeline, attr: Attribution, rules: Rules) -> dic
     # The rest: optimizer ops, backward ops with no forward op, annotated or bare kernels.
     seen_roots: set[tuple[int, int]] = set()
     rest = in_step[~fwd_mask]
-    for index, step, phase, root, name, region, module, activity in zip(
+    for index, step, phase, root, fwd_root, name, region, module, activity in zip(
         rest.index,
         rest["step"].tolist(),
         rest["phase"].tolist(),
         rest["root"].tolist(),
+        rest["fwd_root"].tolist(),
         rest["name"].tolist(),
         rest["region"].tolist(),
         rest["module"].tolist(),
@@ -138,6 +180,11 @@ def group_candidates(timeline: Timeline, attr: Attribution, rules: Rules) -> dic
         if name in comm_names and activity == "kernel":
             kind, label = "communication", base_name(name)
             key, level = ("kernel", kind, label), "kernel"
+        elif int(fwd_root) in compiled_roots or (root >= 0 and rules.match(names[root], "compiled_ops")):
+            # A kernel of a compiled graph: one candidate per distinct kernel.
+            kind = rules.kernel_kind(name, activity)
+            label = compiled_kernel_label(base_name(name))
+            key, level = ("compiled", kind, base_name(name)), "kernel"
         elif root >= 0:
             label = names[root]
             if label.startswith(_BACKWARD_PREFIX):
@@ -158,12 +205,26 @@ def group_candidates(timeline: Timeline, attr: Attribution, rules: Rules) -> dic
         if g is None:
             g = groups[key] = Group(key, kind, level, name=label, ops=[label] if level == "op" else [])
             g.library = level == "op" and rules.is_library_op(label)
+            if key[0] == "compiled":
+                g.attrs["compiled"] = True
         if level == "op" and (step, root) not in seen_roots:
             # The op itself is the instance (optimizer ops, backward ops with no forward).
             seen_roots.add((step, root))
             g.segments.append((step, Segment("op", kind, None, [op_info(root, label, kind)])))
         g.kernel_index.append(index)
     return {key: g for key, g in groups.items() if g.kernel_index}
+
+
+def compiled_kernel_label(name: str) -> str:
+    """``triton_poi_fused_add_mul_0`` → ``triton_poi_fused_add_mul_0 (Inductor pointwise: add, mul)``.
+
+    Inductor names a kernel after the ops it fuses, joined by ``_``; op names contain ``_`` too,
+    so the list is a reading aid, not a parse."""
+    m = re.match(r"^triton_(poi|red|per|tem)_fused_(.+?)(?:_\d+)?$", name)
+    if not m:
+        return name
+    what = {"poi": "pointwise", "red": "reduction", "per": "persistent reduction", "tem": "template"}[m[1]]
+    return f"{name} (Inductor {what}: {m[2].strip('_').replace('__', '_')})"
 
 
 def _segments_with_regions(ops: list[OpInfo], region_of: list[str | None], rules: Rules) -> list[Segment]:
@@ -243,18 +304,35 @@ def _segment_name(seg: Segment) -> str:
         extra = ", softcap" if a.get("softcap") else ""
         return f"attention ({a['written']}, {mask}{extra}) " + "x".join(map(str, a["q"]))
     if seg.kind == "norm":
-        label = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
         base = (seg.variant or "").replace("fused_add_", "")
         prefix = "residual add + " if seg.variant and seg.variant.startswith("fused_add_") else ""
         x = tensor_inputs(seg.ops[0].dims, seg.ops[0].types)
         shape = "x".join(map(str, x[0][0])) if x else ""
         fused = next((op.name for op in seg.ops if op.kind == "norm"), None)
         how = f"via {fused}" if fused else f"eager, {len(seg.ops)} ops"
-        return f"{prefix}{label.get(base, base)} ({how}) {shape}".rstrip()
+        return f"{prefix}{_norm_label(base, fused)} ({how}) {shape}".rstrip()
     short = " → ".join(dict.fromkeys(op.name.replace("aten::", "") for op in seg.ops))
     x = tensor_inputs(seg.ops[0].dims, seg.ops[0].types)
     shape = " " + "x".join(map(str, x[0][0])) if x and x[0][0] else ""
     return f"{seg.kind} region [{short}]{shape}"
+
+
+def _norm_label(variant: str, op: str | None) -> str:
+    """RMSNorm, LayerNorm, or the kind of norm its op names (BatchNorm, GroupNorm, …)."""
+    known = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
+    if variant in known:
+        return known[variant]
+    text = (op or "").lower()
+    for key, label in (
+        ("batch", "BatchNorm"),
+        ("group", "GroupNorm"),
+        ("instance", "InstanceNorm"),
+        ("rms", "RMSNorm"),
+        ("layer", "LayerNorm"),
+    ):
+        if key in text:
+            return label
+    return "norm"
 
 
 def module_label(modules: list[str]) -> str | None:

@@ -50,6 +50,10 @@ class Roofline:
     precision: str | None = None
     measured_dram_bytes: float | None = None  # ncu DRAM bytes actually moved, per step
     counters_coverage: float = 0.0  # share of the candidate's time with joined counters
+    launches_per_step: float = 0.0  # kernel launches the ceiling allows (one per fused instance)
+    launch_floor_ms: float | None = None  # launches × the GPU's per-launch floor, per step
+    work_ceiling_ms: float | None = None  # bytes and FLOPs alone, before the launch floor
+    launch_bound: bool = False  # the launch floor, not the work, sets the ceiling
 
 
 @dataclass
@@ -119,7 +123,7 @@ class Gap:
 
 @dataclass
 class Report:
-    gpu: GPUSpec
+    gpu: GPUSpec | None  # None: the trace names no known GPU and --gpu was not given
     source: dict[str, Any]
     steps: int
     step_source: str
@@ -153,7 +157,8 @@ class Report:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        data["gpu"] = self.gpu.to_json()  # the documented keys, not the dataclass's fields
+        # The documented keys, not the dataclass's fields; null when no GPU spec was found.
+        data["gpu"] = self.gpu.to_json() if self.gpu is not None else None
         data = {"schema": data.pop("schema"), **data}
         return json_safe(data)
 

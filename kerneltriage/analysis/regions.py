@@ -35,6 +35,7 @@ class OpInfo:
     types: Any
     concrete: Any
     compute_type: str | None = None
+    boundary: bool = False  # ends a region whatever its kind (an extension op, an op of GEMM kernels)
 
 
 @dataclass
@@ -75,7 +76,7 @@ def segment(ops: list[OpInfo], rules: Rules) -> list[Segment]:
             i = end + 1
             continue
         op = ops[i]
-        if op.kind in boundary:
+        if op.kind in boundary or op.boundary:
             flush()
             segments.append(Segment("op", op.kind, None, [op]))
         else:
@@ -104,7 +105,7 @@ def _attention_end(ops: list[OpInfo], i: int, rules: Rules) -> int | None:
             seen_softmax = True
         elif rules.match(op.name, "attention", "matmul_ops") and _is_activation_matmul(op):
             return j if seen_softmax else None
-        elif op.kind in boundary:
+        elif op.kind in boundary or op.boundary:
             return None
     return None
 

@@ -3,6 +3,11 @@
 Counters (ncu) where the candidate's kernels are joined to them, analytic estimates from the
 recorded shapes where not, and for fused regions the fused ceiling: only external inputs,
 outputs and parameters cross HBM.
+
+No kernel runs faster than a launch: the ceiling is never below launches × the GPU's
+per-launch floor (one launch per fused instance for a region, the kernels it launches for an
+op). A candidate whose floor exceeds its work ceiling is launch-bound: fewer launches pay,
+a faster kernel does not. Without a GPU spec there is no ceiling at all.
 """
 
 from __future__ import annotations
@@ -60,12 +65,24 @@ def _estimate_total(g: Group, k: pd.DataFrame) -> tuple[Work | None, float, floa
     return Work(total_flops, total_bytes, precision), total_bytes, total_flops
 
 
+def _launches(g: Group, k: pd.DataFrame, fused: bool) -> float:
+    """Kernel launches the ceiling allows: a fused region runs one kernel per instance and
+    direction; anything else launches what it launched (copies run on the copy engines)."""
+    if fused:
+        directions = 2 if (k["phase"] == "bwd").any() else 1
+        return float(len(g.segments) * directions)
+    return float((k["kind"] == "kernel").sum())
+
+
 def place_on_roofline(
-    g: Group, k: pd.DataFrame, rows: pd.Series, counters: Counters | None, gpu: GPUSpec, n_steps: int
+    g: Group, k: pd.DataFrame, rows: pd.Series, counters: Counters | None, gpu: GPUSpec | None, n_steps: int
 ) -> Roofline:
     """``g``'s bytes, FLOPs and ceiling per step. ``k``: its kernels; ``rows``: their ncu rows
     (-1 where not joined)."""
     total_ns = float(k["dur"].sum())
+    if gpu is None:
+        joined = float(k.loc[(rows >= 0).to_numpy(), "dur"].sum()) / total_ns if total_ns else 0.0
+        return Roofline(None, None, None, None, None, None, None, "none", None, None, joined)
     est, _, _ = _estimate_total(g, k) if g.segments else (None, 0.0, 0.0)
     est_ceiling = _ceiling_ns(est, gpu) if est else None
 
@@ -115,6 +132,11 @@ def place_on_roofline(
     precision = est.precision if est else _tensor_precision(g)
     if flops and bytes_ and flops / bytes_ < 1.0:
         precision = precision if est else "fp32"
+    launches = _launches(g, k, fused)
+    floor_ns = launches * gpu.launch_floor_us * 1e3
+    work_ceiling = ceiling
+    launch_bound = bool(floor_ns > (work_ceiling or 0.0))
+    ceiling = max(work_ceiling or 0.0, floor_ns) or None
     time_s = total_ns / 1e9
     intensity = flops / bytes_ if bytes_ else None
     mem_time = bytes_ / gpu.bandwidth if bytes_ else 0.0
@@ -131,4 +153,8 @@ def place_on_roofline(
         precision=precision,
         measured_dram_bytes=measured_bytes,
         counters_coverage=coverage,
+        launches_per_step=launches / n_steps,
+        launch_floor_ms=floor_ns / n_steps / 1e6,
+        work_ceiling_ms=work_ceiling / n_steps / 1e6 if work_ceiling else None,
+        launch_bound=launch_bound,
     )

@@ -15,6 +15,7 @@ from typing import Any, get_type_hints
 
 import yaml
 
+from kerneltriage.analysis.kernel_classes import KernelClass, classify_kernel
 from kerneltriage.errors import RulesError
 from kerneltriage.resources import data_path
 
@@ -37,6 +38,7 @@ class Thresholds:
     gap_us: float
     join_warn: float
     join_max_duration_ratio: float
+    max_estimated_headroom: float
 
     def to_json(self) -> dict[str, float]:
         return asdict(self)
@@ -72,6 +74,11 @@ class Rules:
     norms: list[tuple[str, tuple[re.Pattern[str], ...], tuple[re.Pattern[str], ...]]] = field(
         default_factory=list
     )
+    # Kernel class (kernel_classes.yaml) -> candidate kind; kinds a fused region never absorbs;
+    # ops of a library or extension namespace (fbgemm::, vllm::, …), judged by their kernels.
+    kernel_kinds: dict[str, str] = field(default_factory=dict)
+    unabsorbed_kinds: frozenset[str] = frozenset()
+    extension_ops: tuple[re.Pattern[str], ...] = ()
     # Classifications are asked for the same few hundred names millions of times.
     _memo: dict[tuple, Any] = field(default_factory=dict, repr=False)
 
@@ -93,10 +100,31 @@ class Rules:
                 if any(p.search(op) for p in c.ops):
                     return c.kind
         if kernel:
+            # A user rules file may name kernels itself; the shipped table does the rest.
             for c in self.classes:
                 if any(p.search(kernel) for p in c.kernels):
                     return c.kind
+            return self.kernel_kind(kernel, activity)
         return "other"
+
+    def kernel_class(self, kernel: str, activity: str = "kernel") -> KernelClass:
+        """What a kernel computes and who wrote it (``kernel_classes.yaml``)."""
+        return classify_kernel(kernel, activity if activity in ("kernel", "memcpy", "memset") else "kernel")
+
+    def kernel_kind(self, kernel: str, activity: str = "kernel") -> str:
+        """The candidate kind of a kernel: its class mapped through ``kernel_kinds``."""
+        key = ("kernel_kind", kernel, activity)
+        if key not in self._memo:
+            kind = self.kernel_class(kernel, activity).kind
+            self._memo[key] = self.kernel_kinds.get(kind, kind if kind in self.recommendations else "other")
+        return self._memo[key]
+
+    def is_extension_op(self, op: str) -> bool:
+        """An op of a library or extension namespace (``fbgemm::``, ``vllm::``, ``_C::`` …)."""
+        key = ("extension", op)
+        if key not in self._memo:
+            self._memo[key] = any(p.search(op) for p in self.extension_ops)
+        return self._memo[key]
 
     def classify_op(self, op: str) -> str | None:
         """Kind of an op name alone (None if no op pattern matches)."""
@@ -239,6 +267,14 @@ def _validate(raw: dict[str, Any], sources: list[str], overridden: set[str]) -> 
     regions = raw.get("regions") or {}
     if not isinstance(regions, dict):
         raise RulesError("regions must be a mapping", path=where)
+    kernel_kinds = raw.get("kernel_kinds") or {}
+    if not isinstance(kernel_kinds, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in kernel_kinds.items()
+    ):
+        raise RulesError("kernel_kinds must map kernel classes to candidate kinds (strings)", path=where)
+    unabsorbed = regions.get("unabsorbed_kinds") or []
+    if not isinstance(unabsorbed, list) or not all(isinstance(k, str) for k in unabsorbed):
+        raise RulesError("regions.unabsorbed_kinds must be a list of kinds", path=where)
     rules = Rules(
         thresholds=thresholds,
         classes=classes,
@@ -247,11 +283,15 @@ def _validate(raw: dict[str, Any], sources: list[str], overridden: set[str]) -> 
         recommendations=recommendations,
         sources=sources,
         raw=raw,
+        kernel_kinds=dict(kernel_kinds),
+        unabsorbed_kinds=frozenset(unabsorbed),
+        extension_ops=tuple(_compile(p, "extension_ops") for p in raw.get("extension_ops") or []),
     )
     # Compile every region pattern once now, so a bad one fails here and not mid-report.
     for key in ("matmul_ops", "softmax_ops", "causal_ops", "mask_ops", "softcap_ops", "dropout_ops"):
         rules.patterns("attention", key)
     rules.patterns("residual_add_ops")
+    rules.patterns("compiled_ops")
     for i, norm in enumerate(regions.get("norms") or []):
         if not isinstance(norm, dict) or "variant" not in norm:
             raise RulesError(f"regions.norms[{i}] needs a 'variant'", path=where)

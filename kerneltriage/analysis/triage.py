@@ -33,7 +33,7 @@ from kerneltriage.ingest.tables import Timeline
 
 def triage(
     timeline: Timeline,
-    gpu: GPUSpec,
+    gpu: GPUSpec | None,
     rules: Rules,
     counters: Counters | None = None,
     *,
@@ -75,7 +75,8 @@ def triage(
 
     groups = group_candidates(timeline, attr, rules)
     candidates = [
-        build_candidate(g, attr, join, counters, gpu, n_steps, step_ms, busy_ms) for g in groups.values()
+        build_candidate(g, attr, join, counters, gpu, n_steps, step_ms, busy_ms, rules)
+        for g in groups.values()
     ]
     decide(candidates, rules, gpu)
     candidates.sort(key=lambda c: (c.verdict != "skip", c.expected_saving_share, c.time_share), reverse=True)

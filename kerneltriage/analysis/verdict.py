@@ -1,8 +1,16 @@
 """Conditions and verdicts: the three conditions of every candidate against the rules'
 thresholds, and the verdict and recommendation the rules give.
 
-Expected saving = share × (1 − 1/headroom) (Amdahl). For plain attention the recommendation
-is the faster of SDPA and the built-in on this GPU, from the shipped benchmark table.
+Expected saving = share × (1 − 1/headroom) (Amdahl). Beyond the three conditions:
+
+- naive attention gets the faster of SDPA and the built-in on this GPU (shipped benchmarks);
+- library attention (FlashAttention, cuDNN, CK, aiter, …) is judged against the best backend
+  measured on its GPU (``attention_rates``), never against the GEMM peak: a faster backend is
+  a `use-builtin`, and `write` only below half the best known rate;
+- a launch-bound candidate (its launches × the per-launch floor exceed what its bytes and
+  FLOPs need) is told to launch less (`compile`), never to write a faster kernel;
+- a headroom estimated from shapes above ``max_estimated_headroom`` on a candidate that
+  matters is a failed estimate, reported as such, with no verdict built on it.
 """
 
 from __future__ import annotations
@@ -11,12 +19,25 @@ import math
 import re
 from typing import Any
 
+from kerneltriage.analysis.attention_rates import BACKENDS, HOW, attention_rates
+from kerneltriage.analysis.estimate import attention_work, tensor_inputs
 from kerneltriage.analysis.gpus import GPUSpec, attention_perf
 from kerneltriage.analysis.model import Candidate, Condition
 from kerneltriage.analysis.rules import Rules
 
+# Where each SDPA entry point takes is_causal (aten's argument order).
+_CAUSAL_ARG = {
+    "aten::scaled_dot_product_attention": 5,
+    "aten::_scaled_dot_product_flash_attention": 4,
+    "aten::_scaled_dot_product_cudnn_attention": 6,
+    "aten::_scaled_dot_product_efficient_attention": 6,
+    "aten::_scaled_dot_product_flash_attention_for_cpu": 4,
+}
+# Below this share of the best measured backend a library backend is worth switching.
+_SWITCH_RATIO = 1.15
 
-def decide(candidates: list[Candidate], rules: Rules, gpu: GPUSpec) -> None:
+
+def decide(candidates: list[Candidate], rules: Rules, gpu: GPUSpec | None) -> None:
     """Ids (by time), the three conditions, expected saving and verdict of every candidate."""
     t = rules.thresholds
     by_time = sorted(candidates, key=lambda c: -c.time_share)
@@ -65,28 +86,92 @@ def decide(candidates: list[Candidate], rules: Rules, gpu: GPUSpec) -> None:
 def _headroom_detail(c: Candidate) -> str:
     r = c.roofline
     if c.headroom is None:
+        if r.source == "no GPU":
+            return "no GPU spec (the trace names no known GPU): no ceiling; pass --gpu"
         return "no counters and no shape model for this op: headroom unknown"
+    if r.source == "attention table":
+        return c.attrs.get("attention_rates", "")
     what = (
         "fused ceiling (external inputs/outputs only)"
         if r.source == "fused estimate"
         else f"{r.bound}-bound ceiling"
     )
+    if r.launch_bound:
+        what = f"launch floor ({r.launches_per_step:.3g} launches × {_floor_us(r):.3g} µs; the work alone needs {_ms(r.work_ceiling_ms)})"
     return f"{c.time_ms_per_step:.3g} ms measured vs {r.ceiling_ms:.3g} ms {what} [{r.source}]"
 
 
-def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec) -> None:
+def _floor_us(r) -> float:
+    return r.launch_floor_ms * 1e3 / r.launches_per_step if r.launches_per_step else 0.0
+
+
+def _ms(value: float | None) -> str:
+    return "nothing measurable" if not value else f"{value:.3g} ms"
+
+
+def _failed_estimate(c: Candidate, rules: Rules) -> bool:
+    t = rules.thresholds
+    return (
+        c.headroom is not None
+        and c.roofline.source in ("estimate", "fused estimate")
+        and c.headroom > t.max_estimated_headroom
+        and c.time_share >= t.min_share_floor
+        and not (c.kind == "attention" and c.attrs.get("written") == "naive")
+    )
+
+
+def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
     rec = rules.recommendation(c.kind, c.variant)
     c.note = str(rec.get("note", ""))
     cond = c.conditions
     if rec["verdict"] == "skip":
         c.verdict, c.reason = "skip", str(rec["reason"])
         return
+    if c.kind == "attention" and c.attrs.get("written") != "naive":
+        _library_attention(c, rules, gpu)
+        return
     if not cond["hotness"].passed:
         c.verdict, c.reason = "skip", "cold"
         return
+    if cond["headroom"].passed is None and c.attrs.get("vendor_share", 0.0) >= 0.5:
+        # Tuned library kernels (cuDNN, cuBLAS, MIOpen, …) with no shape model: not a kernel
+        # to write; counters would say whether the library is at its roof.
+        lib = c.attrs.get("kernel_library") or "library"
+        c.verdict, c.reason = "skip", "library-kernel"
+        c.note = (
+            f"{lib} kernels, no ceiling without counters (kerneltriage profile runs Nsight Compute on them)"
+        )
+        return
     if cond["headroom"].passed is None:
         c.verdict, c.reason = "skip", "no-ceiling"
-        c.note = "run with Nsight Compute counters (kerneltriage profile) to place it on the roofline"
+        c.note = (
+            "no GPU spec: pass --gpu to place it on the roofline"
+            if gpu is None
+            else "run with Nsight Compute counters (kerneltriage profile) to place it on the roofline"
+        )
+        return
+    if _failed_estimate(c, rules):
+        c.verdict, c.reason = "skip", "estimate-failed"
+        c.expected_saving_share = 0.0
+        c.note = (
+            f"the shape model puts the ceiling at 1/{c.headroom:.0f} of the measured time: the estimate "
+            "is missing shapes or ops, not a finding; run kerneltriage profile for Nsight Compute counters"
+        )
+        return
+    if c.roofline.launch_bound and c.level != "region":
+        # Its launches, not its bytes or FLOPs, set its time: a faster kernel cannot help.
+        if cond["headroom"].passed:
+            c.verdict, c.reason = "compile", "launch-bound"
+            c.builtin = (
+                'torch.compile (fuse with the neighbouring ops), or mode="reduce-overhead" (CUDA graphs)'
+            )
+            c.note = (
+                f"{c.roofline.launches_per_step:.3g} launches per step doing almost no work each: "
+                "fewer launches pay, a faster kernel does not"
+            )
+        else:
+            c.verdict, c.reason = "skip", "launch-bound"
+            c.note = "each launch already runs near the GPU's per-launch floor"
         return
     if not cond["headroom"].passed:
         library = c.attrs.get("library_op") or _already_uses(c, rec)
@@ -103,9 +188,14 @@ def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec) -> None:
         c.reason = "all three conditions hold"
     used = _already_uses(c, rec)
     if used:
-        # It already runs the fused kernel the rules would recommend: nothing to swap in.
-        c.verdict, c.builtin = "write", None
-        c.reason = f"all three conditions hold, and it already uses {used}: that kernel runs well below its ceiling here"
+        # It already runs the fused kernel the rules would recommend: nothing to swap in, and
+        # torch.compile still covers it (one generated kernel for the op and its neighbours),
+        # so this is not yet a kernel to write by hand.
+        c.verdict, c.builtin = "compile", "torch.compile"
+        c.reason = (
+            f"all three conditions hold; it already uses {used}, which runs well below its ceiling here"
+        )
+        c.note = "torch.compile generates one kernel for it and its neighbouring ops; write one only if that stays below the roof"
 
 
 def _already_uses(c: Candidate, rec: dict[str, Any]) -> str | None:
@@ -115,6 +205,96 @@ def _already_uses(c: Candidate, rec: dict[str, Any]) -> str | None:
             if re.search(pattern, op):
                 return op
     return None
+
+
+def _library_attention(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
+    """Library attention against the best backend measured on this GPU for its case."""
+    cond = c.conditions
+    case = _attention_case(c)
+    kernel = next((k.full_name for k in c.kernels if rules.kernel_kind(k.full_name) == "attention"), None)
+    library = rules.kernel_class(kernel).library if kernel else None
+    backend = BACKENDS.get(library or "")
+    rates = None
+    if gpu is not None and case is not None:
+        head_dim, seq_len, causal, flops = case
+        rates = attention_rates(gpu.key, head_dim, causal, seq_len, backward=c.bwd_ms_per_step > 0)
+    c.builtin = None
+    if rates is None:
+        c.headroom, c.expected_saving_share = None, 0.0
+        c.roofline.source = "none"
+        why = (
+            "no shapes recorded"
+            if case is None
+            else f"no attention rates measured on {gpu.name if gpu else 'this GPU'}"
+        )
+        c.conditions["headroom"] = Condition(
+            None,
+            rules.thresholds.min_headroom,
+            None,
+            f"{why}: a library kernel is judged only against measured backends",
+        )
+        c.verdict, c.reason = "skip", "library-at-roof"
+        c.note = f"{library or 'library'} attention; {why}"
+        return
+    achieved = flops / (c.time_ms_per_step * 1e-3) / 1e12 if c.time_ms_per_step else 0.0
+    best_name, best = rates.best
+    this = rates.rates.get(backend or "")
+    c.headroom = best / achieved if achieved else None
+    c.roofline.source = "attention table"
+    direction = "fwd+bwd" if c.bwd_ms_per_step > 0 else "fwd"
+    detail = (
+        f"{achieved:.0f} TFLOP/s achieved ({library or 'library'}) vs {best:.0f} for {best_name}, the best measured on "
+        f"{gpu.name} at D={head_dim}, {'causal' if causal else 'non-causal'}, S≈{rates.seq_len}, {direction} [attention table]"
+    )
+    c.attrs["attention_rates"] = detail
+    c.conditions["headroom"] = Condition(c.headroom, 2.0, bool(c.headroom and achieved < 0.5 * best), detail)
+    if not cond["hotness"].passed:
+        c.verdict, c.reason, c.expected_saving_share = "skip", "cold", 0.0
+        return
+    if this and best_name != backend and best >= _SWITCH_RATIO * this:
+        c.verdict, c.reason, c.builtin = (
+            "use-builtin",
+            f"{best_name} measured faster here ({best:.0f} vs {this:.0f} TFLOP/s for {backend})",
+            HOW[best_name],
+        )
+        c.expected_saving_share = c.time_share * (1.0 - this / best)
+        c.note = f"the same attention through a faster backend on {gpu.name}"
+        return
+    c.expected_saving_share = 0.0
+    if achieved < 0.5 * best and cond["stability"].passed:
+        c.verdict, c.reason = (
+            "write",
+            f"runs at {achieved:.0f} TFLOP/s, below half of the best measured library rate ({best:.0f})",
+        )
+        c.expected_saving_share = c.time_share * (1.0 - achieved / best)
+        c.note = "check the shapes first (tiny head counts or sequence lengths starve any attention kernel)"
+        return
+    c.verdict, c.reason = "skip", "library-at-roof"
+    c.note = (
+        f"{library or 'library'} attention at {achieved:.0f} of the {best:.0f} TFLOP/s best measured here"
+    )
+
+
+def _attention_case(c: Candidate) -> tuple[int, int, bool, float] | None:
+    """(head dim, query length, causal, FLOPs per step) of a library attention candidate, from
+    the recorded shapes of its op (SDPA layout: batch, heads, sequence, head dim)."""
+    if not c.example:
+        return None
+    op = c.example[0]
+    tensors = tensor_inputs(op["dims"], op["types"])
+    if len(tensors) < 3 or len(tensors[0][0]) < 3:
+        return None
+    (q, qt), (k, _), (v, _) = tensors[:3]
+    index = _CAUSAL_ARG.get(op["name"])
+    causal = False
+    if index is not None:
+        try:
+            causal = str(op["concrete"][index]).strip().lower() in ("true", "1")
+        except (IndexError, TypeError, KeyError):
+            causal = False
+    fwd = attention_work(q, k, v, qt, causal).flops
+    per_instance = fwd * (3.5 if c.bwd_ms_per_step > 0 else 1.0)
+    return int(q[-1]), int(q[-2]), causal, per_instance * c.instances_per_step
 
 
 def _attention_choice(c: Candidate, rec: dict[str, Any], gpu: GPUSpec) -> tuple[str | None, str]:

@@ -116,7 +116,29 @@ class Timeline:
         return None if index < 0 else self.args[index]
 
     @property
+    def gpu_properties(self) -> dict[str, Any] | None:
+        """The full deviceProperties entry (Kineto's keys: name, computeMajor/Minor, numSms,
+        totalGlobalMem, warpSize, …) of the device most kernels ran on; None without any.
+
+        ROCm traces number kernel devices apart from deviceProperties ids (kernels on device 2
+        or 9, properties with id 0 only), so without an entry of that id the first one is used.
+        """
+        props = [p for p in self.device_properties if isinstance(p, dict)]
+        if not props:
+            return None
+        if not self.kernels.empty:
+            device = int(self.kernels["device"].value_counts().idxmax())
+            for p in props:
+                if p.get("id") == device:
+                    return p
+        return props[0]
+
+    @property
     def gpu_name(self) -> str | None:
+        """The GPU's name: its properties entry's, else any entry's (None when all are empty)."""
+        own = self.gpu_properties
+        if own and own.get("name"):
+            return str(own["name"])
         for props in self.device_properties:
             if props.get("name"):
                 return str(props["name"])

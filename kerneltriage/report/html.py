@@ -13,16 +13,17 @@ from functools import cache
 from typing import Any
 
 from kerneltriage.analysis.model import Candidate, Report
+from kerneltriage.report.gpu_text import NO_CEILINGS, tflops_text, unresolved_text
 from kerneltriage.report.text import (
     bytes_,
     condition_line,
     counters_text,
     flops,
+    headroom_text,
     idle_lines,
     ms,
     pct,
     roofline_line,
-    times,
     verdict_text,
 )
 from kerneltriage.resources import data_path
@@ -77,13 +78,61 @@ def html(report: Report, *, top: int | None = None, run_ref: str = "RUN") -> str
 # --- view models: formatted strings only ----------------------------------------------------
 
 
-def _header(report: Report) -> dict[str, Any]:
+def _gpu_header(report: Report) -> dict[str, Any]:
+    """The GPU facts: its ceilings (each with its datasheet figure and fraction on hover), where
+    they come from, how the row was chosen, the launch floor; or why there are none."""
     gpu = report.gpu
+    if gpu is None:
+        return {
+            "gpu_name": f"unknown ({unresolved_text(report)})",
+            "badge": "no ceilings",
+            "measured": False,
+            "ceilings": [],
+            "no_ceilings": NO_CEILINGS,
+            "gpu_source": "",
+            "gpu_resolution": "",
+            "launch_floor": "",
+        }
+    used = {gpu.unit(c.roofline.precision) for c in report.candidates if c.roofline.precision}
+    a = gpu.achievable
+
+    def how(measured: bool, datasheet: str, fraction: float) -> str:
+        return "measured by kerneltriage calibrate" if measured else f"datasheet {datasheet} × {fraction:g}"
+
+    ceilings = [
+        {
+            "name": "memory",
+            "value": f"{gpu.ceiling_bandwidth_gbs:,.0f} GB/s",
+            "used": True,
+            "how": how(
+                gpu.measured_bandwidth_gbs is not None, f"{gpu.peak_bandwidth_gbs:g} GB/s", a.bandwidth
+            ),
+        }
+    ]
+    for p, v in gpu.ceiling_tflops.items():
+        datasheet = f"{gpu.peak_tflops[p]:g} TFLOP/s" if p in gpu.peak_tflops else "none"
+        ceilings.append(
+            {
+                "name": p,
+                "value": f"{tflops_text(v)} TFLOP/s",
+                "used": p in used,
+                "how": how(p in gpu.measured_tflops, datasheet, gpu.fraction(p)),
+            }
+        )
+    return {
+        "gpu_name": gpu.name,
+        "badge": "measured" if gpu.is_measured else "datasheet × achievable",
+        "measured": gpu.is_measured,
+        "ceilings": ceilings,
+        "no_ceilings": "",
+        "gpu_source": gpu.source if gpu.is_measured else f"{gpu.source}: {a.source}",
+        "gpu_resolution": f"{gpu.resolution} ({gpu.resolved_by})",
+        "launch_floor": f"{gpu.launch_floor_us:g} µs per kernel ({gpu.launch_floor_source})",
+    }
+
+
+def _header(report: Report) -> dict[str, Any]:
     source = report.source
-    peaks = gpu.peak_tflops
-    used = {c.roofline.precision for c in report.candidates if c.roofline.precision}
-    ceilings = [{"name": "memory", "value": f"{gpu.peak_bandwidth_gbs:,.0f} GB/s", "used": True}]
-    ceilings += [{"name": p, "value": f"{v:,.4g} TFLOP/s", "used": p in used} for p, v in peaks.items()]
     command = source.get("command")
     if isinstance(command, (list, tuple)):
         command = shlex.join(str(part) for part in command)
@@ -98,10 +147,7 @@ def _header(report: Report) -> dict[str, Any]:
     for c in report.candidates:
         sources[c.roofline.source] = sources.get(c.roofline.source, 0) + 1
     return {
-        "gpu_name": gpu.name,
-        "gpu_source": gpu.source,
-        "measured": gpu.source.startswith("measured"),
-        "ceilings": ceilings,
+        **_gpu_header(report),
         "path": str(source.get("path", "")),
         "command": command,
         "versions": source.get("versions") or {},
@@ -177,7 +223,7 @@ def _candidate(c: Candidate, run_ref: str) -> dict[str, Any]:
         ("bound", r.bound or "—"),
         ("precision (compute roof)", r.precision or "—"),
         ("ceiling time per step", ms(r.ceiling_ms)),
-        ("headroom (measured ÷ ceiling)", times(c.headroom)),
+        ("headroom (measured ÷ ceiling)", headroom_text(c)),
         (
             "ceiling source",
             r.source + (" (external inputs/outputs only)" if r.source == "fused estimate" else ""),
@@ -201,7 +247,7 @@ def _candidate(c: Candidate, run_ref: str) -> dict[str, Any]:
         "fwd": ms(c.fwd_ms_per_step),
         "bwd": ms(c.bwd_ms_per_step),
         "instances": f"{c.instances_per_step:g}",
-        "headroom": times(c.headroom),
+        "headroom": headroom_text(c),
         "bound": r.bound or "—",
         "distinct_shapes": shapes.distinct,
         "verdict": c.verdict,

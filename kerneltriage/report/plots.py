@@ -74,7 +74,7 @@ class Point:
     intensity: float
     achieved: float
     ceiling: float | None  # achieved × headroom; None without a headroom
-    roof: float  # the roof at this intensity: min(peak(precision), intensity × bandwidth)
+    roof: float | None  # the roof here: min(ceiling(precision), intensity × bandwidth); None without a GPU
     precision: str
     fused: bool
 
@@ -87,21 +87,18 @@ class Point:
 class RooflineData:
     points: list[Point]
     not_placed: list[tuple[Candidate, str]]  # (candidate, why it cannot be placed)
-    bandwidth_tbs: float  # TB/s = TFLOP/s per FLOP/byte
-    roofs: dict[str, float]  # precision -> peak TFLOP/s, the precisions of the placed points
+    bandwidth_tbs: float | None  # memory ceiling, TB/s = TFLOP/s per FLOP/byte; None without a GPU
+    roofs: dict[str, float]  # precision -> ceiling TFLOP/s, the precisions of the placed points
     measured: bool
+    ceilings: str  # which ceilings the roofs are: measured, datasheet × achievable, or none
 
 
-def _resolved_precision(spec: GPUSpec, precision: str | None) -> str:
-    """The table entry ``GPUSpec.peak`` uses for ``precision`` (bf16 may fall back to fp16_tensor)."""
-    wanted = precision or "fp32"
-    peak = spec.peak(wanted)
-    if spec.peak_tflops.get(wanted, -1) * 1e12 == peak:
-        return wanted
-    for name, value in spec.peak_tflops.items():
-        if value * 1e12 == peak:
-            return name
-    return wanted
+def _ceilings_kind(spec: GPUSpec | None) -> str:
+    if spec is None:
+        return "no ceilings (unknown GPU)"
+    if spec.is_measured:
+        return "measured ceilings"
+    return "ceilings: datasheet × achievable"
 
 
 def _why_not_placed(c: Candidate) -> str | None:
@@ -121,7 +118,7 @@ def roofline_data(report: Report, candidates: list[Candidate] | None = None) -> 
     """The points, roofs and unplaceable candidates of the roofline chart."""
     spec = report.gpu
     cands = report.candidates if candidates is None else candidates
-    bw = spec.peak_bandwidth_gbs / 1000.0
+    bw = spec.ceiling_bandwidth_gbs / 1000.0 if spec is not None else None
     points, not_placed = [], []
     for c in cands:
         why = _why_not_placed(c)
@@ -130,16 +127,21 @@ def roofline_data(report: Report, candidates: list[Candidate] | None = None) -> 
             continue
         r = c.roofline
         x, y = float(r.intensity), float(r.achieved_tflops)
-        precision = _resolved_precision(spec, r.precision)
-        roof = min(spec.peak_tflops.get(precision, spec.peak(precision) / 1e12), x * bw)
+        if spec is None or bw is None:
+            precision, roof = r.precision or "fp32", None
+        else:
+            precision = spec.unit(r.precision)
+            roof = min(spec.ceiling_tflop(precision), x * bw)
         ceiling = y * c.headroom if c.headroom else None
         points.append(Point(c, x, y, ceiling, roof, precision, r.source == "fused estimate"))
-    roofs = {p.precision: spec.peak_tflops.get(p.precision, spec.peak(p.precision) / 1e12) for p in points}
-    if not roofs:
-        roofs = {"fp32": spec.peak("fp32") / 1e12}
+    roofs: dict[str, float] = {}
+    if spec is not None:
+        roofs = {p.precision: spec.ceiling_tflop(p.precision) for p in points}
+        if not roofs:
+            roofs = {"fp32": spec.peak("fp32") / 1e12}
     roofs = dict(sorted(roofs.items(), key=lambda kv: -kv[1]))
-    measured = spec.source.startswith("measured")
-    return RooflineData(points, not_placed, bw, roofs, measured)
+    measured = spec is not None and spec.is_measured
+    return RooflineData(points, not_placed, bw, roofs, measured, _ceilings_kind(spec))
 
 
 def point_title(p: Point) -> str:
@@ -156,7 +158,10 @@ def point_title(p: Point) -> str:
         lines.append(
             f"ceiling {p.ceiling:.3g} TFLOP/s · headroom {times(c.headroom)} · {r.bound}-bound, {p.precision}"
         )
-    lines.append(f"roof here {p.roof:.3g} TFLOP/s · ceiling source: {r.source}")
+    if p.roof is not None:
+        lines.append(f"roof here {p.roof:.3g} TFLOP/s · ceiling source: {r.source}")
+    else:
+        lines.append("no roof: no GPU ceilings")
     return "\n".join(lines)
 
 
@@ -227,7 +232,8 @@ def roofline_figure(report: Report, *, candidates: list[Candidate] | None = None
     """The roofline chart: log-log intensity vs achieved TFLOP/s, the memory roof and a compute
     roof per precision used, a point per candidate (area ∝ time share, colour = verdict, diamond =
     fused region at its fused intensity) with an arrow up to its ceiling. ``key`` adds the
-    labelled candidates' names under the chart (for a standalone image)."""
+    labelled candidates' names under the chart (for a standalone image). Without a GPU there
+    are no roofs: the points that can be placed, and a note saying why there is no roof."""
     from matplotlib.lines import Line2D
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
@@ -250,47 +256,34 @@ def roofline_figure(report: Report, *, candidates: list[Candidate] | None = None
         peaks = list(data.roofs.values())
         xs = [p.intensity for p in data.points] or [1.0]
         ys = [p.achieved for p in data.points] or [1.0]
-        ridges = [peak / bw for peak in peaks]
+        ridges = [peak / bw for peak in peaks] if bw else []
         x_lo = 10 ** math.floor(math.log10(min(xs) / 1.5))
-        x_hi = 10 ** math.ceil(math.log10(max(*xs, *ridges) * 1.5))
-        y_lo = 10 ** math.floor(math.log10(min(*ys, x_lo * bw * 2) / 1.5))
-        y_hi = max(max(peaks) * 2.5, max(ys) * 2)  # room for the roof labels (and noisy points)
+        x_hi = 10 ** math.ceil(math.log10(max(xs + ridges) * 1.5))
+        if bw and peaks:
+            y_lo = 10 ** math.floor(math.log10(min(*ys, x_lo * bw * 2) / 1.5))
+            y_hi = max(max(peaks) * 2.5, max(ys) * 2)  # room for the roof labels (and noisy points)
+        else:
+            y_lo = 10 ** math.floor(math.log10(min(ys) / 1.5))
+            y_hi = 10 ** math.ceil(math.log10(max(ys) * 4))
         ax.set_xlim(x_lo, x_hi)
         ax.set_ylim(y_lo, y_hi)
 
-        # The roofs: one memory slope up to the highest ridge, a flat compute roof per precision.
-        top_ridge = max(ridges)
-        ax.fill_between(
-            [x_lo, top_ridge, x_hi], [x_lo * bw, max(peaks), max(peaks)], y_lo, color="#f3f6fa", zorder=0
-        )
-        ax.plot(
-            [x_lo, top_ridge],
-            [x_lo * bw, top_ridge * bw],
-            color=_ROOF,
-            lw=2.0,
-            zorder=1,
-            solid_capstyle="round",
-        )
-        for i, (precision, peak) in enumerate(data.roofs.items()):
-            ridge = peak / bw
-            ax.plot(
-                [ridge, x_hi],
-                [peak, peak],
-                color=_ROOF,
-                lw=2.0 if i == 0 else 1.4,
-                ls="-" if i == 0 else (0, (5, 3)),
-                zorder=1,
-            )
-            ax.annotate(
-                f"{precision} peak {peak:,.4g} TFLOP/s",
-                (x_hi, peak),
-                xytext=(-6, 3),
-                textcoords="offset points",
+        top_ridge = max(ridges) if bw and ridges else None
+        if bw is None or top_ridge is None:
+            ax.text(
+                0.98,
+                0.03,
+                "No roofs: the GPU is unknown, so there are no ceilings.\n"
+                "Pass --gpu KEY to place the candidates against them.",
+                transform=ax.transAxes,
                 ha="right",
                 va="bottom",
-                color=_ROOF,
-                fontsize=9,
+                fontsize=10,
+                color="#555555",
+                gid="kt-no-ceilings",
             )
+        else:
+            _draw_roofs(ax, data, bw, top_ridge, x_lo, x_hi, y_lo, peaks)
         # Points, biggest first so that small ones stay on top; arrows up to the ceiling.
         for p in sorted(data.points, key=lambda p: -p.candidate.time_share):
             c = p.candidate
@@ -313,7 +306,7 @@ def roofline_figure(report: Report, *, candidates: list[Candidate] | None = None
                     zorder=2,
                 )
                 arrow.arrow_patch.set_gid(f"kt-arrow-{c.id}")
-                if abs(math.log(p.ceiling / p.roof)) > 0.15:  # ceiling well off the roof: mark it
+                if p.roof and abs(math.log(p.ceiling / p.roof)) > 0.15:  # ceiling well off the roof: mark it
                     ax.plot([p.intensity], [p.ceiling], marker="_", ms=9, mew=1.6, color=color, zorder=2)
             sc = ax.scatter(
                 [p.intensity],
@@ -347,17 +340,16 @@ def roofline_figure(report: Report, *, candidates: list[Candidate] | None = None
         fig.text(
             0.075,
             1 - 0.3 / height,
-            f"Roofline — {gpu.name}",
+            f"Roofline — {gpu.name if gpu is not None else 'unknown GPU'}",
             fontsize=13,
             fontweight="bold",
             color=_INK,
             va="baseline",
         )
-        which = "measured" if data.measured else "datasheet"
         fig.text(
             0.075,
             1 - 0.52 / height,
-            f"{which} ceilings · {report.source.get('path', '')} · step {ms(report.step_time_ms)}"
+            f"{data.ceilings} · {report.source.get('path', '')} · step {ms(report.step_time_ms)}"
             " · area ∝ share of step time · arrow: up to the candidate's ceiling",
             fontsize=9,
             color="#555555",
@@ -406,8 +398,52 @@ def roofline_figure(report: Report, *, candidates: list[Candidate] | None = None
     return fig
 
 
+def _draw_roofs(
+    ax: Any,
+    data: RooflineData,
+    bw: float,
+    top_ridge: float,
+    x_lo: float,
+    x_hi: float,
+    y_lo: float,
+    peaks: list[float],
+) -> None:
+    """The roofs: one memory slope up to the highest ridge, a flat compute roof per precision."""
+    ax.fill_between(
+        [x_lo, top_ridge, x_hi], [x_lo * bw, max(peaks), max(peaks)], y_lo, color="#f3f6fa", zorder=0
+    )
+    ax.plot(
+        [x_lo, top_ridge],
+        [x_lo * bw, top_ridge * bw],
+        color=_ROOF,
+        lw=2.0,
+        zorder=1,
+        solid_capstyle="round",
+    )
+    for i, (precision, peak) in enumerate(data.roofs.items()):
+        ridge = peak / bw
+        ax.plot(
+            [ridge, x_hi],
+            [peak, peak],
+            color=_ROOF,
+            lw=2.0 if i == 0 else 1.4,
+            ls="-" if i == 0 else (0, (5, 3)),
+            zorder=1,
+        )
+        ax.annotate(
+            f"{precision} ceiling {peak:,.4g} TFLOP/s",
+            (x_hi, peak),
+            xytext=(-6, 3),
+            textcoords="offset points",
+            ha="right",
+            va="bottom",
+            color=_ROOF,
+            fontsize=9,
+        )
+
+
 def _place_labels(
-    fig: Figure, ax: Any, data: RooflineData, labelled: list[Point], legend: Any, top_ridge: float
+    fig: Figure, ax: Any, data: RooflineData, labelled: list[Point], legend: Any, top_ridge: float | None
 ) -> None:
     """The memory roof's label along its slope, then id labels next to their points, greedily
     choosing places that overlap nothing already drawn (labels, points, arrows, the legend);
@@ -441,8 +477,15 @@ def _place_labels(
         outside = box.width * box.height - overlap(box, axbox)
         return total + 4 * outside
 
-    # The memory roof label, rotated along the slope, where it covers the fewest points and arrows.
-    bw = data.bandwidth_tbs
+    if data.bandwidth_tbs is not None and top_ridge is not None:
+        texts.append(_memory_roof_label(ax, data.bandwidth_tbs, top_ridge, renderer, cost))
+    _place_id_labels(ax, labelled, renderer, cost, texts, to_px)
+
+
+def _memory_roof_label(ax: Any, bw: float, top_ridge: float, renderer: Any, cost: Any) -> Any:
+    """The memory roof's label, rotated along the slope, where it covers the fewest points and
+    arrows; returns its box."""
+    trans = ax.transData
     x_lo = ax.get_xlim()[0]
     (ax0, ay0), (ax1, ay1) = trans.transform([(x_lo, x_lo * bw), (top_ridge, top_ridge * bw)])
     angle = math.degrees(math.atan2(ay1 - ay0, ax1 - ax0))
@@ -469,7 +512,17 @@ def _place_labels(
     assert best_label is not None
     ax.add_artist(best_label[1])
     best_label[1].set_gid("kt-memory-roof-label")
-    texts.append(best_label[2])
+    return best_label[2]
+
+
+def _place_id_labels(
+    ax: Any, labelled: list[Point], renderer: Any, cost: Any, texts: list, to_px: float
+) -> None:
+    """Id labels next to their points, greedily where they overlap nothing drawn; a leader
+    line when a label sits far from its point."""
+    from matplotlib.transforms import Bbox
+
+    trans = ax.transData
 
     def annotate(text, p, dx, dy, ha, va, arrowprops):
         return ax.annotate(
@@ -714,7 +767,8 @@ def roofline_svg(report: Report, *, candidates: list[Candidate] | None = None) -
     ``<title>`` for hover and a link to ``#C1``."""
     fig = roofline_figure(report, candidates=candidates, key=False)
     svg = _titled_svg(_svg_text(fig), _titles(report, candidates))
-    return _inline(svg, "roofline", f"Roofline chart of {report.gpu.name}")
+    name = report.gpu.name if report.gpu is not None else "an unknown GPU (no ceilings)"
+    return _inline(svg, "roofline", f"Roofline chart of {name}")
 
 
 def breakdown_svg(report: Report) -> str:

@@ -12,14 +12,15 @@ from rich.table import Table
 from rich.text import Text
 
 from kerneltriage.analysis.model import Candidate, Report
+from kerneltriage.report.gpu_text import gpu_lines
 from kerneltriage.report.text import (
     condition_line,
     counters_text,
+    headroom_text,
     idle_lines,
     ms,
     pct,
     roofline_line,
-    times,
     verdict_text,
 )
 
@@ -60,11 +61,8 @@ def render(
 
 
 def _header_lines(report: Report) -> list[str]:
-    gpu = report.gpu
-    peaks = gpu.peak_tflops
-    compute = ", ".join(f"{peaks[p]:g} {p}" for p in ("bf16", "fp32") if p in peaks)
     lines = [
-        f"GPU: {gpu.name} — {gpu.peak_bandwidth_gbs:g} GB/s, {compute} TFLOP/s ({gpu.source})",
+        *gpu_lines(report),
         f"Steps: {report.steps} ({report.step_source}) · step time {ms(report.step_time_ms)} · "
         f"GPU busy {report.gpu_busy_pct:.1f}% · idle {report.idle_pct:.1f}%",
     ]
@@ -138,7 +136,7 @@ def terminal(
             c.name,
             c.kind,
             pct(c.time_share),
-            times(c.headroom),
+            headroom_text(c),
             c.roofline.bound or "—",
             str(c.shapes.distinct),
             Text(verdict_text(c, short=True), style=_VERDICT_STYLE[c.verdict]),
@@ -203,7 +201,7 @@ def markdown(report: Report, *, top: int | None, run_ref: str) -> str:
     ]
     for c in candidates:
         out.append(
-            f"| {c.rank} | {c.id} | {_md_escape(c.name)} | {c.kind} | {pct(c.time_share)} | {times(c.headroom)} | "
+            f"| {c.rank} | {c.id} | {_md_escape(c.name)} | {c.kind} | {pct(c.time_share)} | {headroom_text(c)} | "
             f"{c.roofline.bound or '—'} | {c.shapes.distinct} | {_md_escape(verdict_text(c, short=True))} | {_saving(c)} |"
         )
     for c in [c for c in candidates if c.verdict != "skip"]:

@@ -100,11 +100,39 @@ def roofline_line(c: Candidate) -> str:
 
 
 def idle_lines(report: Report) -> list[str]:
-    """The idle-GPU warning: its headline, then the biggest gaps."""
+    """The idle-GPU warning: its headline, then the biggest idle causes. Idle time before a
+    step's first kernel or after its last is named with what the host ran then."""
+    from kerneltriage.analysis.idle import AFTER_LAST, BEFORE_FIRST
+
     lines = [
         f"The GPU is idle {report.idle_pct:.0f}% of the step: the step is bound by the host, not by kernels. "
         "No kernel fixes an idle GPU — every saving below shrinks only the busy part."
     ]
     for g in report.gaps[:5]:
-        lines.append(f"  {ms(g.ms_per_step)} per step in {g.count_per_step:.0f} gap(s): {g.cause}")
+        if g.cause.startswith((BEFORE_FIRST, AFTER_LAST)):
+            lines.append(f"  {g.cause}")
+            continue
+        count = f"{g.count_per_step:.0f}" if g.count_per_step >= 1 else f"{g.count_per_step:.2g}"
+        lines.append(f"  {ms(g.ms_per_step)} per step in {count} gap(s): {g.cause}")
     return lines
+
+
+# Where a headroom comes from, in a word (the full source is in the candidate's detail).
+_HEADROOM_SOURCE = {
+    "ncu": "ncu",
+    "ncu+estimate": "ncu",
+    "estimate": "est.",
+    "fused estimate": "fused",
+    "attention table": "table",
+}
+
+
+def headroom_text(c) -> str:
+    """``44.9× fused``: the headroom and its source (ncu counters, shape estimate, fused
+    estimate, measured attention table), ``launch`` when the launch floor sets the ceiling."""
+    if c.headroom is None:
+        return "—"
+    source = (
+        "launch" if c.roofline.launch_bound else _HEADROOM_SOURCE.get(c.roofline.source, c.roofline.source)
+    )
+    return f"{times(c.headroom)} {source}"

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kerneltriage import __version__
-from kerneltriage.analysis.gpus import GPUSpec
+from kerneltriage.analysis.gpus import GPUSpec, known_gpus
 from kerneltriage.analysis.model import Candidate, Report
+from kerneltriage.errors import InputError
 from kerneltriage.scaffold.identifiers import SHORT_DTYPE, comment_text, dims_text, literal, parse_signature
 from kerneltriage.scaffold.op_chains import op_label
 
@@ -107,13 +108,21 @@ def _fmt_ms(value: float | None) -> str:
     return f"{value:.3g} ms" if value >= 0.1 else f"{value * 1e3:.3g} µs"
 
 
-def gpu_context(gpu: GPUSpec) -> dict[str, Any]:
-    peaks = dict(gpu.peak_tflops)
+def gpu_context(gpu: GPUSpec | None) -> dict[str, Any]:
+    """The GPU and the ceilings the report used (measured, else datasheet × achievable): the
+    benchmark measures the kernel against them, so a package needs a GPU."""
+    if gpu is None:
+        raise InputError(
+            "scaffold needs the GPU's ceilings (bench.py measures the kernel against them) and "
+            "the trace names no GPU kerneltriage knows: pass --gpu KEY",
+            hint=f"one of: {', '.join(known_gpus())}",
+        )
+    peaks = {p: round(v, 2) for p, v in gpu.ceiling_tflops.items()}
     shown = [f"{peaks[p]:g} {p}" for p in ("bf16", "fp16_tensor", "tf32", "fp32") if p in peaks]
     return {
         "name": comment_text(gpu.name or "unknown GPU", 80),
         "key": comment_text(gpu.key, 40),
-        "bandwidth_gbs": gpu.peak_bandwidth_gbs,
+        "bandwidth_gbs": round(gpu.ceiling_bandwidth_gbs, 1),
         "peak_tflops": peaks,
         "peak_text": ", ".join(shown) + " TFLOP/s" if shown else "no compute peaks",
         "source": comment_text(gpu.source or "GPU table", 120),
@@ -261,7 +270,7 @@ def short_dtypes(dtypes: dict[str, str]) -> str:
     return "/".join(names)
 
 
-def base_context(origin: Origin, gpu: GPUSpec) -> dict[str, Any]:
+def base_context(origin: Origin, gpu: GPUSpec | None) -> dict[str, Any]:
     ctx = {
         "version": __version__,
         "origin_command": origin.command,

@@ -14,8 +14,9 @@ from kerneltriage.analysis.model import Gap
 from kerneltriage.api import build_report
 from kerneltriage.cli import main
 from kerneltriage.report import render
+from kerneltriage.report.gpu_text import tflops_text
 from kerneltriage.report.html import html
-from kerneltriage.report.text import ms, pct, times
+from kerneltriage.report.text import headroom_text, ms, pct
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "runs" / "gpt-naive-h200"
@@ -123,7 +124,7 @@ def test_detail_numbers(report, page):
     body = section(page, c1.id)
     assert c1.verdict != "skip" and c1.builtin  # the example's headline: use the library op
     assert f'<span class="mono">{escape(c1.builtin)}</span>' in body
-    assert f'<td class="num">{times(c1.headroom)}</td>' in body
+    assert f'<td class="num">{headroom_text(c1)}</td>' in body
     assert f"{c1.roofline.intensity:.3g} FLOP/B" in body
     assert f"{c1.roofline.achieved_tflops:.3g} TFLOP/s" in body
     assert f'<td class="num">{ms(c1.roofline.ceiling_ms)}</td>' in body
@@ -159,9 +160,10 @@ def test_header(report, page):
     badge = "measured" if gpu.source.startswith("measured") else "datasheet"
     assert f">{badge}</span>" in header
     assert gpu.source.startswith("measured")
-    assert f"memory {gpu.peak_bandwidth_gbs:,.0f} GB/s" in header
-    for precision, peak in gpu.peak_tflops.items():
-        assert f"{precision} {peak:,.4g} TFLOP/s" in header
+    # The ceilings the report used (measured, else datasheet × achievable), not the datasheet's.
+    assert f"memory {gpu.ceiling_bandwidth_gbs:,.0f} GB/s" in header
+    for precision, ceiling in gpu.ceiling_tflops.items():
+        assert f"{precision} {tflops_text(ceiling)} TFLOP/s" in header
     for name, version in report.source["versions"].items():
         assert f'{name} <span class="mono">{escape(version)}</span>' in header
     assert " ".join(report.source["command"]) in header

@@ -3,10 +3,28 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+import pytest
 
 from kerneltriage.analysis.gpus import GPUSpec
+from kerneltriage.api import build_report
 from kerneltriage.report import render
+from kerneltriage.report.render import FORMATS
+from tests.helpers import EXAMPLE_RUN as EXAMPLE
 from tests.helpers import report
+
+EXTERNAL = Path(__file__).resolve().parents[3] / "shared" / "external-traces"
+DLRM = EXTERNAL / "hta-dlrm-2rank-a100" / "sampled_rank-0.json.gz"
+VLLM = (
+    EXTERNAL
+    / "tracelens-vllm-graph-capture-mi300x"
+    / "graph_capture_rank_0.1773709679453551615.pt.trace.json.gz"
+)
+NO_GPU_LINE = (
+    "GPU: unknown (no name, no deviceProperties) — no ceilings: headroom and write/compile verdicts "
+    "need one; pass --gpu KEY"
+)
 
 REQUIRED_CANDIDATE_KEYS = {
     "rank",
@@ -79,11 +97,109 @@ def test_markdown_is_a_pasteable_table():
     assert "### C1" in text
 
 
+GPU_KEYS = {
+    "name",
+    "key",
+    "peak_bandwidth_gbs",
+    "peak_tflops",
+    "ceiling_bandwidth_gbs",
+    "ceiling_tflops",
+    "achievable",
+    "measured_ceilings",
+    "launch_floor_us",
+    "launch_floor_source",
+    "resolved_by",
+    "resolution",
+    "vendor",
+    "compute",
+    "memory_gb",
+    "sms",
+    "l2_mb",
+    "source",
+}
+
+
 def test_one_gpu_spec_from_resolution_to_rendering():
     rep = report()
     assert isinstance(rep.gpu, GPUSpec)
     data = json.loads(render(rep, "json"))
     # The documented keys, and only them (the spec's ``measured`` record stays out).
-    assert set(data["gpu"]) == {"name", "key", "peak_bandwidth_gbs", "peak_tflops", "sms", "l2_mb", "source"}
-    assert data["gpu"]["peak_bandwidth_gbs"] == rep.gpu.peak_bandwidth_gbs
+    assert set(data["gpu"]) == GPU_KEYS
+    gpu = data["gpu"]
+    assert gpu["peak_bandwidth_gbs"] == rep.gpu.peak_bandwidth_gbs == 4800  # the datasheet's
+    assert gpu["ceiling_bandwidth_gbs"] == pytest.approx(rep.gpu.ceiling_bandwidth_gbs)
+    assert gpu["ceiling_bandwidth_gbs"] == pytest.approx(4800 * gpu["achievable"]["bandwidth"])
+    assert set(gpu["achievable"]) == {"bandwidth", "tensor", "vector", "source"}
+    assert gpu["resolved_by"] == "name" and gpu["launch_floor_us"] == rep.gpu.launch_floor_us
     assert data["thresholds"] == rep.thresholds.to_json()
+
+
+def test_header_says_which_ceilings_it_used():
+    gpu = report().gpu  # the test capture, by its name, no calibration: datasheet × achievable
+    line = render(report(), "terminal", color=False, width=400).splitlines()[1]
+    a = gpu.achievable
+    assert line == (
+        f"GPU: NVIDIA H200 SXM 141GB — ceilings {gpu.ceiling_bandwidth_gbs:.0f} GB/s, "
+        f"{gpu.ceiling_tflops['bf16']:.0f} bf16, {gpu.ceiling_tflops['fp32']:.3g} fp32 TFLOP/s "
+        f"({a.bandwidth:g} / {a.tensor:g} / {a.vector:g} of datasheet, {a.label})"
+    )
+    assert "4176 GB/s, 683 bf16, 56.9 fp32" in line and "measured by kerneltriage on an H200" in line
+    calibrated = build_report(EXAMPLE)  # its manifest's calibration: measured ceilings
+    text = render(calibrated, "markdown")
+    assert (
+        "- GPU: NVIDIA H200 SXM 141GB — ceilings 4221 GB/s, 679 bf16, 65.7 fp32 TFLOP/s (measured by " in text
+    )
+    assert "kerneltriage calibrate 2026-11-21: bandwidth, bf16, fp16_tensor, tf32, fp32;" in text
+
+
+@pytest.fixture(scope="module")
+def no_gpu_report():
+    """A real trace with no name and no deviceProperties (DLRM on two A100s, HTA's test data)."""
+    return build_report(DLRM)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_report_without_a_gpu_renders_in_every_format(no_gpu_report, fmt):
+    rep = no_gpu_report
+    assert rep.gpu is None and rep.candidates
+    text = render(rep, fmt, color=False, width=400)
+    if fmt in ("terminal", "markdown"):
+        assert NO_GPU_LINE in text
+        assert "Steps: " in text and "communication" in text  # shares, kinds and ranking still hold
+    elif fmt == "json":
+        data = json.loads(text)
+        assert data["gpu"] is None
+        assert data["notes"][0].startswith("GPU unknown (no name, no deviceProperties): no ceilings")
+        assert "--gpu KEY" in data["notes"][0] and "H100-SXM" in data["notes"][0]
+        assert data["source"]["gpu_unresolved"] == "no name, no deviceProperties"
+        assert data["kind_breakdown"] and data["candidates"][0]["time_share"] > 0
+    else:
+        assert (
+            'id="no-ceilings"' in text and "no ceilings: headroom and write/compile verdicts need one" in text
+        )
+        assert "kt-no-ceilings" in text and "unknown (no name, no deviceProperties)" in text
+        assert text.count('<g id="kt-kind-') >= 2  # the time breakdown needs no ceiling
+    assert all(c.verdict not in ("write", "compile") for c in rep.candidates)
+
+
+def test_plot_without_a_gpu(no_gpu_report, tmp_path):
+    from kerneltriage.report import plots
+
+    data = plots.roofline_data(no_gpu_report)
+    assert data.bandwidth_tbs is None and data.roofs == {} and data.ceilings.startswith("no ceilings")
+    fig = plots.roofline_figure(no_gpu_report)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert any(t.startswith("No roofs: the GPU is unknown") for t in texts)
+    assert not any("roof " in t or "ceiling " in t for t in texts)  # no roof lines, no roof labels
+    for suffix in (".png", ".svg"):
+        path = plots.save_roofline(no_gpu_report, tmp_path / f"roofline{suffix}")
+        assert path.stat().st_size > 1000
+    assert 'id="kt-no-ceilings"' in (tmp_path / "roofline.svg").read_text()
+
+
+def test_header_says_how_a_nameless_gpu_was_found():
+    rep = build_report(VLLM)
+    assert rep.gpu.key == "MI300X" and rep.gpu.resolved_by == "deviceProperties"
+    lines = render(rep, "terminal", color=False, width=400).splitlines()
+    assert lines[1].startswith("GPU: AMD Instinct MI300X — ceilings 4240 GB/s, 654 bf16, 114 fp32 TFLOP/s")
+    assert lines[2] == "GPU row: inferred from deviceProperties: compute 9.4, 304 CUs, 192 GB → MI300X row"

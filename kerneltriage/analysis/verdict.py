@@ -81,6 +81,7 @@ def decide(candidates: list[Candidate], rules: Rules, gpu: GPUSpec | None) -> No
         )
         c.expected_saving_share = c.time_share * (1.0 - 1.0 / h) if h and h > 1.0 else 0.0
         _verdict(c, rules, gpu)
+        _library_advice(c, gpu)
 
 
 def _headroom_detail(c: Candidate) -> str:
@@ -131,7 +132,7 @@ def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
         _library_attention(c, rules, gpu)
         return
     if not cond["hotness"].passed:
-        c.verdict, c.reason = "skip", "cold"
+        c.verdict, c.reason, c.note = "skip", "cold", ""
         return
     if cond["headroom"].passed is None and c.attrs.get("vendor_share", 0.0) >= 0.5:
         # Tuned library kernels (cuDNN, cuBLAS, MIOpen, …) with no shape model: not a kernel
@@ -175,7 +176,7 @@ def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
         return
     if not cond["headroom"].passed:
         library = c.attrs.get("library_op") or _already_uses(c, rec)
-        c.verdict, c.reason = "skip", "library-at-roof" if library else "at-roof"
+        c.verdict, c.reason, c.note = "skip", "library-at-roof" if library else "at-roof", ""
         return
     if not cond["stability"].passed:
         c.verdict, c.reason = "skip", "unstable-shapes"
@@ -196,6 +197,51 @@ def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
             f"all three conditions hold; it already uses {used}, which runs well below its ceiling here"
         )
         c.note = "torch.compile generates one kernel for it and its neighbouring ops; write one only if that stays below the roof"
+
+
+_FP32_SIMT = re.compile(r"(^|[_:\s])(sgemm|scudnn|sgemv)", re.IGNORECASE)
+_LAYOUT = re.compile(r"nchwToNhwc|nhwcToNchw|batched_transpose|NCHWToNHWC|NHWCToNCHW")
+
+
+def _library_advice(c: Candidate, gpu: GPUSpec | None) -> None:
+    """What a GPU engineer checks first on library GEMMs and convolutions, from their kernels:
+    FP32 SIMT kernels on a GPU with tensor cores, and layout transposes around convolutions."""
+    if c.kind not in ("gemm", "convolution"):
+        return
+    total = sum(k.time_ms_per_step for k in c.kernels) or 1.0
+    advice = []
+    fp32 = sum(k.time_ms_per_step for k in c.kernels if _FP32_SIMT.search(k.name))
+    if fp32 >= 0.5 * total:
+        tf32 = gpu is not None and "tf32" in gpu.peak_tflops
+        fix = (
+            "allow TF32 (torch.backends.cuda.matmul.allow_tf32 = True, torch.backends.cudnn.allow_tf32 = True) or autocast to bf16"
+            if tf32
+            else "torch.autocast(device_type='cuda', dtype=torch.float16)"
+        )
+        advice.append(f"{fp32 / total:.0%} of its time is FP32 SIMT kernels, off the tensor cores: {fix}")
+        if (
+            gpu is not None
+            and c.conditions["hotness"].passed
+            and c.verdict == "skip"
+            and c.reason != "communication"
+        ):
+            # The cheapest win on the table: the same library, on the tensor cores.
+            ratio = gpu.peak("tf32" if tf32 else "fp16_tensor") / gpu.peak("fp32")
+            if ratio >= 2.0:
+                c.verdict, c.reason, c.builtin = "use-builtin", "fp32-off-tensor-cores", fix
+                c.expected_saving_share = c.time_share * (fp32 / total) * (1.0 - 1.0 / ratio)
+                advice.append(
+                    f"saving bound: the {ratio:.0f}× ratio of {gpu.name}'s tensor to FP32 ceilings on those kernels; "
+                    "memory-bound layers gain less"
+                )
+    layout = sum(k.time_ms_per_step for k in c.kernels if _LAYOUT.search(k.full_name))
+    if c.kind == "convolution" and layout >= 0.1 * total:
+        advice.append(
+            f"{layout / total:.0%} of its time is NCHW↔NHWC transposes: "
+            "model.to(memory_format=torch.channels_last) (and the inputs) removes them"
+        )
+    if advice:
+        c.note = "; ".join([c.note, *advice]) if c.note else "; ".join(advice)
 
 
 def _already_uses(c: Candidate, rec: dict[str, Any]) -> str | None:
@@ -305,6 +351,21 @@ def _attention_choice(c: Candidate, rec: dict[str, Any], gpu: GPUSpec) -> tuple[
         return ours, "all three conditions hold; a variant SDPA cannot run fused"
     perf = attention_perf(gpu, c.attrs.get("head_dim"), c.attrs.get("mask") == "causal")
     if perf is None:
+        q = c.attrs.get("q") or [0, 0]
+        rates = attention_rates(
+            gpu.key,
+            int(c.attrs.get("head_dim") or 0),
+            c.attrs.get("mask") == "causal",
+            int(q[-2]),
+            c.bwd_ms_per_step > 0,
+        )
+        if rates is not None:
+            best, rate = rates.best
+            return (
+                library,
+                f"all three conditions hold; on {gpu.name} SDPA's fastest measured backend here is {best} "
+                f"({rate:.0f} TFLOP/s at D={rates.head_dim}, S≈{rates.seq_len}): {HOW[best]}",
+            )
         return (
             library,
             f"all three conditions hold; no benchmark of the built-in on {gpu.name}: the library op",

@@ -56,7 +56,10 @@ def test_every_trace_reports_with_shares_that_add_up(path):
         assert 0.0 <= rep["idle_pct"] <= 100.0
         shares = [c["time_share"] for c in rep["candidates"]]
         assert all(0.0 <= s <= 1.0 for s in shares)
-        assert sum(shares) <= 1.0 + 1e-6, "candidate shares of one step add up to more than the step"
+        # Communication runs on its own streams, overlapping compute; the rest cannot hold
+        # more than the step.
+        compute = sum(c["time_share"] for c in rep["candidates"] if c["kind"] != "communication")
+        assert compute <= 1.0 + 1e-6, f"non-communication shares add up to {compute:.3f} of the step"
         for c in rep["candidates"]:
             assert 0.0 <= c["expected_saving_share"] <= c["time_share"] + 1e-9
 

@@ -100,6 +100,7 @@ class Candidate:
     reason: str = ""
     builtin: str | None = None
     note: str = ""
+    fix: str | None = None  # code to paste for use-builtin and compile verdicts, chosen for this model
     expected_saving_share: float = 0.0
     rank: int = 0
     attrs: dict[str, Any] = field(default_factory=dict)

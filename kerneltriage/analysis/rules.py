@@ -79,6 +79,8 @@ class Rules:
     kernel_kinds: dict[str, str] = field(default_factory=dict)
     unabsorbed_kinds: frozenset[str] = frozenset()
     extension_ops: tuple[re.Pattern[str], ...] = ()
+    # Pasteable fixes: (field -> pattern, template), first match wins.
+    fixes: tuple[tuple[dict[str, re.Pattern[str]], str], ...] = ()
     # Classifications are asked for the same few hundred names millions of times.
     _memo: dict[tuple, Any] = field(default_factory=dict, repr=False)
 
@@ -236,6 +238,31 @@ def _thresholds(given: dict[str, Any], where: str, overridden: set[str]) -> Thre
     return Thresholds(**values)
 
 
+FIX_FIELDS = ("verdict", "reason", "builtin", "kind", "module_class", "module_path", "written")
+
+
+def _fixes(entries: Any, where: str) -> tuple[tuple[dict[str, re.Pattern[str]], str], ...]:
+    if not isinstance(entries, list):
+        raise RulesError("fixes must be a list of {when, fix} entries", path=where)
+    out = []
+    for i, entry in enumerate(entries):
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("fix"), str)
+            or not isinstance(entry.get("when"), dict)
+        ):
+            raise RulesError(f"fixes[{i}] needs a 'when' mapping and a 'fix' string", path=where)
+        unknown = sorted(set(entry["when"]) - set(FIX_FIELDS))
+        if unknown:
+            raise RulesError(
+                f"fixes[{i}].when: unknown field(s) {', '.join(unknown)}; known: {', '.join(FIX_FIELDS)}",
+                path=where,
+            )
+        when = {k: _compile(v, f"fixes[{i}].when.{k}") for k, v in entry["when"].items()}
+        out.append((when, entry["fix"]))
+    return tuple(out)
+
+
 def _validate(raw: dict[str, Any], sources: list[str], overridden: set[str]) -> Rules:
     where = sources[-1]
     thresholds = _thresholds(raw.get("thresholds") or {}, where, overridden)
@@ -286,6 +313,7 @@ def _validate(raw: dict[str, Any], sources: list[str], overridden: set[str]) -> 
         kernel_kinds=dict(kernel_kinds),
         unabsorbed_kinds=frozenset(unabsorbed),
         extension_ops=tuple(_compile(p, "extension_ops") for p in raw.get("extension_ops") or []),
+        fixes=_fixes(raw.get("fixes") or [], where),
     )
     # Compile every region pattern once now, so a bad one fails here and not mid-report.
     for key in ("matmul_ops", "softmax_ops", "causal_ops", "mask_ops", "softcap_ops", "dropout_ops"):

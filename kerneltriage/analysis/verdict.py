@@ -82,6 +82,7 @@ def decide(candidates: list[Candidate], rules: Rules, gpu: GPUSpec | None) -> No
         c.expected_saving_share = c.time_share * (1.0 - 1.0 / h) if h and h > 1.0 else 0.0
         _verdict(c, rules, gpu)
         _library_advice(c, gpu)
+        c.fix = _fix(c, rules)
 
 
 def _headroom_detail(c: Candidate) -> str:
@@ -242,6 +243,52 @@ def _library_advice(c: Candidate, gpu: GPUSpec | None) -> None:
         )
     if advice:
         c.note = "; ".join([c.note, *advice]) if c.note else "; ".join(advice)
+
+
+_HF_ARCH = re.compile(r"^(Llama|Mistral|Mixtral|Qwen3Moe|Qwen3|Qwen2|Phi3|Granite|Olmo2|Gemma3|Gemma2|Gemma)")
+
+
+class _Blank(dict):
+    def __missing__(self, key: str) -> str:
+        return "?"
+
+
+def _fix(c: Candidate, rules: Rules) -> str | None:
+    """Code the user can paste for a use-builtin or compile verdict (the rules' ``fixes``)."""
+    if c.verdict not in ("use-builtin", "compile"):
+        return None
+    path, _, cls = (c.module or "").partition(" (")
+    cls = cls.rstrip(")")
+    arch = _HF_ARCH.match(cls)
+    fields = {
+        "verdict": c.verdict,
+        "reason": c.reason or "",
+        "builtin": c.builtin or "",
+        "kind": c.kind,
+        "module_class": cls,
+        "module_path": path,
+        "written": str(c.attrs.get("written") or ""),
+    }
+    for when, template in rules.fixes:
+        if all(p.search(fields.get(k, "")) for k, p in when.items()):
+            head, _, leaf = path.partition(".*.")
+            backend = re.search(r"SDPBackend\.\w+", c.builtin or "")
+            values = _Blank(
+                fields,
+                arch=arch[1].lower() if arch else "?",
+                causal=str(c.attrs.get("mask") == "causal"),
+                module_path=path or "?",
+                module_list=head or "?",
+                module_leaf=leaf or "?",
+                module_class=cls or "the matching",
+                builtin_code=(
+                    f"with sdpa_kernel({backend[0]}):\n    out = torch.nn.functional.scaled_dot_product_attention(q, k, v)"
+                    if backend
+                    else ""
+                ),
+            )
+            return template.format_map(values)
+    return None
 
 
 def _already_uses(c: Candidate, rec: dict[str, Any]) -> str | None:

@@ -171,7 +171,11 @@ def terminal(
         if c.verdict != "skip":
             why = c.reason + (f"; {c.note}" if c.note else "")
             console.print(f"  why        {why}")
-            console.print(f"  start      kerneltriage scaffold {run_ref} {c.id}")
+            if c.fix:
+                fix = c.fix.replace("\n", "\n             ")
+                console.print(Text(f"  fix        {fix}"))
+            if c.verdict == "write":
+                console.print(f"  start      kerneltriage scaffold {run_ref} {c.id}")
     if report.warnings:
         console.print()
         for w in report.warnings:
@@ -215,7 +219,10 @@ def markdown(report: Report, *, top: int | None, run_ref: str) -> str:
                 f"- saving: up to {pct(c.expected_saving_share)} of step time ({ms(c.expected_saving_ms)})"
             )
         out.append(f"- why: {c.reason}" + (f"; {c.note}" if c.note else ""))
-        out.append(f"- start: `kerneltriage scaffold {run_ref} {c.id}`")
+        if c.fix:
+            out += ["- fix:", "", "  ```python", *[f"  {line}" for line in c.fix.splitlines()], "  ```", ""]
+        if c.verdict == "write":
+            out.append(f"- start: `kerneltriage scaffold {run_ref} {c.id}`")
     if report.warnings:
         out += ["", "**Warnings**", ""] + [f"- {w}" for w in report.warnings]
     return "\n".join(out) + "\n"

@@ -174,8 +174,7 @@ def terminal(
             if c.fix:
                 fix = c.fix.replace("\n", "\n             ")
                 console.print(Text(f"  fix        {fix}"))
-            if c.verdict == "write":
-                console.print(f"  start      kerneltriage scaffold {run_ref} {c.id}")
+            console.print(f"  start      kerneltriage scaffold {run_ref} {c.id}")
     if report.warnings:
         console.print()
         for w in report.warnings:
@@ -221,8 +220,7 @@ def markdown(report: Report, *, top: int | None, run_ref: str) -> str:
         out.append(f"- why: {c.reason}" + (f"; {c.note}" if c.note else ""))
         if c.fix:
             out += ["- fix:", "", "  ```python", *[f"  {line}" for line in c.fix.splitlines()], "  ```", ""]
-        if c.verdict == "write":
-            out.append(f"- start: `kerneltriage scaffold {run_ref} {c.id}`")
+        out.append(f"- start: `kerneltriage scaffold {run_ref} {c.id}`")
     if report.warnings:
         out += ["", "**Warnings**", ""] + [f"- {w}" for w in report.warnings]
     return "\n".join(out) + "\n"

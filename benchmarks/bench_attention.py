@@ -45,7 +45,9 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from kerneltriage.kernels import attention as A  # noqa: E402
-from kerneltriage.kernels.attention_ref import attention_ref  # noqa: E402
+from kerneltriage.kernels import config  # noqa: E402
+from kerneltriage.kernels.attention import launch as L  # noqa: E402
+from kerneltriage.kernels.attention.reference import attention_ref  # noqa: E402
 
 T0 = time.time()
 # FlexAttention's compiled backward donates buffers, which forbids the retain_graph=True that
@@ -58,7 +60,7 @@ DEV = os.environ.get("BENCH_DEVICE", "cuda")  # "cpu" + TRITON_INTERPRET=1 to te
 
 # --------------------------------------------------------------------------- configs
 
-# Config tuples are (BLOCK_M, BLOCK_N, warps, stages), as in attention._cfg. Run 1
+# Config tuples are (BLOCK_M, BLOCK_N, warps, stages), as in attention.launch.tile_config. Run 1
 # (2026-11-21) swept a wider grid with and without tensor descriptors; run 2 swept these
 # lists plus a lazily rescaling forward (since removed: 10-40% slower). Warp specialization
 # of the forward's KV loop failed to compile with 4 warps ("PassManager::run failed" in
@@ -162,12 +164,12 @@ def run_kernel_once(spec: dict) -> None:
     B, H, HK, S, D = spec["B"], spec["H"], spec["HK"], spec["S"], spec["D"]
     dtype = getattr(torch, spec.get("dtype", "bfloat16"))
     q, k, v, do = make_qkv(B, H, HK, S, D, dtype, seed=1, sk=spec.get("Sk"))
-    p = A._check_inputs(q, k, v, spec["causal"], spec.get("sm_scale"), window_pair(spec), spec.get("softcap"))
+    p = L.check_inputs(q, k, v, spec["causal"], spec.get("sm_scale"), window_pair(spec), spec.get("softcap"))
     if kind == "fwd":
-        A._flash_fwd(q, k, v, p, cfg=spec["cfg"], use_tma=spec["tma"], ws=spec.get("ws", False))
+        L.flash_fwd(q, k, v, p, cfg=spec["cfg"], use_tma=spec["tma"], ws=spec.get("ws", False))
     elif kind in ("dkdv", "dq"):
         o, lse = torch.zeros_like(q), torch.zeros(B, H, S, device=DEV)
-        A._flash_bwd(do, q, k, v, o, lse, p, cfgs={kind: spec["cfg"]}, use_tma=spec["tma"], parts=(kind,))
+        L.flash_bwd(do, q, k, v, o, lse, p, cfgs={kind: spec["cfg"]}, use_tma=spec["tma"], parts=(kind,))
     elif kind == "flex":
         q, k, v, do = make_qkv(B, H, HK, S, D, seed=1, grad=True)
         out = flex_call(spec)(q, k, v)
@@ -332,8 +334,8 @@ CHECK_CASES = [  # B, H, HK, Sq, Sk, D, dtype, options
     (1, 2, 2, 300, 300, 256, torch.bfloat16, {"causal": True}),
 ]
 # the first autotuning candidate of each kernel (its favourite at the benchmark shapes)
-CHECK_CFG = {kind: A._GPU_CONFIGS[kind][0] for kind in ("fwd", "dkdv", "dq")}
-CHECK_CFG_BIG_D = {kind: A._GPU_CONFIGS_BIG_D[kind][0] for kind in ("fwd", "dkdv", "dq")}
+CHECK_CFG = {kind: L.GPU_CONFIGS[kind][0] for kind in ("fwd", "dkdv", "dq")}
+CHECK_CFG_BIG_D = {kind: L.GPU_CONFIGS_BIG_D[kind][0] for kind in ("fwd", "dkdv", "dq")}
 
 
 def check_cfg(D: int, use_tma: bool) -> dict:
@@ -350,16 +352,12 @@ def check_case(case, use_tma: bool) -> dict:
     q, k, v, do = rnd(B, H, Sq, D), rnd(B, HK, Sk, D), rnd(B, HK, Sk, D), rnd(B, H, Sq, D)
     do = do.detach()
     cfg = check_cfg(D, use_tma)
-    p = A._check_inputs(
+    p = L.check_inputs(
         q, k, v, opts.get("causal", False), opts.get("sm_scale"), opts.get("window"), opts.get("softcap")
     )
-    poison = A._alloc
-    A._alloc = lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype, device=device)
-    try:
-        o, lse = A._flash_fwd(q.detach(), k.detach(), v.detach(), p, cfg=cfg["fwd"], use_tma=use_tma)
-        grads = A._flash_bwd(do, q.detach(), k.detach(), v.detach(), o, lse, p, cfgs=cfg, use_tma=use_tma)
-    finally:
-        A._alloc = poison
+    with config.override(poison=True):  # every output NaN until written
+        o, lse = L.flash_fwd(q.detach(), k.detach(), v.detach(), p, cfg=cfg["fwd"], use_tma=use_tma)
+        grads = L.flash_bwd(do, q.detach(), k.detach(), v.detach(), o, lse, p, cfgs=cfg, use_tma=use_tma)
     out_ref, lse_ref = attention_ref(q, k, v, **opts, compute_dtype=torch.float64)
     grads_ref = torch.autograd.grad(out_ref, (q, k, v), do.double())
     out_pt, _ = attention_ref(q, k, v, **opts)
@@ -485,14 +483,14 @@ def _sweep_one(spec, q, k, v, do, o, lse, p, ref, fl) -> dict:
     if kind == "fwd":
 
         def fn():
-            return A._flash_fwd(q, k, v, p, cfg=cfg, use_tma=tma, ws=ws)
+            return L.flash_fwd(q, k, v, p, cfg=cfg, use_tma=tma, ws=ws)
 
         row["err"] = rel_rms(fn()[0][:1, :2], ref[0])
         flop = fl
     else:
 
         def fn():
-            return A._flash_bwd(do, q, k, v, o, lse, p, cfgs={kind: cfg}, use_tma=tma, parts=(kind,))
+            return L.flash_bwd(do, q, k, v, o, lse, p, cfgs={kind: cfg}, use_tma=tma, parts=(kind,))
 
         dq, dk, dv = fn()
         if kind == "dq":
@@ -510,8 +508,8 @@ def _sweep_one(spec, q, k, v, do, o, lse, p, ref, fl) -> dict:
 def _sweep_group(D: int, causal: bool, failed: dict, budget_s: float) -> list[dict]:
     H = 2048 // D
     q, k, v, do = make_qkv(4, H, H, 4096, D)
-    p = A._check_inputs(q, k, v, causal, None, None, None)
-    o, lse = A._flash_fwd(q, k, v, p, cfg=CHECK_CFG["fwd"])
+    p = L.check_inputs(q, k, v, causal, None, None, None)
+    o, lse = L.flash_fwd(q, k, v, p, cfg=CHECK_CFG["fwd"])
     ref = slice_reference({"D": D, "causal": causal}, q, k, v, do)
     fl = fwd_flops(4, H, 4096, D, causal)
     rows = []
@@ -527,7 +525,7 @@ def _sweep_group(D: int, causal: bool, failed: dict, budget_s: float) -> list[di
                 rows.append({**spec, "error": f"{type(e).__name__}: {str(e)[:300]}"})
         log("sweep", rows[-1])
     # the same config twice: the spread between repeated timings
-    fn = lambda: A._flash_fwd(q, k, v, p, cfg=CHECK_CFG["fwd"])
+    fn = lambda: L.flash_fwd(q, k, v, p, cfg=CHECK_CFG["fwd"])
     spread = [bench_ms(fn, rep=60) for _ in range(2)]
     rows.append({"kind": "repeat", "D": D, "causal": causal, "ms": spread})
     return rows
@@ -557,22 +555,17 @@ def api_specs(B, H, HK, S, D, causal, window=None, softcap=None) -> list[dict]:
     """Compile jobs for every config the autotuner may try at this shape."""
     base = {"B": B, "H": H, "HK": HK, "S": S, "D": D, "causal": causal, "window": window, "softcap": softcap}
     q = torch.empty(1, 1, 1, D, device=DEV, dtype=torch.bfloat16)
-    eligible = A._use_tma(q)
-    table = A._GPU_CONFIGS_BIG_D if D > 128 else A._GPU_CONFIGS
+    table = L.GPU_CONFIGS_BIG_D if D > 128 else L.GPU_CONFIGS
     specs = []
     for kind in ("fwd", "dkdv", "dq"):
-        tma = A._tma_for(kind, eligible)
+        tma = L.tma_for(kind, (q,), config.current().attention_tma)
         specs += [{**base, "kind": kind, "cfg": c, "tma": tma, "ws": False} for c in table[kind]]
     return specs
 
 
 def best_configs() -> dict:
     out = {}
-    for name, tuner in (
-        ("fwd", A._attn_fwd_tuned),
-        ("dkdv", A._attn_bwd_dkdv_tuned),
-        ("dq", A._attn_bwd_dq_tuned),
-    ):
+    for name, tuner in L.TUNERS.items():
         c = getattr(tuner, "best_config", None)
         out[name] = None if c is None else str(c)
     return out

@@ -4,6 +4,7 @@
 ``gpus.yaml``              GPU ceilings (datasheet rows with their sources)
 ``attention_perf.yaml``    measured attention rates per GPU, head dim and causality
 ``kernel_classes.yaml``    kernel name → class and library
+``hf_norms.yaml``          Hugging Face norm classes → the math the built-in drop-ins match
 ``templates/``             Jinja2 templates of ``kerneltriage scaffold``
 ``html/``                  the HTML report's template
 

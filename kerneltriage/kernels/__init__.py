@@ -1,13 +1,18 @@
 """Built-in Triton kernels that the report recommends (``use-builtin``) when they cover a candidate.
 
-- Norms (``norms.py``): ``rms_norm``, ``layer_norm``, ``fused_add_rms_norm`` and the
-  ``nn.Module`` drop-ins ``RMSNorm``, ``LayerNorm``, ``FusedAddRMSNorm``; ``patch(model)``
-  swaps matching modules of a model in place.
-- Attention (``attention.py``): ``flash_attention`` (causal, GQA, sliding window, softcap).
+- Norms (package ``norms``): ``rms_norm``, ``layer_norm``, ``fused_add_rms_norm`` and the
+  ``nn.Module`` drop-ins ``RMSNorm``, ``LayerNorm``, ``FusedAddRMSNorm``, and the Hugging Face
+  drop-ins ``LlamaRMSNorm`` (Qwen2/3, Mistral, ...), ``GemmaRMSNorm``, ``Olmo2RMSNorm``.
+- Attention (package ``attention``): ``flash_attention`` (causal, GQA, sliding window, softcap).
+- ``patch(model)`` swaps a model's matching norm modules in place and reports what it did.
+- ``config``: the settings the host code reads per call (``KernelConfig``; tests change them
+  with ``config.override(...)``).
 
-Each kernel module has a pure-torch reference beside it (``norms_ref.py``,
-``attention_ref.py``). Names resolve lazily so that importing this package does not import
-Triton until a kernel is used.
+Each package splits by role: ``triton_kernels`` (device code), ``launch`` (checks, tile
+configurations, cached launch plans, host functions), ``autograd`` (the eager
+``autograd.Function`` and the ``kerneltriage::`` custom ops that ``torch.compile`` sees),
+``functional`` / ``modules`` (the API), ``reference`` (pure torch). Names resolve lazily so
+that importing this package does not import torch or Triton until a kernel is used.
 """
 
 from __future__ import annotations
@@ -21,8 +26,13 @@ _EXPORTS = {
     "RMSNorm": "norms",
     "LayerNorm": "norms",
     "FusedAddRMSNorm": "norms",
+    "LlamaRMSNorm": "norms",
+    "GemmaRMSNorm": "norms",
+    "Olmo2RMSNorm": "norms",
     "patch": "patch",
+    "PatchReport": "patch",
     "flash_attention": "attention",
+    "KernelConfig": "config",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,26 +1,38 @@
-"""Shared host-side helpers for the built-in Triton kernels."""
+"""Shared host-side helpers of the built-in Triton kernels: input checks, allocation, launch."""
 
 from __future__ import annotations
 
-import os
+import math
+
+import torch
 
 from kerneltriage.errors import KernelInputError
+from kerneltriage.kernels import config
 
 
 def interpreter_mode() -> bool:
     """True when Triton runs kernels through its CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return config.current().interpreter
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
 
 def check_device(*tensors, name: str = "kernel") -> None:
     """Kernels run on CUDA tensors, or on CPU tensors under the Triton interpreter."""
-    devices = {t.device for t in tensors if t is not None}
-    if len(devices) > 1:
-        raise KernelInputError(f"{name}: tensors are on different devices: {sorted(map(str, devices))}")
-    (device,) = devices
+    device = None
+    for t in tensors:
+        if t is None:
+            continue
+        if device is None:
+            device = t.device
+        elif t.device != device:
+            devices = sorted({str(u.device) for u in tensors if u is not None})
+            raise KernelInputError(f"{name}: tensors are on different devices: {devices}")
     if device.type == "cuda":
         return
-    if device.type == "cpu" and interpreter_mode():
+    if device.type == "cpu" and config.current().interpreter:
         return
     raise KernelInputError(
         f"{name}: tensors are on {device}; the Triton kernels need a CUDA device "
@@ -30,7 +42,24 @@ def check_device(*tensors, name: str = "kernel") -> None:
 
 def check_dtype(t, allowed, *, what: str, name: str = "kernel") -> None:
     if t.dtype not in allowed:
-        names = ", ".join(str(d).replace("torch.", "") for d in allowed)
-        raise KernelInputError(
-            f"{name}: {what} has dtype {str(t.dtype).replace('torch.', '')}; expected one of {names}"
-        )
+        names = ", ".join(dtype_name(d) for d in allowed)
+        raise KernelInputError(f"{name}: {what} has dtype {dtype_name(t.dtype)}; expected one of {names}")
+
+
+def empty(shape, dtype: torch.dtype, device: torch.device, cfg: config.KernelConfig) -> torch.Tensor:
+    """An uninitialised buffer; NaN-filled when ``cfg.poison`` (floating dtypes only)."""
+    if cfg.poison and dtype.is_floating_point:
+        return torch.full(shape, math.nan, dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def launch(kernel, grid: tuple[int, ...], args: tuple, kwargs: dict, cfg: config.KernelConfig) -> None:
+    """``kernel[grid](*args, **kwargs)``, or ``cfg.launcher`` with the same arguments."""
+    if cfg.launcher is not None:
+        cfg.launcher(kernel, grid, args, kwargs)
+    else:
+        kernel[grid](*args, **kwargs)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # triton.cdiv is a jit function: slow to call from the host

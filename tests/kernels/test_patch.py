@@ -1,19 +1,21 @@
-"""kerneltriage.kernels.patch: swapping torch.nn norms for the Triton drop-ins in place."""
+"""kerneltriage.kernels.patch: swapping torch.nn norms and Hugging Face RMSNorms for the Triton
+drop-ins in place (tiny transformers models built from configs, no download)."""
 
 from __future__ import annotations
 
 import pytest
+import torch
+from torch import nn
+from transformers import GemmaConfig, GemmaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers.models.cohere.modeling_cohere import CohereLayerNorm
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("triton")
-
-from torch import nn  # noqa: E402
-
-from kerneltriage.kernels import LayerNorm, RMSNorm, patch  # noqa: E402
+from kerneltriage.kernels import GemmaRMSNorm, LayerNorm, RMSNorm, patch
+from kerneltriage.kernels import LlamaRMSNorm as KTLlamaRMSNorm
 
 
 class LlamaRMSNorm(nn.Module):
-    """A look-alike (as in Hugging Face models): must be reported, not swapped."""
+    """A look-alike with Hugging Face's class name but not from transformers: reported, not
+    swapped."""
 
     def __init__(self, n):
         super().__init__()
@@ -65,12 +67,12 @@ def test_patch_swaps_in_place_and_reports(device):
     assert type(model[1]) is LayerNorm and model[1].bias is None
     assert type(model[4]) is LlamaRMSNorm and type(model[5]) is MyLayerNorm
     skipped = dict(report.skipped)
-    assert "is not a torch.nn norm" in skipped["4"]
+    assert "is neither a torch.nn norm nor a known Hugging Face norm; left as is" in skipped["4"]
     assert "subclasses a torch.nn norm" in skipped["5"]
     text = str(report)
     assert "swapped 4 norm module(s)" in text
     assert "0.norm1: torch.nn.modules.normalization.RMSNorm -> " in text
-    assert "kerneltriage.kernels.norms.RMSNorm" in text
+    assert "kerneltriage.kernels.norms.modules.RMSNorm" in text
     # The very same Parameter objects (an optimizer built earlier keeps working).
     for name, p in model.named_parameters():
         assert p is old_params[name], name
@@ -109,3 +111,98 @@ def test_patch_root_norm_is_reported():
     report = patch(norm)
     assert report.swapped == []
     assert report.skipped[0][0] == "<root>"
+
+
+# ---- Hugging Face models ------------------------------------------------------------------------
+
+TINY = {
+    "vocab_size": 97,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 64,
+}
+
+
+@pytest.mark.parametrize(
+    "config_cls,model_cls,drop_in,norms",
+    [
+        # Llama's math; Qwen3 also normalizes q and k per head (4-D inputs, N = head_dim).
+        # LlamaRMSNorm itself, Qwen2's and Mistral's: tests/kernels/norms/test_hf_semantics.py
+        (Qwen3Config, Qwen3ForCausalLM, KTLlamaRMSNorm, 9),
+        (GemmaConfig, GemmaForCausalLM, GemmaRMSNorm, 5),
+    ],
+    ids=["qwen3", "gemma"],
+)
+def test_patch_swaps_hugging_face_norms(config_cls, model_cls, drop_in, norms, device):
+    """A whole (tiny) model: every RMSNorm swapped for the drop-in of its math, the same
+    Parameters and eps kept, logits and gradients unchanged (fp32)."""
+    torch.manual_seed(0)
+    model = model_cls(config_cls(**TINY)).to(device).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(0.0 if drop_in is GemmaRMSNorm else 1.0, 0.3)
+    ids = torch.randint(0, TINY["vocab_size"], (2, 11), device=device)
+    expected = model(ids).logits
+    expected.square().mean().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if "norm" in n}
+    params = dict(model.named_parameters())
+    old_eps = {n: getattr(m, "variance_epsilon", getattr(m, "eps", None)) for n, m in model.named_modules()}
+    model.zero_grad()
+
+    report = patch(model)
+
+    assert len(report.swapped) == norms and report.skipped == []
+    for name, old, new in report.swapped:
+        module = model.get_submodule(name)
+        assert type(module) is drop_in and not module.training
+        assert old.startswith("transformers.models.") and new.endswith(drop_in.__name__)
+        assert getattr(module, drop_in.eps_attribute) == old_eps[name]
+    for name, p in model.named_parameters():
+        assert p is params[name], name
+    got = model(ids).logits
+    got.square().mean().backward()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    for name, g in grads.items():
+        torch.testing.assert_close(params[name].grad, g, rtol=1e-4, atol=1e-6)
+    assert patch(model).swapped == []
+
+
+def test_patch_leaves_unknown_hugging_face_norms_alone(device):
+    """A transformers norm whose math no kernel matches (Cohere's LayerNorm: no bias, mean
+    subtracted in fp32) is named in the report with the reason; the known ones beside it swap."""
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+    model = nn.ModuleDict({"known": Qwen2RMSNorm(32), "unknown": CohereLayerNorm(32)}).to(device)
+    report = patch(model)
+    assert [name for name, _, _ in report.swapped] == ["known"]
+    assert type(model["known"]) is KTLlamaRMSNorm and type(model["unknown"]) is CohereLayerNorm
+    (name, reason), *_ = report.skipped
+    assert name == "unknown"
+    assert reason == (
+        "transformers.models.cohere.modeling_cohere.CohereLayerNorm is not a class whose math the "
+        "kernels are known to match (kerneltriage/data/hf_norms.yaml lists those); left as is"
+    )
+    assert "unknown: transformers.models.cohere.modeling_cohere.CohereLayerNorm is not" in str(report)
+
+
+def test_patch_checks_the_attributes_of_a_listed_class(device):
+    """A listed class name is not enough: without its eps attribute the module is left alone."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm as HFLlamaRMSNorm
+
+    norm = HFLlamaRMSNorm(16).to(device)
+    del norm.variance_epsilon
+    model = nn.Sequential(norm)
+    report = patch(model)
+    assert report.swapped == [] and model[0] is norm
+    assert report.skipped == [
+        (
+            "0",
+            "transformers.models.llama.modeling_llama.LlamaRMSNorm has no numeric variance_epsilon, "
+            "unlike the LlamaRMSNorm the kernels match",
+        )
+    ]

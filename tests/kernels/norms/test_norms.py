@@ -1,9 +1,10 @@
-"""Norm kernels (kerneltriage/kernels/norms.py) against a float64 reference.
+"""Norm kernels (kerneltriage/kernels/norms) against a float64 reference.
 
 Runs on CUDA when present, else on CPU through Triton's interpreter (tests/conftest.py). Every
-case draws fresh random inputs (the seed is in the failure message), and the kernel-level tests
-hand the kernels output buffers and workspaces filled with NaN, so that an element the kernel
-fails to write fails the comparison.
+case draws fresh random inputs (the seed is in the failure message), and every buffer the host
+code allocates (outputs, statistics, partial sums) is filled with NaN (``config.override(
+poison=True)``), as are the output buffers the kernel-level tests pass, so that an element the
+kernel fails to write fails the comparison.
 """
 
 from __future__ import annotations
@@ -17,57 +18,29 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from kerneltriage.errors import KernelInputError  # noqa: E402
-from kerneltriage.kernels import norms  # noqa: E402
-from kerneltriage.kernels._common import interpreter_mode  # noqa: E402
-from kerneltriage.kernels.norms_ref import (  # noqa: E402
+from kerneltriage.kernels import config, norms  # noqa: E402
+from kerneltriage.kernels.norms import launch  # noqa: E402
+from kerneltriage.kernels.norms.launch import kernel_config, row_config  # noqa: E402
+from kerneltriage.kernels.norms.reference import (  # noqa: E402
     fused_add_rms_norm_ref,
     layer_norm_ref,
     rms_norm_ref,
 )
+from tests.kernels.norms.checks import BF16, DTYPES, FP16, FP32, assert_close, randn  # noqa: E402
 
-BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
-DTYPES = (BF16, FP16, FP32)
-# Relative to |ref| + rms(ref): 2-4x the rounding of the output dtype (half an ulp is 2^-9 for
-# bf16, 2^-11 for fp16); fp32 leaves room for fp32 sums over 65536 elements. Triton 3.6's
-# interpreter converts fp32 to bf16 by truncation (a full ulp, twice for the fused add's
-# normed output), so bf16 gets twice the room there.
-TOL = {BF16: 2**-6 if interpreter_mode() else 2**-7, FP16: 2**-9, FP32: 1e-5}
 OPS = ("rms", "ln", "add")
 
 
 @pytest.fixture(autouse=True)
-def _poison_workspaces(monkeypatch):
-    monkeypatch.setattr(norms, "_POISON_WORKSPACES", True)
+def _poison_buffers():
+    with config.override(poison=True):
+        yield
 
 
 @pytest.fixture
 def rng():
     # Fresh inputs every run; failures print gen.initial_seed() to replay one.
     return torch.Generator().manual_seed(time.time_ns() % 2**63)
-
-
-def _randn(gen, shape, dtype, device, scale=1.0, shift=0.0):
-    return (torch.randn(shape, generator=gen, dtype=torch.float64) * scale + shift).to(
-        device=device, dtype=dtype
-    )
-
-
-def assert_close(out, ref, dtype, what, seed):
-    """|out − ref| <= tol·(|ref| + rms(ref)) elementwise; NaN never passes."""
-    out64, ref64 = out.double().cpu(), ref.double().cpu()
-    assert out64.shape == ref64.shape, f"{what}: shape {tuple(out64.shape)} != {tuple(ref64.shape)}"
-    scale = ref64.pow(2).mean().sqrt().item() or 1.0
-    err = (out64 - ref64).abs()
-    bound = TOL[dtype] * (ref64.abs() + scale)
-    ok = err <= bound  # False where out is NaN
-    if not bool(ok.all()):
-        bad = (~ok).nonzero()[0].tolist()
-        raise AssertionError(
-            f"{what} ({dtype}, seed {seed}): {int((~ok).sum())} of {ok.numel()} elements off; "
-            f"first at {bad}: got {out64[tuple(bad)].item()!r}, want {ref64[tuple(bad)].item()!r}; "
-            f"max err/scale {(err / scale).nan_to_num(float('inf')).max().item():.3g}, "
-            f"tol {TOL[dtype]:.3g}"
-        )
 
 
 def _make_case(op, shape, dtype, device, gen, layout="contiguous"):
@@ -78,17 +51,17 @@ def _make_case(op, shape, dtype, device, gen, layout="contiguous"):
 
     def act(scale=1.0, s=0.0):
         if layout == "rows":
-            wide = _randn(gen, (*shape[:-1], n + 37), dtype, device, scale, s)
+            wide = randn(gen, (*shape[:-1], n + 37), dtype, device, scale, s)
             return wide[..., 5 : 5 + n]
         if layout == "transposed":
-            base = _randn(gen, (n, *shape[:-1]), dtype, device, scale, s)
+            base = randn(gen, (n, *shape[:-1]), dtype, device, scale, s)
             return base.movedim(0, -1)
-        return _randn(gen, shape, dtype, device, scale, s)
+        return randn(gen, shape, dtype, device, scale, s)
 
     case = {
         "x": act(2.0, shift),
-        "weight": _randn(gen, (n,), dtype, device, 0.5, 1.0),
-        "bias": _randn(gen, (n,), dtype, device) if op == "ln" else None,
+        "weight": randn(gen, (n,), dtype, device, 0.5, 1.0),
+        "bias": randn(gen, (n,), dtype, device) if op == "ln" else None,
         "residual": act() if op == "add" else None,
         "dy": act(),
         "dres": act() if op == "add" else None,
@@ -127,15 +100,15 @@ def _run_kernels_poisoned(op, c):
     """Host functions directly, with every output buffer prefilled with NaN."""
     x, dtype, dev = c["x"], c["x"].dtype, c["x"].device
     n = x.shape[-1]
-    x2 = norms._as_rows(x)
+    x2 = launch.as_rows(x)
     m = x2.shape[0]
 
     def nan(*shape, dt=dtype):
         return torch.full(shape, float("nan"), dtype=dt, device=dev)
 
     y, h = nan(m, n), nan(m, n)
-    res2 = norms._as_rows(c["residual"]) if op == "add" else None
-    _, _, mean, rstd = norms._norm_fwd(
+    res2 = launch.as_rows(c["residual"]) if op == "add" else None
+    _, _, mean, rstd = launch.norm_fwd(
         x2,
         c["weight"],
         c["bias"],
@@ -146,13 +119,13 @@ def _run_kernels_poisoned(op, c):
         residual_out=h if op == "add" else None,
     )
     dx, dw, db = nan(m, n), nan(n), nan(n)
-    norms._norm_bwd(
-        norms._as_rows(c["dy"]),
+    launch.norm_bwd(
+        launch.as_rows(c["dy"]),
         h if op == "add" else x2,
         c["weight"],
         mean,
         rstd,
-        dresidual=norms._as_rows(c["dres"]) if op == "add" else None,
+        dresidual=launch.as_rows(c["dres"]) if op == "add" else None,
         need_db=op == "ln",
         dx_out=dx,
         dw_out=dw,
@@ -207,45 +180,35 @@ def test_shapes_and_layouts(op, shape, layout, device, rng):
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_looped_variant_forced(op, device, rng, monkeypatch):
+def test_looped_variant_forced(op, device, rng):
     """The chunked two-pass path on a short row: 3 chunks (the last one partial), two rows per
     block with a masked tail, and a persistent backward whose programs own several row blocks
     (the dw/db partial read-modify-write). LN inputs sit far from zero (mean 3, fp32), where
     E[x²] − E[x]² in fp32 would miss the tolerance."""
-    monkeypatch.setattr(
-        norms,
-        "_CONFIG_OVERRIDE",
-        {"fwd": norms._row(4, 2, 1024, True, 1), "bwd": norms._row(4, 2, 1024, True, 1)},
-    )
-    _check_case(op, (19, 2300), FP32 if op == "ln" else BF16, device, rng)
+    cfg = {"fwd": row_config(4, 2, 1024, True, 1), "bwd": row_config(4, 2, 1024, True, 1)}
+    with config.override(norm_configs=cfg):
+        _check_case(op, (19, 2300), FP32 if op == "ln" else BF16, device, rng)
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_split_backward_forced(op, device, rng, monkeypatch):
+def test_split_backward_forced(op, device, rng):
     """The two-kernel backward of long rows (row constants, then (column block, row group)
     tiles) on a short row: 3 column blocks, the last one partial, 5 row groups of 2-row blocks
     with a masked tail, so every group sums dw/db over several blocks."""
-    monkeypatch.setattr(norms, "_SPLIT_BWD_ABOVE", 1000)
-    monkeypatch.setattr(
-        norms,
-        "_CONFIG_OVERRIDE",
-        {
-            "bwd_dots": norms._cfg(4, BLOCK_N=1024),
-            "bwd_split": norms._cfg(4, BLOCK_M=2, BLOCK_N=1024, PROGS_PER_SM=4),
-        },
-    )
-    _check_case(op, (19, 2300), FP32 if op == "ln" else BF16, device, rng)
+    cfg = {
+        "bwd_dots": kernel_config(4, BLOCK_N=1024),
+        "bwd_split": kernel_config(4, BLOCK_M=2, BLOCK_N=1024, PROGS_PER_SM=4),
+    }
+    with config.override(norm_split_bwd_above=1000, norm_configs=cfg):
+        _check_case(op, (19, 2300), FP32 if op == "ln" else BF16, device, rng)
 
 
-def test_single_block_multi_row_persistent(device, rng, monkeypatch):
+def test_single_block_multi_row_persistent(device, rng):
     """Single-block backward with several rows per block and a grid smaller than the row
     blocks, so each program accumulates dw over several iterations; forward persistent too."""
-    monkeypatch.setattr(
-        norms,
-        "_CONFIG_OVERRIDE",
-        {"fwd": norms._row(4, 4, 256, False, 1), "bwd": norms._row(4, 4, 256, False, 1)},
-    )
-    _check_case("ln", (45, 200), FP16, device, rng)
+    cfg = {"fwd": row_config(4, 4, 256, False, 1), "bwd": row_config(4, 4, 256, False, 1)}
+    with config.override(norm_configs=cfg):
+        _check_case("ln", (45, 200), FP16, device, rng)
 
 
 # ---- public API: autograd, modules --------------------------------------------------------------
@@ -283,12 +246,12 @@ def test_autograd_matches_reference(op, device, rng):
 def test_no_weight_and_no_grad_paths(device, rng):
     """weight=None (RMSNorm and LayerNorm without affine), a LayerNorm with bias only, and
     inference (no autograd graph)."""
-    x = _randn(rng, (33, 300), FP32, device, 2.0, 1.0)
-    b = _randn(rng, (300,), FP32, device)
+    x = randn(rng, (33, 300), FP32, device, 2.0, 1.0)
+    b = randn(rng, (300,), FP32, device)
     seed = rng.initial_seed()
     assert_close(norms.rms_norm(x, None), rms_norm_ref(x.double()), FP32, "rms no weight", seed)
     assert_close(norms.layer_norm(x, None, b), layer_norm_ref(x.double(), None, b.double()), FP32, "ln", seed)
-    xl, dy = _leaf(x), _randn(rng, x.shape, FP32, device)
+    xl, dy = _leaf(x), randn(rng, x.shape, FP32, device)
     norms.rms_norm(xl, None).backward(dy)
     xr = x.double().requires_grad_()
     rms_norm_ref(xr).backward(dy.double())
@@ -299,22 +262,21 @@ def test_no_weight_and_no_grad_paths(device, rng):
 
 
 @pytest.mark.parametrize("looped", [False, True])
-def test_eps_is_used(looped, device, rng, monkeypatch):
+def test_eps_is_used(looped, device, rng):
     """A large eps against unit-variance rows: a kernel that drops or misreads eps fails."""
-    if looped:
-        cfg = norms._row(4, 1, 128, True, 1)
-        monkeypatch.setattr(norms, "_CONFIG_OVERRIDE", {"fwd": cfg, "bwd": cfg})
-    x = _randn(rng, (9, 300), FP32, device)
-    w = _randn(rng, (300,), FP32, device, 0.5, 1.0)
+    cfg = row_config(4, 1, 128, True, 1)
+    x = randn(rng, (9, 300), FP32, device)
+    w = randn(rng, (300,), FP32, device, 0.5, 1.0)
     seed = rng.initial_seed()
-    assert_close(norms.rms_norm(x, w, 0.5), rms_norm_ref(x, w, 0.5), FP32, "rms eps", seed)
-    assert_close(norms.layer_norm(x, w, None, 0.5), layer_norm_ref(x, w, None, 0.5), FP32, "ln eps", seed)
+    with config.override(norm_configs={"fwd": cfg, "bwd": cfg} if looped else {}):
+        assert_close(norms.rms_norm(x, w, 0.5), rms_norm_ref(x, w, 0.5), FP32, "rms eps", seed)
+        assert_close(norms.layer_norm(x, w, None, 0.5), layer_norm_ref(x, w, None, 0.5), FP32, "ln eps", seed)
 
 
 def test_dtype_of_outputs_and_grads_follow_inputs(device, rng):
     """bf16 activations with an fp32 weight: y and dx in bf16, dweight in fp32."""
-    x = _leaf(_randn(rng, (16, 128), BF16, device))
-    w = _leaf(_randn(rng, (128,), FP32, device, 0.5, 1.0))
+    x = _leaf(randn(rng, (16, 128), BF16, device))
+    w = _leaf(randn(rng, (128,), FP32, device, 0.5, 1.0))
     y = norms.rms_norm(x, w)
     y.backward(torch.ones_like(y))
     assert (y.dtype, x.grad.dtype, w.grad.dtype) == (BF16, BF16, FP32)
@@ -325,7 +287,7 @@ def test_dtype_of_outputs_and_grads_follow_inputs(device, rng):
 def test_modules_match_functional_and_torch(device, rng):
     """The nn.Module drop-ins: outputs against torch.nn on the same (loaded) parameters,
     including a two-dim normalized_shape and torch.nn.RMSNorm's eps=None."""
-    x = _randn(rng, (7, 4, 16), FP32, device, 2.0, 0.5)
+    x = randn(rng, (7, 4, 16), FP32, device, 2.0, 0.5)
     seed = rng.initial_seed()
     for ours, theirs in (
         (norms.RMSNorm((4, 16), eps=None), torch.nn.RMSNorm((4, 16), eps=None)),
@@ -340,7 +302,7 @@ def test_modules_match_functional_and_torch(device, rng):
         theirs.to(device)
         assert_close(ours(x), theirs(x), FP32, type(ours).__name__, seed)
     fused = norms.FusedAddRMSNorm(16, eps=1e-6).to(device)
-    r = _randn(rng, (7, 4, 16), FP32, device)
+    r = randn(rng, (7, 4, 16), FP32, device)
     y, h = fused(x, r)
     assert_close(h, x + r, FP32, "fused module new_residual", seed)
     assert_close(y, rms_norm_ref(x + r, fused.weight.detach()), FP32, "fused module out", seed)

@@ -1,4 +1,4 @@
-"""Pure-torch references for the norm kernels in ``norms.py``.
+"""Pure-torch references for the norm kernels of this package.
 
 Each function computes in the promotion of the input dtype and float32: bf16/fp16 inputs are
 normalized in float32 and returned in their own dtype (the eager baseline of the benchmark), and
@@ -15,13 +15,39 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)
 
 
-def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
-    """y = x / sqrt(mean(x², last dim) + eps) · weight."""
+def _round_through(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t rounded to ``dtype`` (and back), with the gradient passed straight through, as a cast
+    in the middle of a kernel's fp32 arithmetic rounds it."""
+    exact = t.detach()
+    return t + (exact.to(dtype).to(exact.dtype) - exact)
+
+
+def rms_norm_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    *,
+    weight_offset: float = 0.0,
+    cast_before_weight: bool = False,
+    normed_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """y = x / sqrt(mean(x², last dim) + eps) · (weight_offset + weight).
+
+    ``cast_before_weight``: the normalized x is rounded to x's dtype (``normed_dtype`` if given:
+    a float64 reference of a bf16 kernel) before the weight scales it, and the output takes the
+    promotion of x's and the weight's dtypes, as Hugging Face's ``weight *
+    hidden.to(input_dtype)`` (LlamaRMSNorm); ``weight_offset=1`` is GemmaRMSNorm's
+    ``1 + weight``."""
     xf = x.to(_compute_dtype(x))
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    out_dtype = x.dtype
+    if cast_before_weight:
+        y = _round_through(y, normed_dtype or x.dtype)
+        if weight is not None:
+            out_dtype = torch.promote_types(x.dtype, weight.dtype)
     if weight is not None:
-        y = y * weight.to(xf.dtype)
-    return y.to(x.dtype)
+        y = y * (weight.to(xf.dtype) + weight_offset)
+    return y.to(out_dtype)
 
 
 def layer_norm_ref(
@@ -49,6 +75,8 @@ def fused_add_rms_norm_ref(
     eps: float = 1e-6,
     *,
     residual_dtype: torch.dtype | None = None,
+    weight_offset: float = 0.0,
+    cast_before_weight: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual), x + residual); the sum is taken in the inputs' dtype.
 
@@ -57,6 +85,13 @@ def fused_add_rms_norm_ref(
     float64 reference model such a kernel exactly."""
     new_residual = x + residual
     if residual_dtype is not None and residual_dtype != new_residual.dtype:
-        exact = new_residual.detach()
-        new_residual = new_residual + (exact.to(residual_dtype).to(exact.dtype) - exact)
-    return rms_norm_ref(new_residual, weight, eps), new_residual
+        new_residual = _round_through(new_residual, residual_dtype)
+    normed = rms_norm_ref(
+        new_residual,
+        weight,
+        eps,
+        weight_offset=weight_offset,
+        cast_before_weight=cast_before_weight,
+        normed_dtype=residual_dtype,
+    )
+    return normed, new_residual

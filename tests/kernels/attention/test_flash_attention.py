@@ -1,4 +1,5 @@
-"""flash_attention against a float64 reference, on CUDA or through Triton's interpreter.
+"""flash_attention (kerneltriage/kernels/attention) against a float64 reference, on CUDA or
+through Triton's interpreter.
 
 The rule is FlashAttention's: the kernel's max error (output, LSE, dq, dk, dv) against the
 float64 math path must be at most twice the error of PyTorch's math path run in the input
@@ -17,19 +18,17 @@ import torch
 import torch.nn.functional as F
 
 from kerneltriage.errors import KernelInputError
-from kerneltriage.kernels import _common, attention
-from kerneltriage.kernels.attention import flash_attention
-from kerneltriage.kernels.attention_ref import attention_ref
+from kerneltriage.kernels import config
+from kerneltriage.kernels.attention import flash_attention, launch
+from kerneltriage.kernels.attention.reference import attention_ref
 
 BF16, FP16 = torch.bfloat16, torch.float16
 
 
 @pytest.fixture(autouse=True)
-def _poison_outputs(monkeypatch):
-    def nan_alloc(shape, dtype, device):
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-
-    monkeypatch.setattr(attention, "_alloc", nan_alloc)
+def _poison_outputs():
+    with config.override(poison=True):
+        yield
 
 
 # B, H, HK, SQ, SK, D, dtype, options. Lengths are deliberately not multiples of the blocks.
@@ -83,19 +82,20 @@ def _check(name, got, ref, base, dtype):
 
 
 @pytest.mark.parametrize("case_id", list(CASES))
-def test_matches_reference(case_id, device, monkeypatch):
+def test_matches_reference(case_id, device):
     B, H, HK, SQ, SK, D, dtype, opts = CASES[case_id]
     opts = dict(opts)
     layout = opts.pop("layout", "bhsd")
+    settings = {}
     if opts.pop("tma", False):
-        monkeypatch.setattr(attention, "_TMA_MODE", "on")
+        settings["attention_tma"] = "on"
     if opts.pop("gpu_tiles", False):
-        for kind in ("fwd", "dkdv", "dq"):
-            monkeypatch.setitem(attention._CONFIG_OVERRIDE, kind, attention._GPU_CONFIGS[kind][0])
+        settings["attention_configs"] = {kind: launch.GPU_CONFIGS[kind][0] for kind in ("fwd", "dkdv", "dq")}
     q, k, v, dout = _inputs(case_id, device, B, H, HK, SQ, SK, D, dtype, layout)
 
-    out, lse = flash_attention(q, k, v, **opts, return_lse=True)
-    grads = torch.autograd.grad(out, (q, k, v), dout)
+    with config.override(**settings):
+        out, lse = flash_attention(q, k, v, **opts, return_lse=True)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
     assert not lse.requires_grad and lse.dtype == torch.float32 and lse.shape == (B, H, SQ)
 
     out_ref, lse_ref = attention_ref(q, k, v, **opts, compute_dtype=torch.float64)
@@ -135,7 +135,7 @@ def test_causal_is_sdpa_drop_in(device):
         _check(f"d{name}", g, g_exp, g_base, BF16)
 
 
-def test_bad_inputs_raise_precise_errors(device, monkeypatch):
+def test_bad_inputs_raise_precise_errors(device):
     def qkv(B=1, H=4, HK=4, S=16, D=64, dtype=BF16):
         q = torch.randn(B, H, S, D, device=device, dtype=dtype)
         k = torch.randn(B, HK, S, D, device=device, dtype=dtype)
@@ -164,6 +164,5 @@ def test_bad_inputs_raise_precise_errors(device, monkeypatch):
             flash_attention(q, k, v, **kwargs)
 
     if device == "cpu":  # CPU tensors only run under the interpreter
-        monkeypatch.setattr(_common, "interpreter_mode", lambda: False)
-        with pytest.raises(KernelInputError, match="need a CUDA device"):
+        with config.override(interpreter=False), pytest.raises(KernelInputError, match="need a CUDA device"):
             flash_attention(*qkv())

@@ -163,7 +163,12 @@ def _threshold_option(flag: str, kind, text: str):
     help="Regex on annotation names that mark steps, if not ProfilerStep/optimizer/kerneltriage.step.",
 )
 @click.option(
-    "--rank", "ranks", type=int, multiple=True, help="For multi-rank runs: report these ranks only."
+    "--rank",
+    "ranks",
+    type=int,
+    multiple=True,
+    help="Report only this rank (repeatable) of a run directory, a folder of per-rank traces or a "
+    "trace; a rank the input does not hold is an error that lists the ranks it has.",
 )
 @click.option("--plot", type=click.Path(path_type=Path), help="Also write the roofline chart as PNG or SVG.")
 @click.option("--color/--no-color", default=None, help="Force or disable colour in terminal output.")

@@ -16,7 +16,14 @@ The chain, with the trace fields it uses:
 Steps are assigned by when a kernel was *launched* (its runtime call lies in the step's CPU
 range), never by when it ran: with an asynchronous GPU, work of step N-1 still runs while the
 CPU is inside step N. Kernels whose launch is not in the trace (launched before profiling
-started) are counted apart, not in any step.
+started) belong to no step's ops; the GPU is busy while they run, though, so ``idle.py``
+counts them as busy time of the step whose wall they run in (``step_windows``).
+
+Older traces: PyTorch 1.8-1.9 wrote every ``record_function`` range (``ProfilerStep#N``,
+``Optimizer.step#…``, ``enumerate(DataLoader)#…``) with category "Operator", like an aten op,
+and their backward top-level ops are the autograd nodes themselves (``CudnnConvolutionBackward``)
+rather than ``autograd::engine::evaluate_function: …``. ``annotation_mask``/``op_mask`` and the
+backward-root pattern read both.
 """
 
 from __future__ import annotations
@@ -34,9 +41,18 @@ from kerneltriage.ingest.tables import Timeline
 _PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
 _OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
 _OPTIMIZER = re.compile(r"^Optimizer\.(step|zero_grad)#")
-_BACKWARD_ROOT = "autograd::engine::evaluate_function"
+# Ranges PyTorch itself opens with record_function. Whatever category a trace gives them
+# (PyTorch 1.8-1.9: "Operator", read as cpu_op) they frame work and are never ops.
+_FRAMING = re.compile(r"^(ProfilerStep#\d+$|Optimizer\.(step|zero_grad)#|enumerate\(DataLoader\)#)")
+# A backward top-level op: today's evaluate_function wrapper, or (PyTorch <= 1.9) the autograd
+# node itself on the backward thread.
+_BACKWARD_ROOT = re.compile(
+    r"^(autograd::engine::evaluate_function|torch::autograd::AccumulateGrad$|[A-Za-z0-9_]+Backward\d*$)"
+)
 _NEST_TOLERANCE_NS = 1000
-# Annotations that frame work rather than name a part of the model.
+#: A step shorter than this fraction of the median step is a stub (a ProfilerStep opened just
+#: before the profiler stopped), not a step.
+STUB_FRACTION = 0.1
 
 
 @dataclass
@@ -77,11 +93,34 @@ class Attribution:
         return self.kernels[self.kernels["step"] >= 0]
 
 
+def _framing(cpu: pd.DataFrame) -> np.ndarray:
+    # Matched once per distinct name: a trace has millions of rows but few names.
+    names = cpu["name"]
+    hits = [n for n in pd.unique(names) if _FRAMING.match(str(n))]
+    return names.isin(hits).to_numpy(dtype=bool)
+
+
+def annotation_mask(cpu: pd.DataFrame) -> np.ndarray:
+    """Rows that are ranges around work (annotations), whatever category the trace gave them."""
+    cat = cpu["cat"].to_numpy()
+    return (cat == "user_annotation") | ((cat == "cpu_op") & _framing(cpu))
+
+
+def op_mask(cpu: pd.DataFrame) -> np.ndarray:
+    """Rows that are ops (aten, autograd, custom ops): cpu_op rows that are not framing ranges."""
+    return (cpu["cat"].to_numpy() == "cpu_op") & ~_framing(cpu)
+
+
+def is_step_range(name: str) -> bool:
+    """A range that marks a step (ProfilerStep#N, kerneltriage.step): never an op or a cause."""
+    return bool(_PROFILER_STEP.match(name)) or name == STEP_RANGE
+
+
 def find_steps(tl: Timeline, marker: str | None = None) -> tuple[list[Step], str, list[str]]:
     """The active steps: ProfilerStep#N, else optimizer steps, else kerneltriage.step ranges,
     else the whole trace (``marker``, a regex on annotation names, overrides all of these)."""
     warnings: list[str] = []
-    ann = tl.cpu[tl.cpu["cat"] == "user_annotation"]
+    ann = tl.cpu[annotation_mask(tl.cpu)]
     names = ann["name"].astype(str)
 
     def ranges(mask: pd.Series, source: str) -> tuple[list[Step], str, list[str]] | None:
@@ -97,7 +136,7 @@ def find_steps(tl: Timeline, marker: str | None = None) -> tuple[list[Step], str
         steps = [
             Step(i, str(r.name), int(r.start), int(r.start + r.dur)) for i, r in enumerate(rows.itertuples())
         ]
-        return steps, source, warnings
+        return _drop_stubs(tl, steps, source, warnings), source, warnings
 
     if marker:
         try:
@@ -122,7 +161,7 @@ def find_steps(tl: Timeline, marker: str | None = None) -> tuple[list[Step], str
     if len(opt) >= 2:
         ends = (opt["start"] + opt["dur"]).to_numpy()
         steps = [Step(i, f"step {i}", int(a), int(b)) for i, (a, b) in enumerate(itertools.pairwise(ends))]
-        return steps, "optimizer steps", warnings
+        return _drop_stubs(tl, steps, "optimizer steps", warnings), "optimizer steps", warnings
     found = ranges(names == STEP_RANGE, STEP_RANGE)
     if found:
         return found
@@ -131,6 +170,36 @@ def find_steps(tl: Timeline, marker: str | None = None) -> tuple[list[Step], str
         "no step annotations (ProfilerStep, optimizer step, kerneltriage.step): the whole trace is one step"
     )
     return [Step(0, "whole trace", start, end)], "whole trace", warnings
+
+
+def _drop_stubs(tl: Timeline, steps: list[Step], source: str, warnings: list[str]) -> list[Step]:
+    """Steps under ``STUB_FRACTION`` of the median step, dropped with a warning: a ProfilerStep
+    the profiler opened just before it stopped holds no step's work, and averaging it in would
+    halve the step time."""
+    if len(steps) < 2:
+        return steps
+    median = float(np.median([s.dur for s in steps]))
+    keep = [s for s in steps if s.dur >= STUB_FRACTION * median]
+    stubs = [s for s in steps if s.dur < STUB_FRACTION * median]
+    if not stubs:
+        return steps
+    # Kernels launched inside a stub fall outside every step: say how many.
+    rt = tl.runtime
+    launched = 0
+    if len(rt) and len(tl.kernels):
+        starts = rt["start"].to_numpy()
+        inside = np.zeros(len(rt), dtype=bool)
+        for s in stubs:
+            inside |= (starts >= s.start) & (starts < s.end)
+        launched = int(tl.kernels["correlation"].isin(rt.loc[inside, "correlation"]).sum())
+    listed = ", ".join(f"{s.name} ({s.dur / 1e3:.0f} µs)" for s in stubs[:3])
+    more = f" and {len(stubs) - 3} more" if len(stubs) > 3 else ""
+    warnings.append(
+        f"{len(stubs)} {source} range(s) shorter than {STUB_FRACTION:g} of the median step "
+        f"({median / 1e6:.2f} ms) dropped as stubs: {listed}{more}"
+        + (f"; the {launched} GPU activities launched in them are left out" if launched else "")
+    )
+    return [Step(i, s.name, s.start, s.end) for i, s in enumerate(keep)]
 
 
 def _extent(tl: Timeline) -> tuple[int, int]:
@@ -184,7 +253,7 @@ def attribute(tl: Timeline, marker: str | None = None) -> Attribution:
     n = len(cpu)
     parent, order = _nest(cpu)
     names = cpu["name"].astype(str).to_numpy()
-    is_op = (cpu["cat"] == "cpu_op").to_numpy()
+    is_op = op_mask(cpu)
     seqs = cpu["seq"].to_numpy()
 
     root = np.full(n, -1, dtype=np.int64)
@@ -216,7 +285,9 @@ def attribute(tl: Timeline, marker: str | None = None) -> Attribution:
 
     # Backward top-level op → forward top-level op, through the autograd sequence number.
     is_bwd_root = (
-        is_op & (root == np.arange(n)) & cpu["name"].astype(str).str.startswith(_BACKWARD_ROOT).to_numpy()
+        is_op
+        & (root == np.arange(n))
+        & cpu["name"].astype(str).str.match(_BACKWARD_ROOT).to_numpy(dtype=bool)
     )
     fwd_by_seq: dict[int, list[int]] = {}
     for i in np.flatnonzero(is_op & (seqs >= 0)).tolist():
@@ -242,10 +313,23 @@ def attribute(tl: Timeline, marker: str | None = None) -> Attribution:
         early = carried[carried["start"] < first_launched] if pd.notna(first_launched) else carried
         carried_ns = int(early["dur"].sum())
         if len(early):
+            # Counted by launch they belong to an earlier, unrecorded step; but the GPU is busy
+            # while they run, so idle.py counts them as busy time of the step they run in.
+            inside = _inside_windows(early, step_windows(steps, kernels))
+            busy, rest = early[inside], early[~inside]
+            parts = []
+            if len(busy):
+                parts.append(
+                    f"{len(busy)} ({busy['dur'].sum() / 1e6:.1f} ms) run inside the steps: the GPU is busy "
+                    "then, so they count as busy time, not idle, but belong to no candidate"
+                )
+            if len(rest):
+                parts.append(
+                    f"{len(rest)} ({rest['dur'].sum() / 1e6:.1f} ms) run outside every step and are left out"
+                )
             warnings.append(
-                f"{len(early)} GPU activities ({carried_ns / 1e6:.1f} ms) were launched before the "
-                "profiled window (their launch is not in the trace); they belong to an earlier step "
-                "and are left out"
+                f"{len(early)} GPU activities ({carried_ns / 1e6:.1f} ms) were launched before the profiled "
+                "window (their launch is not in the trace): " + "; ".join(parts)
             )
     return Attribution(
         steps=steps,
@@ -261,6 +345,35 @@ def attribute(tl: Timeline, marker: str | None = None) -> Attribution:
     )
 
 
+def step_windows(steps: list[Step], kernels: pd.DataFrame) -> list[tuple[int, int]]:
+    """Each step's wall as an interval (ns): its CPU range, or its GPU period when that is
+    longer (from its first kernel to the next step's first kernel; the last step: to its last
+    kernel's end). The lengths are ``triage.step_walls``; kernels count by launch (``step``)."""
+    k = kernels[kernels["step"] >= 0]
+    first = k.groupby("step")["start"].min().to_dict()
+    last = (k["start"] + k["dur"]).groupby(k["step"]).max().to_dict()
+    out = []
+    for i, s in enumerate(steps):
+        if s.index not in first:
+            out.append((s.start, s.end))
+            continue
+        nxt = steps[i + 1].index if i + 1 < len(steps) else None
+        end = first[nxt] if nxt is not None and nxt in first else last[s.index]
+        period = int(end - first[s.index])
+        out.append((s.start, s.end) if s.dur >= period else (int(first[s.index]), int(end)))
+    return out
+
+
+def _inside_windows(k: pd.DataFrame, windows: list[tuple[int, int]]) -> np.ndarray:
+    """Activities that overlap any of the windows."""
+    start = k["start"].to_numpy()
+    end = start + k["dur"].to_numpy()
+    inside = np.zeros(len(k), dtype=bool)
+    for a, b in windows:
+        inside |= (start < b) & (end > a)
+    return inside
+
+
 def _join_launches(
     tl, cpu, parent, root, fwd_of, is_bwd_root, optimizer, module, region, steps
 ) -> pd.DataFrame:
@@ -273,7 +386,7 @@ def _join_launches(
     ext = launch["ext_id"].fillna(-1).astype("int64").to_numpy()
 
     # External id → cpu op row (ops only: annotations share the id space).
-    ops = cpu[cpu["cat"] == "cpu_op"]
+    ops = cpu[op_mask(cpu)]
     by_ext = pd.Series(ops.index.to_numpy(), index=ops["ext_id"].to_numpy())
     by_ext = by_ext[~by_ext.index.duplicated(keep="first")]
     op = by_ext.reindex(ext).fillna(-1).astype("int64").to_numpy().copy()
@@ -337,7 +450,7 @@ def _innermost_at(
         return out
     start = cpu["start"].to_numpy()
     end = start + cpu["dur"].to_numpy()
-    is_op = (cpu["cat"] == "cpu_op").to_numpy()
+    is_op = op_mask(cpu)
     tid_all = cpu["tid"].to_numpy()
     for tid in np.unique(tids):
         rows = np.flatnonzero(tid_all == tid)

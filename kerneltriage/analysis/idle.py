@@ -1,10 +1,19 @@
-"""GPU idle time inside the steps, and what the host was doing during the biggest gaps.
+"""GPU idle time inside the steps, and what the host was doing during it.
 
-Busy time is the union of the step's kernel intervals (all streams). Idle = step wall time −
-busy. A gap between two kernels where the second was launched only after the first had
-finished is the host's doing: the CPU work on the launching thread in between (an
-``aten::item`` sync, ``nonzero``, the data loader, Python) names the cause. A gap where the
-next kernel was already queued is a dependency (another stream, an event).
+A step's wall is an interval (``attribution.step_windows``): its CPU range, or its GPU period
+when that is longer. Busy time is the part of that interval during which any GPU activity runs,
+on any stream, whoever launched it: work launched before the profiled window keeps the GPU busy
+too. Idle = wall − busy.
+
+Each stretch of idle time gets a cause:
+
+- **before the first kernel / after the last**: the host had not launched the step's work yet,
+  or had nothing left to launch (preprocessing, data loading, logging). The CPU ops, annotations
+  and, when the trace has them, Python frames running then are named, with the time they cover;
+- **between two kernels** where the second was launched only after the first had finished:
+  the CPU work on the launching thread in between (an ``aten::item`` sync, ``nonzero``, Python);
+- **between two kernels** where the next was already queued: a dependency (another stream,
+  an event).
 """
 
 from __future__ import annotations
@@ -14,9 +23,22 @@ from collections import defaultdict
 
 import numpy as np
 
-from kerneltriage.analysis.attribution import Attribution
+from kerneltriage.analysis.attribution import (
+    Attribution,
+    annotation_mask,
+    is_step_range,
+    op_mask,
+    step_windows,
+)
 from kerneltriage.analysis.model import Gap
 from kerneltriage.ingest.tables import Timeline
+
+#: Causes of the idle time at a step's edges; the report prints them apart from gap counts.
+BEFORE_FIRST = "host before the first kernel"
+AFTER_LAST = "host after the last kernel"
+_NO_OP = "in no profiled op (Python, data loading or untraced work)"
+# A Python frame is named for an edge when it covers at least this share of the edge's time.
+_FRAME_COVER = 0.5
 
 
 def _union(starts: np.ndarray, ends: np.ndarray) -> list[tuple[int, int]]:
@@ -34,23 +56,31 @@ def _union(starts: np.ndarray, ends: np.ndarray) -> list[tuple[int, int]]:
 def idle_gaps(
     attr: Attribution, timeline: Timeline, min_gap_ns: float, top: int = 5
 ) -> tuple[int, list[Gap]]:
-    """(busy ns summed over steps, the biggest gap causes averaged per step)."""
+    """(busy ns summed over steps, the biggest idle causes averaged per step)."""
     k = attr.kernels
-    host = _HostIndex(timeline)
+    host = _HostIndex(timeline, attr)
+    starts_all = k["start"].to_numpy()
+    ends_all = starts_all + k["dur"].to_numpy()
+    launches_all = k["launch_start"].to_numpy()
+    tids_all = k["launch_tid"].to_numpy()
     busy_total = 0
     by_cause: dict[str, list[float]] = defaultdict(list)
-    for step in attr.steps:
-        mine = k[k["step"] == step.index]
-        if mine.empty:
+    edges: dict[str, list[tuple[int, int]]] = {BEFORE_FIRST: [], AFTER_LAST: []}
+    for w0, w1 in step_windows(attr.steps, k):
+        sel = np.flatnonzero((starts_all < w1) & (ends_all > w0))
+        if len(sel) == 0:
+            if w1 - w0 >= min_gap_ns:
+                edges[BEFORE_FIRST].append((w0, w1))
             continue
-        starts = mine["start"].to_numpy()
-        ends = starts + mine["dur"].to_numpy()
-        spans = _union(starts, ends)
+        starts, ends = starts_all[sel], ends_all[sel]
+        spans = _union(np.maximum(starts, w0), np.minimum(ends, w1))
         busy_total += sum(e - s for s, e in spans)
+        if spans[0][0] - w0 >= min_gap_ns:
+            edges[BEFORE_FIRST].append((w0, spans[0][0]))
+        if w1 - spans[-1][1] >= min_gap_ns:
+            edges[AFTER_LAST].append((spans[-1][1], w1))
         first_launch: dict[int, tuple[int, int]] = {}
-        for s, launch, tid in zip(
-            starts.tolist(), mine["launch_start"].tolist(), mine["launch_tid"].tolist()
-        ):
+        for s, launch, tid in zip(starts.tolist(), launches_all[sel].tolist(), tids_all[sel].tolist()):
             if s not in first_launch or launch < first_launch[s][0]:
                 first_launch[s] = (launch, tid)
         for (_, prev_end), (next_start, _) in itertools.pairwise(spans):
@@ -68,8 +98,41 @@ def idle_gaps(
         Gap(cause=c, ms_per_step=sum(v) / n, count_per_step=len(v) / n, example_ms=max(v))
         for c, v in by_cause.items()
     ]
+    for label, intervals in edges.items():
+        if intervals:
+            lengths = [(b - a) / 1e6 for a, b in intervals]
+            gaps.append(
+                Gap(
+                    cause=f"{label}: {_ms(sum(lengths) / n)} per step ({host.describe(intervals, n)})",
+                    ms_per_step=sum(lengths) / n,
+                    count_per_step=len(lengths) / n,
+                    example_ms=max(lengths),
+                )
+            )
     gaps.sort(key=lambda g: -g.ms_per_step)
     return busy_total, gaps[:top]
+
+
+def unlaunched_busy_ns(attr: Attribution) -> int:
+    """GPU-busy time (ns, summed over steps) of activities whose launch is not in the trace
+    (launched before the profiled window) running inside the steps' walls. It is part of
+    ``idle_gaps``' busy time but of no candidate: a time breakdown shows it apart."""
+    k = attr.kernels
+    early = k[k["launch_start"] < 0]
+    if early.empty:
+        return 0
+    starts = early["start"].to_numpy()
+    ends = starts + early["dur"].to_numpy()
+    total = 0
+    for w0, w1 in step_windows(attr.steps, k):
+        sel = (starts < w1) & (ends > w0)
+        if sel.any():
+            total += sum(e - s for s, e in _union(np.maximum(starts[sel], w0), np.minimum(ends[sel], w1)))
+    return total
+
+
+def _ms(x: float) -> str:
+    return f"{x:.0f} ms" if x >= 100 else (f"{x:.1f} ms" if x >= 1 else f"{x * 1000:.0f} µs")
 
 
 _SYNC = ("Synchronize", "Memcpy", "cudaStreamWait", "EventSynchronize")
@@ -78,16 +141,31 @@ _SYNC = ("Synchronize", "Memcpy", "cudaStreamWait", "EventSynchronize")
 class _HostIndex:
     """Per-thread sorted CPU activity, to ask "what was the host doing between t0 and t1"."""
 
-    def __init__(self, timeline: Timeline):
+    def __init__(self, timeline: Timeline, attr: Attribution):
         self.threads: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]] = {}
+        self.annotations: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]] = {}
         self.runtime: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]] = {}
-        ops = timeline.cpu[timeline.cpu["cat"] == "cpu_op"]
+        cpu = timeline.cpu
+        is_op = op_mask(cpu)
+        ops = cpu[is_op]
         for tid, g in ops.groupby("tid"):
             self.threads[int(tid)] = self._index(g)
+        # Annotations other than the steps themselves: a step range covers every gap.
+        ann = cpu[annotation_mask(cpu)]
+        ann = ann[~ann["name"].astype(str).map(is_step_range).to_numpy(dtype=bool)]
+        for tid, g in ann.groupby("tid"):
+            self.annotations[int(tid)] = self._index(g)
         rt = timeline.runtime
         sync = rt[rt["name"].astype(str).str.contains("|".join(_SYNC))]
         for tid, g in sync.groupby("tid"):
             self.runtime[int(tid)] = self._index(g)
+        # For the step edges: top-level ops of every thread, and Python frames when the reader
+        # kept them (cat "python_function").
+        top = is_op & (attr.cpu_root == np.arange(len(cpu)))
+        self.top = self._index(cpu[top]) if top.any() else None
+        self.ann_all = self._index(ann) if len(ann) else None
+        py = cpu[(cpu["cat"] == "python_function").to_numpy()]
+        self.python = self._index(py) if len(py) else None
 
     @staticmethod
     def _index(g):
@@ -99,28 +177,42 @@ class _HostIndex:
         return start, end, reach, [str(n) for n in g["name"].to_numpy()[order]]
 
     @staticmethod
-    def _overlapping(index, t0: int, t1: int) -> list[int]:
+    def _overlapping(index, t0: int, t1: int) -> np.ndarray:
+        """Rows overlapping (t0, t1). One long range early on (a whole-step op) keeps ``reach``
+        high, so the candidate slice can be long: filter it in numpy, not in Python."""
         start, end, reach, _ = index
         lo = int(np.searchsorted(reach, t0, side="right"))
         hi = int(np.searchsorted(start, t1, side="left"))
-        return [i for i in range(lo, hi) if end[i] > t0]
+        if hi <= lo:
+            return np.empty(0, dtype=np.int64)
+        return lo + np.flatnonzero(end[lo:hi] > t0)
+
+    @staticmethod
+    def _longest(index, hits: np.ndarray, t0: int | None = None, t1: int | None = None) -> int:
+        """The hit with the longest duration, or the longest overlap with (t0, t1)."""
+        start, end, _, _ = index
+        s, e = start[hits], end[hits]
+        if t0 is not None:
+            s, e = np.maximum(s, t0), np.minimum(e, t1)
+        return int(hits[int(np.argmax(e - s))])
 
     def cause(self, tid: int, t0: int, t1: int) -> str:
-        """The longest sync call, else the longest op, overlapping (t0, t1) on the thread."""
+        """The longest sync call, else the longest op, else the longest annotation (other than
+        a step), overlapping (t0, t1) on the thread."""
         rt = self.runtime.get(tid)
         if rt is not None:
             hits = self._overlapping(rt, t0, t1)
-            if hits:
-                i = max(hits, key=lambda j: rt[1][j] - rt[0][j])
+            if len(hits):
+                i = self._longest(rt, hits)
                 op = self._enclosing(tid, int(rt[0][i]))
                 return f"host sync: {rt[3][i]}" + (f" in {op}" if op else "")
-        ops = self.threads.get(tid)
-        if ops is not None:
-            hits = self._overlapping(ops, t0, t1)
-            if hits:
-                start, end, _, names = ops
-                i = max(hits, key=lambda j: min(end[j], t1) - max(start[j], t0))
-                return f"host busy: {names[i]}"
+        for table in (self.threads, self.annotations):
+            index = table.get(tid)
+            if index is None:
+                continue
+            hits = self._overlapping(index, t0, t1)
+            if len(hits):
+                return f"host busy: {index[3][self._longest(index, hits, t0, t1)]}"
         return "host: no profiled CPU activity (Python, data loading, or untraced work)"
 
     def _enclosing(self, tid: int, t: int) -> str | None:
@@ -128,10 +220,70 @@ class _HostIndex:
         if ops is None:
             return None
         hits = self._overlapping(ops, t - 1, t)
-        if not hits:
+        return ops[3][self._longest(ops, hits)] if len(hits) else None
+
+    @classmethod
+    def _cover(cls, index, intervals: list[tuple[int, int]]) -> tuple[dict[str, int], list[tuple[int, int]]]:
+        """Time (ns) each name overlaps the intervals, and the overlapped pieces."""
+        by_name: dict[str, int] = defaultdict(int)
+        pieces: list[tuple[int, int]] = []
+        if index is None:
+            return by_name, pieces
+        start, end, _, names = index
+        for t0, t1 in intervals:
+            hits = cls._overlapping(index, t0, t1)
+            lo, hi = np.maximum(start[hits], t0).tolist(), np.minimum(end[hits], t1).tolist()
+            for i, a, b in zip(hits.tolist(), lo, hi):
+                by_name[names[i]] += b - a
+                pieces.append((a, b))
+        return by_name, pieces
+
+    def describe(self, intervals: list[tuple[int, int]], n: int) -> str:
+        """What the host ran during the intervals (n steps' worth): the top-level CPU ops and
+        annotations by time covered, a Python frame, and the time no op or annotation covers."""
+        total = sum(b - a for a, b in intervals)
+        ops, op_pieces = self._cover(self.top, intervals)
+        anns, ann_pieces = self._cover(self.ann_all, intervals)
+        parts = [f"{name} {_ms(t / n / 1e6)}" for name, t in sorted(ops.items(), key=lambda kv: -kv[1])[:3]]
+        parts += [
+            f"user annotation {name} {_ms(t / n / 1e6)}"
+            for name, t in sorted(anns.items(), key=lambda kv: -kv[1])[:2]
+        ]
+        pieces = op_pieces + ann_pieces
+        covered = (
+            sum(e - s for s, e in _union(np.array([p[0] for p in pieces]), np.array([p[1] for p in pieces])))
+            if pieces
+            else 0
+        )
+        frame = self._python_frame(intervals, total - covered)
+        if frame:
+            parts.append(f"Python {frame[0]} {_ms(frame[1] / n / 1e6)}")
+        uncovered = total - covered
+        if uncovered >= 0.01 * total:
+            parts.append(f"{_ms(uncovered / n / 1e6)} {_NO_OP}")
+        return "; ".join(parts) if parts else _NO_OP
+
+    def _python_frame(self, intervals: list[tuple[int, int]], uncovered: int) -> tuple[str, int] | None:
+        """The innermost Python frame that covers most of the time no op covers."""
+        if self.python is None or uncovered <= 0:
             return None
-        start, end, _, names = ops
-        return names[max(hits, key=lambda j: end[j] - start[j])]
+        start, end, _, names = self.python
+        cover: dict[int, int] = defaultdict(int)
+        for t0, t1 in intervals:
+            hits = self._overlapping(self.python, t0, t1)
+            overlap = np.minimum(end[hits], t1) - np.maximum(start[hits], t0)
+            for i, t in zip(hits.tolist(), overlap.tolist()):
+                cover[i] += t
+        # Per frame name (a function called in every step); the innermost starts last.
+        by_name: dict[str, tuple[int, int]] = {}
+        for i, t in cover.items():
+            total, latest = by_name.get(names[i], (0, -1))
+            by_name[names[i]] = (total + t, max(latest, int(start[i])))
+        wide = [(latest, name, t) for name, (t, latest) in by_name.items() if t >= _FRAME_COVER * uncovered]
+        if not wide:
+            return None
+        _, name, t = max(wide)
+        return name, t
 
 
 def communication_overlap(attr: Attribution, is_comm) -> tuple[float, float]:

@@ -21,7 +21,7 @@ from kerneltriage.analysis.attribution import Attribution, attribute
 from kerneltriage.analysis.candidates import build_candidate
 from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.analysis.grouping import group_candidates
-from kerneltriage.analysis.idle import communication_overlap, idle_gaps
+from kerneltriage.analysis.idle import communication_overlap, idle_gaps, unlaunched_busy_ns
 from kerneltriage.analysis.join import JoinResult, join_counters
 from kerneltriage.analysis.model import Report
 from kerneltriage.analysis.rules import Rules
@@ -87,6 +87,11 @@ def triage(
     breakdown: dict[str, float] = defaultdict(float)
     for c in candidates:
         breakdown[c.kind] += c.time_ms_per_step
+    early_ms = unlaunched_busy_ns(attr) / n_steps / 1e6
+    if early_ms > 0:
+        # GPU work launched before the profiled window that ran inside a step: busy, but no
+        # op of the trace launched it, so no candidate holds it.
+        breakdown["launched before the window"] = early_ms
     breakdown["idle"] = max(0.0, step_ms - busy_ms)
     return Report(
         gpu=gpu,

@@ -1,19 +1,32 @@
-"""Open what the user points ``report`` at: a run directory, or a trace file plus counters.
+"""Open what the user points ``report`` at: a run directory, a folder of per-rank traces, or a
+trace file plus counters.
 
 A run directory is read through ``rundir``; a bare trace (``.json``/``.json.gz`` Kineto trace,
 ``.sqlite``/``.nsys-rep`` Nsight Systems export) and an optional ``--ncu`` file work too.
+
+A folder without ``manifest.json`` is read as one trace per rank (any names: ``.json``,
+``.json.gz``, ``.pt.trace.json.gz``). A file's rank is its trace's ``distributedInfo.rank``,
+else a rank in its name (``rank-0``, ``rank0``, ``_rank_1``, ``worker1``), else the next free
+rank in sorted file-name order, with a warning. Two files that claim the same rank are not
+ranks of one job but separate captures (two runs of a single-process script, say): the folder
+is refused with one line that names them, and the user reports one file at a time. Stitching
+them into a cross-rank summary would compare unrelated runs as if one were a straggler.
 """
 
 from __future__ import annotations
 
+import gzip
+import itertools
 import json
+import re
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kerneltriage import rundir
-from kerneltriage.errors import InputError, TraceFormatError
+from kerneltriage.errors import InputError, RunDirError, TraceFormatError
 from kerneltriage.ingest.kineto import read_trace
 from kerneltriage.ingest.ncu_csv import Counters, merge_counters, read_counters
 from kerneltriage.ingest.tables import Timeline
@@ -62,6 +75,14 @@ class Profile:
         return info
 
 
+# A rank in a trace's file name: sampled_rank-0, rank0, graph_capture_rank_1., trace.rank2,
+# worker3 (the TensorBoard plugin's worker names).
+_RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])(?:rank|worker)[-_.]?(\d+)(?![0-9])", re.IGNORECASE)
+_DIST_INFO = b'"distributedInfo"'
+_EVENTS_KEY = b'"traceEvents"'
+_PEEK_BYTES = 1 << 20
+
+
 def _is_nsys(path: Path) -> bool:
     return path.suffix in (".sqlite", ".nsys-rep", ".qdrep")
 
@@ -85,6 +106,8 @@ def load_profile(
     say = progress or (lambda _msg: None)
     if not path.exists():
         raise InputError("no such file or directory", path=str(path))
+    if path.is_dir() and not rundir.is_run_dir(path):
+        return _load_trace_folder(path, ncu, ranks, say)
     if path.is_dir():
         run = rundir.open_run(path)
         if run.trace.suffix == ".sqlite":
@@ -145,17 +168,141 @@ def load_profile(
             "or an Nsight Systems export (.sqlite, .nsys-rep)",
             path=str(path),
         )
-    say(f"reading {path.name}")
     if _is_nsys(path):
+        say(f"reading {path.name}")
         timelines = _read_nsys_ranks(path, ranks)
     else:
+        # Check --rank against the file's own rank before reading all of it.
+        claimed, _ = _peek_rank(path)
+        if claimed is not None and ranks is not None:
+            _check_ranks(ranks, [claimed], path, "the trace")
+        say(f"reading {path.name}")
         timeline = read_timeline(path)
-        timelines = {timeline.rank or 0: timeline}
+        # distributedInfo (wherever in the file), else a rank in the name, else 0.
+        for found in (claimed, timeline.rank, _rank_from_name(path.name)):
+            if found is not None:
+                timeline.rank = rank = found
+                break
+        else:
+            rank = 0  # a single-process trace: rank 0, though it names none
+        if ranks is not None:
+            _check_ranks(ranks, [rank], path, "the trace")
+        timelines = {rank: timeline}
     counters = None
     if ncu:
         say(f"reading {Path(ncu).name}")
         counters = read_counters(ncu)
     return Profile(timelines, counters, None, None)
+
+
+def _check_ranks(wanted: list[int], present: list[int], path: Path, what: str) -> None:
+    missing = [r for r in wanted if r not in present]
+    if missing:
+        have = ", ".join(map(str, sorted(present)))
+        have = f"rank {have}" if len(present) == 1 else f"ranks {have}"
+        raise InputError(
+            f"rank(s) {', '.join(map(str, missing))} not in {what} (it has {have})", path=str(path)
+        )
+
+
+def _is_trace_name(name: str) -> bool:
+    return name.endswith((".json", ".json.gz")) and name != rundir.MANIFEST and not name.startswith(".")
+
+
+def _rank_from_name(name: str) -> int | None:
+    found = _RANK_IN_NAME.findall(name)
+    return int(found[-1]) if found else None
+
+
+def _peek_rank(path: Path) -> tuple[int | None, bool]:
+    """(``distributedInfo.rank``, whether the head of the file looks like a Kineto trace), read
+    from the file's first MiB only. Kineto writes its metadata before ``traceEvents``."""
+    try:
+        with open(path, "rb") as raw:
+            magic = raw.read(2)
+            raw.seek(0)
+            stream = gzip.GzipFile(fileobj=raw) if magic == b"\x1f\x8b" else raw
+            head = stream.read(_PEEK_BYTES)
+    except (OSError, EOFError, zlib.error):
+        return None, True  # the full read reports what is wrong with the file
+    events = head.find(_EVENTS_KEY)
+    at = head.find(_DIST_INFO)
+    if at < 0 or (0 <= events < at):
+        return None, events >= 0
+    brace = head.find(b"{", at)
+    try:
+        info, _ = json.JSONDecoder().raw_decode(head[brace:].decode("utf-8", "replace"))
+    except ValueError:
+        return None, events >= 0
+    rank = info.get("rank") if isinstance(info, dict) else None
+    try:
+        return (int(rank) if rank is not None else None), True
+    except (TypeError, ValueError):
+        return None, True
+
+
+def _load_trace_folder(
+    path: Path, ncu: str | Path | None, ranks: list[int] | None, say: Callable[[str], None]
+) -> Profile:
+    """A folder of Kineto traces, one per rank, without a manifest."""
+    files = sorted(f for f in path.iterdir() if f.is_file() and _is_trace_name(f.name))
+    warnings: list[str] = []
+    claims: dict[Path, tuple[int | None, str]] = {}
+    for f in files:
+        rank, looks_like_trace = _peek_rank(f)
+        if rank is not None:
+            claims[f] = (rank, "distributedInfo")
+        elif looks_like_trace or len(files) == 1:
+            named = _rank_from_name(f.name)
+            claims[f] = (named, "file name") if named is not None else (None, "")
+        else:
+            warnings.append(f"{f.name}: not a PyTorch profiler trace (no traceEvents); skipped")
+    if not claims:
+        raise RunDirError(
+            "neither a run directory (no manifest.json) nor a folder of traces "
+            "(no .json, .json.gz or .pt.trace.json.gz file)",
+            path=str(path),
+        )
+    by_rank: dict[int, list[Path]] = {}
+    for f, (rank, _) in claims.items():
+        if rank is not None:
+            by_rank.setdefault(rank, []).append(f)
+    unnamed = [f for f, (rank, _) in claims.items() if rank is None]
+    clash = {r: fs for r, fs in by_rank.items() if len(fs) > 1}
+    if not clash and len(unnamed) == 1 and len(claims) == 1:
+        by_rank[0] = unnamed  # one trace with no rank: rank 0, as a bare file
+        unnamed = []
+    if clash:
+        rank, fs = min(clash.items())
+        why = claims[fs[0]][1]
+        raise InputError(
+            f"{len(fs)} traces claim rank {rank} (from their {why}): "
+            f"{', '.join(f.name for f in fs)}; they are separate captures, not one trace per rank: "
+            f"report one file at a time, e.g. kerneltriage report {fs[0]}",
+            path=str(path),
+        )
+    if unnamed:
+        free = (r for r in itertools.count() if r not in by_rank)
+        numbered = [(f, next(free)) for f in unnamed]
+        for f, r in numbered:
+            by_rank[r] = [f]
+        warnings.append(
+            f"{len(unnamed)} trace(s) name no rank (no distributedInfo, no rank in the file name); "
+            "numbered in file-name order: " + ", ".join(f"{f.name} → rank {r}" for f, r in numbered)
+        )
+    traces = {r: fs[0] for r, fs in sorted(by_rank.items())}
+    wanted = sorted(traces) if ranks is None else list(ranks)
+    _check_ranks(wanted, list(traces), path, "the folder")
+    timelines: dict[int, Timeline] = {}
+    for r in wanted:
+        say(f"reading {traces[r].name}")
+        timelines[r] = read_timeline(traces[r])
+        timelines[r].rank = r
+    counters = None
+    if ncu:
+        say(f"reading {Path(ncu).name}")
+        counters = read_counters(ncu)
+    return Profile(timelines, counters, None, path, warnings=warnings)
 
 
 def _read_nsys_ranks(path: Path, ranks: list[int] | None) -> dict[int, Timeline]:

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import copy
+import functools
+import gzip
+import json
+import re
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kerneltriage.analysis.attribution import attribute, find_steps
@@ -111,3 +117,101 @@ def test_step_marker_overrides(tmp_path):
     steps, source, _ = find_steps(timeline(), marker=r"^Optimizer\.zero_grad")
     assert source.startswith("--step-marker") and len(steps) == 2
     assert all(s.dur < 1_000_000 for s in steps)  # zero_grad ranges are short
+
+
+# --- Traces nobody here made (../shared/external-traces, read in place) ----------------------
+
+EXTERNAL = Path(__file__).resolve().parents[3] / "shared" / "external-traces"
+PT19 = EXTERNAL / "kineto-resnet50-v100-pt19" / "worker0.1623143089861.pt.trace.json.gz"
+MINITOY = EXTERNAL / "hta-minitoy-mi250-rocm62" / "mi250_minitoy_train_ROCm6_2_kineto.json.gz"
+
+
+@functools.cache
+def _events(path: Path) -> list[dict]:
+    return json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+
+
+@functools.cache
+def _external(path: Path):
+    assert path.is_file(), f"{path} missing (../shared/external-traces must sit beside the checkout)"
+    tl = read_trace(path)
+    return tl, attribute(tl)
+
+
+def test_pytorch_1_9_profiler_steps_are_steps_in_any_category():
+    """PyTorch 1.9 writes ProfilerStep#N (and every record_function range) as category
+    "Operator". They are the steps, never ops: all six of the file's ranges, in order. (HTA
+    0.5.0 counts 5: it drops the last step by design, include_last_profiler_step=False.)"""
+    events = _events(PT19)
+    ranges = sorted(
+        (e for e in events if re.fullmatch(r"ProfilerStep#\d+", str(e.get("name")))), key=lambda e: e["ts"]
+    )
+    assert {e["cat"] for e in ranges} == {"Operator"}
+    tl, attr = _external(PT19)
+    assert attr.step_source == "ProfilerStep"
+    assert [s.name for s in attr.steps] == [e["name"] for e in ranges]
+    assert len(attr.steps) == 6
+    assert [s.dur for s in attr.steps] == [round(e["dur"] * 1000) for e in ranges]
+    # No kernel's op or top-level op is a ProfilerStep, an optimizer or a data-loader range.
+    names = tl.cpu["name"].astype(str).to_numpy()
+    k = attr.in_steps()
+    for column in ("op", "root", "fwd_root"):
+        rows = k.loc[k[column] >= 0, column].to_numpy()
+        assert not any(
+            re.match(r"ProfilerStep#|Optimizer\.|enumerate\(DataLoader\)", n) for n in set(names[rows])
+        )
+
+
+def test_pytorch_1_9_backward_and_optimizer_phases():
+    """Old-format backward top-level ops are the autograd nodes themselves (CudnnConvolutionBackward
+    on the backward thread); their kernels reach the forward op through the sequence number.
+    Optimizer.step#SGD.step and Optimizer.zero_grad#SGD.zero_grad are ranges around the
+    optimizer's kernels."""
+    tl, attr = _external(PT19)
+    k = attr.in_steps()
+    names = tl.cpu["name"].astype(str).to_numpy()
+    bwd = k[k["phase"] == "bwd"]
+    assert len(bwd) > 1000
+    assert set(names[bwd["root"]]) <= {
+        n
+        for n in set(names)
+        if n.endswith(("Backward", "Backward0", "Backward1")) or n == "torch::autograd::AccumulateGrad"
+    }
+    # Every backward kernel but AccumulateGrad's (no forward op) reaches a forward aten op.
+    mapped = bwd[names[bwd["root"]] != "torch::autograd::AccumulateGrad"]
+    assert (mapped["fwd_root"] >= 0).all()
+    assert set(names[mapped["fwd_root"]]) >= {"aten::conv2d", "aten::batch_norm", "aten::linear"}
+    # Optimizer kernels: exactly the kernels launched inside the Optimizer.* ranges.
+    events = _events(PT19)
+    opt_ranges = [
+        (round(e["ts"] * 1000), round((e["ts"] + e["dur"]) * 1000))
+        for e in events
+        if re.match(r"Optimizer\.(step|zero_grad)#", str(e.get("name", "")))
+    ]
+    launch = k["launch_start"].to_numpy()
+    inside = np.zeros(len(k), dtype=bool)
+    for a, b in opt_ranges:
+        inside |= (launch >= a) & (launch < b)
+    assert inside.sum() > 0
+    assert ((k["phase"] == "opt").to_numpy() == inside).all()
+
+
+def test_a_stub_profiler_step_is_dropped():
+    """The MI250 toy trace ends with a 49 µs ProfilerStep#2 opened just before the profiler
+    stopped: under a tenth of the median, it is a stub, not a step. The step time is then
+    ProfilerStep#1's (HTA: 9.29 ms)."""
+    ranges = {
+        e["name"]: e
+        for e in _events(MINITOY)
+        if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep")
+    }
+    assert set(ranges) == {"ProfilerStep#1", "ProfilerStep#2"}
+    assert ranges["ProfilerStep#2"]["dur"] < 0.1 * ranges["ProfilerStep#1"]["dur"]
+    _, attr = _external(MINITOY)
+    assert [s.name for s in attr.steps] == ["ProfilerStep#1"]
+    assert any("ProfilerStep#2" in w and "stub" in w for w in attr.warnings)
+    from kerneltriage.analysis.triage import step_walls
+
+    walls = step_walls(attr)
+    assert len(walls) == 1 and walls[0] >= round(ranges["ProfilerStep#1"]["dur"] * 1000)
+    assert np.mean(walls) / 1e6 == pytest.approx(9.29, abs=0.01)  # HTA's iteration time

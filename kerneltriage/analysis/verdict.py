@@ -201,6 +201,19 @@ def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
 
 
 _FP32_SIMT = re.compile(r"(^|[_:\s])(sgemm|scudnn|sgemv)", re.IGNORECASE)
+# cuDNN's generic engines say their type in the template: dgrad_engine<float, …>.
+_FP32_TEMPLATE = re.compile(r"<float\s*,")
+_TENSOR_OP = re.compile(
+    r"tensorop|hmma|xmma|h884|h1688|s1688|s16816|i8816|bf16|f16|half|wgmma", re.IGNORECASE
+)
+
+
+def _fp32_simt(k) -> bool:
+    if _TENSOR_OP.search(k.full_name):
+        return False
+    return bool(_FP32_SIMT.search(k.name) or _FP32_TEMPLATE.search(k.full_name))
+
+
 _LAYOUT = re.compile(r"nchwToNhwc|nhwcToNchw|batched_transpose|NCHWToNHWC|NHWCToNCHW")
 
 
@@ -211,7 +224,7 @@ def _library_advice(c: Candidate, gpu: GPUSpec | None) -> None:
         return
     total = sum(k.time_ms_per_step for k in c.kernels) or 1.0
     advice = []
-    fp32 = sum(k.time_ms_per_step for k in c.kernels if _FP32_SIMT.search(k.name))
+    fp32 = sum(k.time_ms_per_step for k in c.kernels if _fp32_simt(k))
     if fp32 >= 0.5 * total:
         tf32 = gpu is not None and "tf32" in gpu.peak_tflops
         fix = (

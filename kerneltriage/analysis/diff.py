@@ -200,6 +200,19 @@ def _comparability(before: Report, after: Report) -> list[str]:
     names = [r.gpu.name if r.gpu is not None else "unknown GPU" for r in (before, after)]
     if names[0] != names[1] or before.gpu is None:
         warnings.append(f"different GPUs (or none known): {names[0]} vs {names[1]}")
+    if before.gpu is not None and after.gpu is not None and names[0] == names[1]:
+        bw = [r.gpu.bandwidth for r in (before, after)]
+        if before.gpu.resolved_by != after.gpu.resolved_by or before.gpu.source != after.gpu.source:
+            warnings.append(
+                f"the ceilings come from different sources (before: {before.gpu.resolved_by}, {before.gpu.source}; "
+                f"after: {after.gpu.resolved_by}, {after.gpu.source}): 'of ceiling' figures are not comparable"
+            )
+        elif abs(bw[0] - bw[1]) > 0.05 * bw[0]:
+            # Two calibrations of one GPU model differ by a few percent; more is another machine state.
+            warnings.append(
+                f"the calibrated bandwidths differ by {abs(bw[0] - bw[1]) / bw[0]:.0%} "
+                f"({bw[0] / 1e9:.0f} vs {bw[1] / 1e9:.0f} GB/s): 'of ceiling' figures are not comparable"
+            )
     if before.steps != after.steps:
         warnings.append(f"different numbers of recorded steps: {before.steps} vs {after.steps}")
     vb, va = before.source.get("versions") or {}, after.source.get("versions") or {}

@@ -178,6 +178,12 @@ def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
     if not cond["headroom"].passed:
         library = c.attrs.get("library_op") or _already_uses(c, rec)
         c.verdict, c.reason, c.note = "skip", "library-at-roof" if library else "at-roof", ""
+        if c.headroom is not None and c.headroom < 1.0 and "ncu" in c.roofline.source:
+            # Measured faster than the ceiling allows: the roof is wrong, not the kernel.
+            c.note = (
+                f"measured above its ceiling ({1 / c.headroom:.2f}× of it): the roof is too low for this "
+                "kernel (run kerneltriage calibrate with this run to measure it); at the roof either way"
+            )
         return
     if not cond["stability"].passed:
         c.verdict, c.reason = "skip", "unstable-shapes"

@@ -130,3 +130,17 @@ def test_built_in_kernels_realize_attention_and_norm_savings():
     assert norm.realized_saving_share > 0.5 * norm.predicted_saving_share
     assert d.kinds["norm"]["after"] < 0.5 * d.kinds["norm"]["before"]
     assert d.kinds["attention"]["after"] < 0.1 * d.kinds["attention"]["before"]
+
+
+def test_ceilings_from_different_sources_are_flagged():
+    """The same run against itself with the datasheet ceilings instead of the calibrated ones:
+    the diff says its 'of ceiling' figures are not comparable."""
+    import dataclasses
+
+    from kerneltriage.analysis.gpus import spec_for
+
+    rep = build_report(EXAMPLE_RUN)
+    datasheet = dataclasses.replace(rep, gpu=spec_for("H200", "name", "the trace's device name"))
+    assert rep.gpu.name == datasheet.gpu.name and rep.gpu.resolved_by == "calibration"
+    d = compare(rep, datasheet)
+    assert any("ceilings come from different sources" in w for w in d.warnings), d.warnings

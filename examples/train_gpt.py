@@ -8,12 +8,15 @@ same script measures before and after:
     python examples/train_gpt.py                          # naive attention, eager RMSNorm
     python examples/train_gpt.py --attn sdpa
     python examples/train_gpt.py --attn builtin --norm builtin
+    python examples/train_gpt.py --compile                # the whole model under torch.compile
     kerneltriage profile -- python examples/train_gpt.py
     torchrun --nproc-per-node 2 examples/train_gpt.py --ddp
     python examples/train_gpt.py --tiny --device cpu      # seconds on a CPU, for tests
 
 No downloads: tokens are random. ``--loss-log`` writes the loss of every step (JSON) and
-``--time`` prints the median step time after the first few steps.
+``--time`` prints the median step time after the first few steps (it synchronizes every step).
+``KT_EXAMPLE_STATS=FILE`` appends, at exit, the step times (without synchronizing) and
+torch.compile's graph and graph-break counts (``stepstats.py``).
 """
 
 from __future__ import annotations
@@ -23,11 +26,15 @@ import json
 import math
 import os
 import statistics
+import sys
 import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # stepstats.py, beside this file
+from stepstats import StepStats
 
 
 def parse_args(argv=None):
@@ -48,6 +55,7 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--loss-log", help="write every step's loss to this JSON file")
     p.add_argument("--time", action="store_true", help="print the median step time")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
     args = p.parse_args(argv)
     if args.tiny:
         args.d, args.layers, args.heads, args.seq, args.batch, args.vocab = 64, 2, 4, 64, 2, 256
@@ -149,6 +157,8 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
     model = GPT(args).to(device)
+    if args.compile:
+        model = torch.compile(model)
     if args.ddp:
         model = nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None
@@ -157,6 +167,7 @@ def main(argv=None):
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=fused)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     gen = torch.Generator(device="cpu").manual_seed(args.seed + 1000 * rank)
+    stats = StepStats(device)
     losses, times = [], []
     for _ in range(args.steps):
         start = time.perf_counter()
@@ -171,6 +182,7 @@ def main(argv=None):
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        stats.step_done()
         if args.loss_log or args.time:
             losses.append(loss.item())  # syncs: only when asked for
             times.append(time.perf_counter() - start)

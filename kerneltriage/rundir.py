@@ -3,7 +3,8 @@
 Layout of schema ``kerneltriage.run/1``::
 
     RUN/
-      manifest.json        this module's Manifest: command, GPU, versions, schedule, phases, status
+      manifest.json        this module's Manifest: command, GPU, versions, schedule, phases, status,
+                           warnings for the report
       trace.json.gz        PyTorch profiler (Kineto) chrome trace of the recorded steps
       trace.rank{N}.json.gz  one per rank instead, for multi-process (torchrun) runs
       timeline.sqlite      instead of a trace: an Nsight Systems export (profile --timeline nsys)
@@ -13,7 +14,7 @@ Layout of schema ``kerneltriage.run/1``::
                            several problem sizes (persistent GEMMs), from a second ncu pass
       ncu.ncu-rep          optional: the Nsight Compute report (open it in the GUI)
       regions.jsonl        optional: one JSON object per module signature (path, class, shapes)
-      logs/                stdout/stderr of each phase
+      logs/                stdout/stderr of each phase, per-process status, the shapes step's trace
 
 Only ``manifest.json`` and a trace are required. Every other file is optional and the report
 says what it used.
@@ -63,6 +64,9 @@ class Manifest:
     exit_code: int | None = None
     ranks: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: What the report must repeat about how the run was measured (the profiler's overhead on
+    #: the step time, hot kernels left without counters and why); a subset of ``notes``.
+    warnings: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 The kernels covering ``coverage`` of GPU time in the recorded steps (capped by
 ``max_kernels``), communication kernels left out: ncu serializes kernels, which can hang
 collectives. Kernels whose one launch configuration runs several problem sizes are listed
-apart, for a pass that profiles every launch.
+apart, for a pass that profiles every launch, within a budget of launches per step; those the
+budget cannot hold are named with their launch counts, never dropped silently.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ class HotKernels:
     variable: list[str] = field(default_factory=list)
     variable_launches: int = 0
     variable_configs: int = 0  # the configurations of ``configs`` that belong to ``variable``
+    # Variable-size kernels the launch budget could not hold (base name -> launches per step):
+    # they get one launch per configuration, whose counters fit only launches of that size.
+    over_budget: dict[str, int] = field(default_factory=dict)
 
 
 #: Launches of one (kernel, grid, block) whose durations differ by more than this factor run
@@ -35,6 +39,11 @@ class HotKernels:
 VARIABLE_SPREAD = 2.0
 #: ... and only when they take at least this share of the step's kernel time.
 VARIABLE_MIN_SHARE = 0.02
+#: Launches per step the every-launch pass may take. Each costs about 0.32 s of ncu time on an
+#: H200 with the roofline metrics (BENCHMARKS.md), so 256 ≈ 80 s. The 8-layer Llama of the
+#: profiling issue needs 113 (two persistent GEMMs, 56 and 57 launches a step); 48, the old
+#: budget, left both without counters.
+MAX_VARIABLE_LAUNCHES = 256
 
 
 def select_hot_kernels(
@@ -43,7 +52,7 @@ def select_hot_kernels(
     *,
     coverage: float,
     max_kernels: int,
-    max_variable_launches: int = 48,
+    max_variable_launches: int = MAX_VARIABLE_LAUNCHES,
 ) -> HotKernels:
     """The base names of the kernels covering ``coverage`` of GPU kernel time in the steps;
     ``rules`` tell communication kernels apart."""
@@ -75,6 +84,7 @@ def select_hot_kernels(
     weight = groups.sum() / max(1.0, float(one_step["dur"].sum()))
     heavy = spread[(spread > VARIABLE_SPREAD) & (weight >= VARIABLE_MIN_SHARE)].index
     variable: list[str] = []
+    over_budget: dict[str, int] = {}
     launches = 0
     for name in sorted(
         {base_name(k[0]) for k in heavy}, key=lambda n: -one_step.loc[one_step["base"] == n, "dur"].sum()
@@ -83,5 +93,9 @@ def select_hot_kernels(
         if launches + count <= max_variable_launches:
             variable.append(name)
             launches += count
+        else:
+            over_budget[name] = count
     variable_configs = len(one_step[one_step["base"].isin(variable)].drop_duplicates(key))
-    return HotKernels(chosen, configs, covered / total, comm, variable, launches, variable_configs)
+    return HotKernels(
+        chosen, configs, covered / total, comm, variable, launches, variable_configs, over_budget
+    )

@@ -15,7 +15,8 @@ methods, tried in this order for each row:
 A join is then checked: a row whose duration differs from the trace kernel's by more than
 ``join_max_duration_ratio`` is rejected as a wrong join (ncu replays each kernel with cold
 caches, so durations differ somewhat, never by integer factors). Nothing joins silently:
-the result counts rows and kernel time joined, by method, and the rejects.
+the result counts rows and kernel time joined, by method, and the rejects, and names each hot
+kernel left with counters on less than half of its time, and why.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class JoinResult:
     hot_kernels: int = 0
     hot_kernels_joined: int = 0
     hot_time_joined_share: float | None = None
+    # Hot kernels with counters on less than half of their time (none, most often), and why.
+    hot_without_counters: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         data = {
@@ -62,6 +65,7 @@ class JoinResult:
             data["hot_kernels"] = self.hot_kernels
             data["hot_kernels_joined"] = self.hot_kernels_joined
             data["hot_time_joined_share"] = round(self.hot_time_joined_share, 4)
+            data["hot_kernels_without_counters"] = dict(self.hot_without_counters)
         return data
 
 
@@ -128,6 +132,7 @@ def join_counters(
     # Reject joins whose durations disagree by more than max_ratio.
     joined = row[row >= 0]
     rejected_rows: set[int] = set()
+    bad = joined.index[:0]
     if len(joined):
         trace_dur = kernels.loc[joined.index, "dur"].to_numpy(dtype=float)
         ncu_dur = ncu["duration_ns"].to_numpy(dtype=float)[joined.to_numpy()]
@@ -159,7 +164,52 @@ def join_counters(
         result.hot_kernels = len(set(hot_kernels))
         result.hot_kernels_joined = int(bases[hot.index][hot_joined].nunique())
         result.hot_time_joined_share = float(hot.loc[hot_joined, "dur"].sum()) / hot_time if hot_time else 0.0
+        result.hot_without_counters = _hot_without_counters(
+            hot.assign(_base=bases[hot.index], _joined=hot_joined, _rejected=hot.index.isin(bad)),
+            set(ncu_keys),
+        )
+        if result.hot_without_counters:
+            result.warnings.append(
+                "hot kernels without counters: "
+                + "; ".join(f"{name} ({why})" for name, why in result.hot_without_counters.items())
+            )
     return result
+
+
+def _hot_without_counters(hot: pd.DataFrame, row_keys: set[tuple]) -> dict[str, str]:
+    """Why each hot kernel has counters on less than half of its in-step time."""
+    row_bases = {k[0] for k in row_keys}
+    out: dict[str, str] = {}
+    for name, launches in hot.groupby("_base", sort=False):
+        time = float(launches["dur"].sum())
+        joined = float(launches.loc[launches["_joined"], "dur"].sum())
+        if time <= 0 or joined >= 0.5 * time:
+            continue
+        if name not in row_bases:
+            why = "no counter row: ncu did not profile it in phase 2's step"
+        else:
+            left = launches[~launches["_joined"]]
+            rejected = int(left["_rejected"].sum())
+            unprofiled = int((~left["_key"].isin(row_keys) & ~left["_rejected"]).sum())
+            unmatched = len(left) - rejected - unprofiled
+            parts = []
+            if rejected:
+                parts.append(
+                    f"{rejected} launches had counters of another duration, rejected (another problem "
+                    "size under the same launch configuration, or another program)"
+                )
+            if unprofiled:
+                parts.append(f"{unprofiled} launches in launch configurations ncu did not profile")
+            if unmatched:
+                parts.append(
+                    f"{unmatched} launches matched no counter row of their launch configuration by name "
+                    "(other template instantiations)"
+                )
+            why = "; ".join(parts)
+        if joined:
+            why = f"counters on {joined / time:.0%} of its time; {why}"
+        out[str(name)] = why
+    return out
 
 
 def _join_by_position(

@@ -146,6 +146,8 @@ def load_profile(
                 parts.append(read_counters(counters_path))
             counters = merge_counters(parts)
         profile = Profile(timelines, counters, run.manifest, path)
+        # What profile measured about itself (overhead above 5%, counters it could not take).
+        profile.warnings.extend(getattr(run.manifest, "warnings", None) or [])
         if run.regions:
             profile.regions = _read_regions(run.regions, profile.warnings)
         expected = run.manifest.ranks

@@ -5,20 +5,43 @@ here, never in the report path.
 
 Steps come from ``kerneltriage.step()`` when the script uses it, else from a global optimizer
 step post-hook (every ``torch.optim`` optimizer), else nothing fires and the whole run is
-recorded. Phase 1 ("timeline") runs the PyTorch profiler with the schedule: skip ``warmup``
-steps, record ``steps``; module forward hooks add ``kerneltriage.module:<path>:<Class>``
-ranges (record_function + NVTX) while recording. Phase 2 ("ncu") records nothing itself: it
-opens an NVTX *start/end* range around one step (start/end ranges are process-wide, so the
-autograd thread's backward kernels fall inside it, unlike push/pop ranges) for Nsight
-Compute's ``--nvtx-include`` filter.
+recorded.
+
+Phase 1 ("timeline") must time the program as the user runs it, so what it adds to the
+recorded steps is kept to the minimum (``Plan`` says which step does what):
+
+- the profiler records the steps without input shapes (collecting shapes costs more host time
+  per op than the rest of the profiler); one step of the warm-up runs under a second, CPU-only
+  profiler that records them, and ``profile/shapes.py`` copies them onto the timed trace's ops;
+- module ranges (``kerneltriage.module:<path>:<Class>``) come from global forward hooks that
+  exist only from that shapes step to the end of the recorded steps. A hook call enters or
+  leaves one profiler range under a name resolved once per module; module input shapes for
+  ``regions.jsonl`` are taken in the first hooked step only;
+- every hook returns at once while Dynamo traces it (``torch.compiler.is_compiling()``), so a
+  compiled program gets the same graphs, graph breaks and kernels as without kerneltriage.
+  Hooks added after compilation are not guarded on (``skip_nnmodule_hook_guards``), so they
+  cause no recompilation either;
+- after the recorded steps, a few more steps run with nothing installed: their median is the
+  plain step time, against which the recorded steps' overhead is measured (CUDA events on the
+  GPU, so no synchronization is added).
+
+Phase 2 ("ncu") records nothing itself and installs no module hooks: it opens an NVTX
+*start/end* range around the first step phase 1 recorded (start/end ranges are process-wide,
+so the autograd thread's backward kernels fall inside it, unlike push/pop ranges) for Nsight
+Compute's ``--nvtx-include`` filter. Phase 1's hooks change nothing Dynamo or the GPU sees,
+so both phases run the same kernels.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
+import sys
 import threading
 import time
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +51,9 @@ EXIT_NO_GPU = 86
 NCU_RANGE = "kerneltriage.ncu"
 #: The recorded steps under Nsight Systems (``--capture-range=nvtx``).
 CAPTURE_RANGE = "kerneltriage.capture"
+#: torch.compile(module) warns when global module hooks exist; ours are kerneltriage's, not
+#: the user's, and they do nothing inside compiled code.
+_OPTIMIZED_MODULE_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
 
 
 class Done(BaseException):
@@ -41,29 +67,89 @@ def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def shapes_file(rank_: int) -> str:
+    """The shapes pass's trace, under ``logs/`` of the run directory."""
+    return f"shapes.rank{rank_}.json.gz"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Which step of phase 1 does what. Steps are numbered from 1, in the order they end.
+
+    ``warmup`` W and ``steps`` S as the user asked; ``timing`` T plain steps after them.
+    With W ≥ 3: step W−1 runs under the shapes profiler, step W is the timed profiler's own
+    warm-up (CUPTI start-up), steps W+1..W+S are recorded. With W < 3 there is no room for a
+    separate shapes step and the timed profiler records shapes itself, as it must in a
+    whole-run recording.
+    """
+
+    warmup: int
+    steps: int
+    timing: int
+    whole_run: bool = False
+
+    @property
+    def shapes_step(self) -> int | None:
+        return self.warmup - 1 if self.warmup >= 3 and not self.whole_run else None
+
+    @property
+    def first_recorded(self) -> int:
+        return self.warmup + 1
+
+    @property
+    def last_recorded(self) -> int:
+        return self.warmup + self.steps
+
+    @property
+    def hooks_from(self) -> int:
+        """The first step during which module hooks exist (they go at the last recorded step's
+        end). Not the first step unless it is recorded: that is where torch.compile traces."""
+        return self.shapes_step or (1 if self.warmup == 0 else max(2, self.warmup))
+
+    @property
+    def stop_after(self) -> int:
+        """The process stops once this many steps ended (unless --run-to-end)."""
+        return self.last_recorded + self.timing
+
+    @property
+    def plain_marks(self) -> tuple[int, int]:
+        """Step ends that bound the plain timing window. The first step after the recorded
+        ones pays for the trace export, so the window starts at its end."""
+        return self.last_recorded + 1, self.last_recorded + self.timing
+
+
 class Session:
     """One profiled process. ``config`` is the JSON written by the parent (``session.py``)."""
 
     def __init__(self, config: dict[str, Any]):
         self.config = config
-        self.mode = config["mode"]  # "timeline" or "ncu"
+        self.mode = config["mode"]  # "timeline", "ncu" or "nsys"
         self.out = Path(config["out"])
         self.warmup = int(config["warmup"])
         self.steps = int(config["steps"])
         self.whole_run = bool(config.get("whole_run"))
+        self.plan = Plan(self.warmup, self.steps, int(config.get("timing_steps", 0)), self.whole_run)
         self.rank = rank()
         self.steps_seen = 0
         self.step_source: str | None = None
-        self.recording = False
+        self.recording = False  # module ranges are wanted (hooks installed and a profiler on)
+        self.describe = False  # module input/output shapes are taken for regions.jsonl
         self.done = False
         self.trace_path: Path | None = None
-        self.hook_seconds = 0.0
+        self.shapes_path: Path | None = None
         self.prof = None
+        self.shapes_prof = None
         self.ncu_range = None
+        self.hook_handles: list[Any] = []
+        self.graphs_at_install = 0
+        self.hook_calls = 0
         self.signatures: dict[tuple, dict[str, Any]] = {}
-        self.paths: dict[int, str] = {}
+        self.names: dict[int, str] = {}
         self._local = threading.local()
+        self.marks: dict[int, Any] = {}  # step number -> CUDA event or perf_counter at its end
         self.torch = None
+        self._range = None
+        self._is_compiling = None
 
     # --- set-up -------------------------------------------------------------------------
 
@@ -77,41 +163,92 @@ class Session:
         if torch.cuda.is_available() and self.config.get("distributed"):
             local = int(os.environ.get("LOCAL_RANK", "0"))
             torch.cuda.set_device(local % torch.cuda.device_count())
+        self.prepare(torch)
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         register_optimizer_step_post_hook(self._on_optimizer_step)
         annotate.step_listeners.append(self._on_user_step)
         if self.mode == "timeline":
-            from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-
-            register_module_forward_pre_hook(self._module_pre)
-            register_module_forward_hook(self._module_post)
-            self._start_profiler()
+            self._advance_timeline()
         elif self.mode == "ncu" and self.warmup == 0 and not self.whole_run:
             self._open_ncu_range()
         elif self.mode == "nsys" and self.warmup == 0:
             self._open_capture()
 
-    def _start_profiler(self) -> None:
+    def prepare(self, torch) -> None:
+        """What the hooks need, resolved once (``install`` calls it; tests call it alone)."""
+        self.torch = torch
+        self._is_compiling = _is_compiling_function(torch)
+        self._range = _fast_range_type(torch)
+
+    @property
+    def _cuda_clock(self) -> bool:
+        return bool(self.torch.cuda.is_available() and not self.config.get("cpu"))
+
+    def _profiler(self, *, shapes: bool, cpu_only: bool, schedule, on_trace_ready):
         torch = self.torch
         activities = [torch.profiler.ProfilerActivity.CPU]
-        if torch.cuda.is_available() and not self.config.get("cpu"):
+        if self._cuda_clock and not cpu_only:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        schedule = None
-        if not self.whole_run:
+        # No with_flops: the report computes work from shapes and counters, never from the
+        # profiler's FLOP estimates, and they cost host time per op.
+        return torch.profiler.profile(
+            activities=activities, schedule=schedule, on_trace_ready=on_trace_ready, record_shapes=shapes
+        )
+
+    def _advance_timeline(self) -> None:
+        """Phase 1: start or stop what the step that begins now needs (``self.steps_seen``
+        steps have ended)."""
+        plan, seen = self.plan, self.steps_seen
+        torch = self.torch
+        if self.whole_run:
+            if seen == 0:
+                self._install_module_hooks(describe=True)
+                self.prof = self._profiler(shapes=True, cpu_only=False, schedule=None, on_trace_ready=None)
+                self.prof.start()
+            return
+        if seen == plan.hooks_from - 1:
+            self._install_module_hooks(describe=True)
+        elif self.describe:
+            self.describe = False  # one hooked step is enough for regions.jsonl
+        shapes_step = plan.shapes_step
+        if shapes_step is not None:
+            if seen == shapes_step - 1:
+                self.shapes_prof = self._profiler(
+                    shapes=True, cpu_only=True, schedule=None, on_trace_ready=self._export_shapes
+                )
+                self.shapes_prof.start()
+            elif seen == shapes_step:
+                self._stop_shapes_pass()
+                # The timed profiler: its own warm-up step (step W), then the recorded steps.
+                schedule = torch.profiler.schedule(wait=0, warmup=1, active=plan.steps, repeat=1)
+                self.prof = self._profiler(
+                    shapes=False, cpu_only=False, schedule=schedule, on_trace_ready=self._export
+                )
+                self.prof.start()
+        elif seen == 0:
             # Kineto needs one warm-up step of its own; the rest of the user's warm-up waits.
             schedule = torch.profiler.schedule(
                 wait=max(0, self.warmup - 1), warmup=min(1, self.warmup), active=self.steps, repeat=1
             )
-        self.prof = torch.profiler.profile(
-            activities=activities,
-            schedule=schedule,
-            on_trace_ready=self._export,
-            record_shapes=True,
-            with_flops=True,
-        )
-        self.prof.start()
-        self.recording = self.whole_run or self.warmup <= 1
+            self.prof = self._profiler(
+                shapes=True, cpu_only=False, schedule=schedule, on_trace_ready=self._export
+            )
+            self.prof.start()
+
+    def _stop_shapes_pass(self) -> None:
+        prof, self.shapes_prof = self.shapes_prof, None
+        if prof is not None:
+            prof.stop()  # hands the trace to _export_shapes
+
+    def _export_shapes(self, prof) -> None:
+        logs = self.out / rundir.LOGS
+        logs.mkdir(parents=True, exist_ok=True)
+        path = logs / shapes_file(self.rank)
+        tmp = path.with_name(path.name.replace(".json.gz", ".tmp.json.gz"))
+        prof.export_chrome_trace(str(tmp))
+        os.replace(tmp, path)
+        self.shapes_path = path
 
     # --- steps --------------------------------------------------------------------------
 
@@ -124,6 +261,8 @@ class Session:
             self._open_ncu_range()
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        if self._is_compiling():
+            return  # a compiled optimizer step: nothing for Dynamo to trace here
         if self.step_source == "kerneltriage.step":
             return  # the script marks its own steps
         self.step_source = "optimizer"
@@ -139,10 +278,14 @@ class Session:
         if self.mode == "timeline":
             if self.whole_run:
                 return
-            # Module ranges only while the profiler records (its warm-up step included).
-            self.recording = self.warmup - 1 <= self.steps_seen < self.warmup + self.steps
-            self.prof.step()  # may call _export
-            if self.trace_path is not None:
+            self._mark(self.steps_seen)
+            plan = self.plan
+            if self.steps_seen == plan.last_recorded:
+                self._remove_module_hooks()
+            if self.prof is not None and self.trace_path is None:
+                self.prof.step()  # may call _export
+            self._advance_timeline()
+            if self.steps_seen >= plan.stop_after and self.trace_path is not None:
                 self.done = True
                 self._finish_and_stop()
         else:
@@ -156,6 +299,49 @@ class Session:
                     self.ncu_range = None
                 self.done = True
                 self._finish_and_stop()
+
+    def _mark(self, step: int) -> None:
+        """Time stamp the end of ``step`` if it bounds a recorded or plain step."""
+        plan = self.plan
+        first_plain, last_plain = plan.plain_marks
+        if not (plan.warmup <= step <= plan.last_recorded or first_plain <= step <= last_plain):
+            return
+        if self._cuda_clock:
+            event = self.torch.cuda.Event(enable_timing=True)
+            event.record()  # on the current stream, no synchronization
+            self.marks[step] = event
+        else:
+            self.marks[step] = time.perf_counter()
+
+    def step_times(self) -> dict[str, Any]:
+        """Milliseconds per step, recorded (profiler on) and plain (nothing installed)."""
+        if not self.marks:
+            return {}
+        cuda = self._cuda_clock
+        if cuda:
+            last = self.marks[max(self.marks)]
+            last.synchronize()
+
+        def between(a: int, b: int) -> float | None:
+            if a not in self.marks or b not in self.marks:
+                return None
+            if cuda:
+                return float(self.marks[a].elapsed_time(self.marks[b]))
+            return 1000.0 * (self.marks[b] - self.marks[a])
+
+        plan = self.plan
+        first_plain, last_plain = plan.plain_marks
+        recorded = [between(s - 1, s) for s in range(plan.first_recorded, plan.last_recorded + 1)]
+        plain = [between(s - 1, s) for s in range(first_plain + 1, last_plain + 1)]
+        recorded = [round(t, 4) for t in recorded if t is not None]
+        plain = [round(t, 4) for t in plain if t is not None]
+        out: dict[str, Any] = {"clock": "cuda events" if cuda else "perf_counter", "recorded_ms": recorded}
+        out["plain_ms"] = plain
+        if recorded:
+            out["recorded_median_ms"] = round(statistics.median(recorded), 4)
+        if plain:
+            out["plain_median_ms"] = round(statistics.median(plain), 4)
+        return out
 
     # --- Nsight Systems: a capture range over the recorded steps, a range per step ------
 
@@ -190,57 +376,85 @@ class Session:
 
     # --- module ranges ------------------------------------------------------------------
 
-    def _path(self, module) -> str:
-        key = id(module)
-        path = self.paths.get(key)
-        if path is None:
-            # The first module seen without a path is a root: name it and its submodules.
-            root = type(module).__name__
-            for name, sub in module.named_modules():
-                self.paths.setdefault(id(sub), name or root)
-            path = self.paths[key]
-        return path
+    def _install_module_hooks(self, *, describe: bool) -> None:
+        if self.hook_handles:
+            return
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+        warnings.filterwarnings("ignore", message=_OPTIMIZED_MODULE_WARNING)
+        self.graphs_at_install = _dynamo_graphs()
+        self.hook_handles = [
+            register_module_forward_pre_hook(self._module_pre),
+            register_module_forward_hook(self._module_post),
+        ]
+        self.recording = True
+        self.describe = describe
+
+    def _remove_module_hooks(self) -> None:
+        """Stop the module ranges. The hooks go too unless Dynamo compiled a graph while they
+        were installed: it guards on the global hook dicts it read, and removing our hooks
+        would recompile that graph. They then stay, returning at once."""
+        self.recording = self.describe = False
+        if self.hook_handles and _dynamo_graphs() == self.graphs_at_install:
+            for handle in self.hook_handles:
+                handle.remove()
+            self.hook_handles = []
+
+    def _name(self, module) -> str:
+        """The range name of ``module``, resolved once: the first module seen without a name
+        is a root, and its whole tree is named then."""
+        root = module
+        inner = getattr(module, "_orig_mod", None)  # torch.compile(model)'s OptimizedModule
+        if inner is not None and type(module).__name__ == "OptimizedModule":
+            root = inner
+        root_name = type(root).__name__
+        prefix = annotate.MODULE_PREFIX
+        self.names.setdefault(id(module), f"{prefix}{root_name}:{root_name}")
+        for name, sub in root.named_modules():
+            self.names.setdefault(id(sub), f"{prefix}{name or root_name}:{type(sub).__name__}")
+        return self.names[id(module)]
 
     def _module_pre(self, module, args) -> None:
+        if self._is_compiling():
+            return  # Dynamo inlines this hook: it must add nothing to the graph
         if not self.recording:
             return
-        t0 = time.perf_counter()
-        torch = self.torch
-        name = f"{annotate.MODULE_PREFIX}{self._path(module)}:{type(module).__name__}"
-        rf = torch.autograd.profiler.record_function(name)
+        name = self.names.get(id(module)) or self._name(module)
+        rf = self._range(name)
         rf.__enter__()
-        if torch.cuda.is_available():
-            torch.cuda.nvtx.range_push(name)
         stack = getattr(self._local, "stack", None)
         if stack is None:
             stack = self._local.stack = []
-        stack.append((module, rf, _describe(args)))
-        self.hook_seconds += time.perf_counter() - t0
+        stack.append((module, rf, _describe(args) if self.describe else None))
+        self.hook_calls += 1
 
     def _module_post(self, module, args, output) -> None:
+        if self._is_compiling():
+            return
         stack = getattr(self._local, "stack", None)
         if not stack or stack[-1][0] is not module:
             return
-        t0 = time.perf_counter()
         _, rf, inputs = stack.pop()
-        if self.torch.cuda.is_available():
-            self.torch.cuda.nvtx.range_pop()
         rf.__exit__(None, None, None)
+        if inputs is not None:
+            self._signature(module, inputs, output)
+
+    def _signature(self, module, inputs, output) -> None:
         outputs = _describe(output)
-        key = (self._path(module), type(module).__name__, json.dumps(inputs), json.dumps(outputs))
+        path, cls = self.names[id(module)][len(annotate.MODULE_PREFIX) :].rsplit(":", 1)
+        key = (path, cls, json.dumps(inputs), json.dumps(outputs))
         entry = self.signatures.get(key)
         if entry is None:
             params = sum(p.numel() * p.element_size() for p in module.parameters(recurse=False))
             entry = self.signatures[key] = {
-                "path": key[0],
-                "class": key[1],
+                "path": path,
+                "class": cls,
                 "inputs": inputs,
                 "outputs": outputs,
                 "param_bytes": int(params),
                 "calls": 0,
             }
         entry["calls"] += 1
-        self.hook_seconds += time.perf_counter() - t0
 
     # --- output -------------------------------------------------------------------------
 
@@ -260,13 +474,17 @@ class Session:
         if getattr(self, "_finished", False):
             return
         self._finished = True
-        if self.mode == "timeline" and self.prof is not None and self.trace_path is None:
+        self._remove_module_hooks()
+        if self.mode == "timeline":
             try:
-                # Stopping while recording hands the trace to on_trace_ready (_export): a
-                # script that ends inside the recorded steps still leaves what it recorded.
-                self.prof.stop()
-                if self.whole_run and self.trace_path is None:
-                    self._export(self.prof)
+                if self.shapes_prof is not None:
+                    self._stop_shapes_pass()
+                if self.prof is not None and self.trace_path is None:
+                    # Stopping while recording hands the trace to on_trace_ready (_export): a
+                    # script that ends inside the recorded steps still leaves what it recorded.
+                    self.prof.stop()
+                    if self.whole_run and self.trace_path is None:
+                        self._export(self.prof)
             except Exception as exc:  # a failing export must not hide the script's own error
                 error = error or f"profiler export failed: {exc}"
         if self.mode == "timeline" and self.signatures and self.rank == 0:
@@ -287,13 +505,42 @@ class Session:
             "steps_seen": self.steps_seen,
             "step_source": self.step_source,
             "trace": self.trace_path.name if self.trace_path else None,
-            "hook_ms": 1000.0 * self.hook_seconds,
+            "shapes_trace": self.shapes_path.name if self.shapes_path else None,
+            "module_calls": self.hook_calls,
+            # Left installed (inert) because Dynamo compiled while they were in place.
+            "module_hooks_kept": bool(self.hook_handles),
             "environment": _environment(self.torch),
         }
+        if self.mode == "timeline" and self.torch is not None:
+            try:
+                data["step_times"] = self.step_times()
+            except Exception as exc:  # a failed CUDA context must not lose the status
+                data["step_times"] = {"error": str(exc)}
         logs = self.out / rundir.LOGS
         logs.mkdir(parents=True, exist_ok=True)
         path = logs / f"status.{self.mode}.rank{self.rank}.json"
         path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def _dynamo_graphs() -> int:
+    """Graphs Dynamo has compiled in this process so far (0 when it never ran)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    return int(counters["stats"]["unique_graphs"]) if counters is not None else 0
+
+
+def _is_compiling_function(torch):
+    """``torch.compiler.is_compiling``: Dynamo reads it as True while it traces."""
+    compiler = getattr(torch, "compiler", None)
+    fn = getattr(compiler, "is_compiling", None)
+    return fn if fn is not None else (lambda: False)
+
+
+def _fast_range_type(torch):
+    """A profiler range entered from Python at the cost of one C++ call: ``_RecordFunctionFast``
+    (torch ≥ 2.2, what Inductor uses around its kernels), else ``record_function``."""
+    fast = getattr(getattr(torch._C, "_profiler", None), "_RecordFunctionFast", None)
+    return fast if fast is not None else torch.autograd.profiler.record_function
 
 
 def _describe(value, depth: int = 0) -> list[dict[str, Any]]:

@@ -31,8 +31,12 @@ from kerneltriage.analysis.rules import load_rules
 from kerneltriage.errors import InputError, ToolError
 from kerneltriage.profile import nsight_compute as ncu_tools
 from kerneltriage.profile.command import Command, parse_command
-from kerneltriage.profile.hooks import CAPTURE_RANGE, EXIT_NO_GPU
+from kerneltriage.profile.hooks import CAPTURE_RANGE, EXIT_NO_GPU, Plan
 from kerneltriage.profile.runner import CONFIG_ENV
+
+#: Phase 1 warns when its recorded steps run this much slower than the same process's plain
+#: steps: beyond it, step and idle time in the report are the profiler's as much as the program's.
+OVERHEAD_WARN = 0.05
 
 TIMED_OUT = -999
 _ENV_KEYS = (
@@ -65,6 +69,12 @@ class Options:
     calibrate: bool = False
     ncu_timeout: float = 900.0  # seconds for each ncu pass
     rules_file: Path | None = None  # --rules: merged over the shipped rules (hot-kernel selection)
+    # Plain steps after the recorded ones (nothing installed): the first pays for the trace
+    # export, the others give the plain step time the recorded steps are measured against.
+    timing_steps: int = 6
+    # Launches per step the every-launch ncu pass may profile (about 0.32 s each on an H200
+    # with the roofline metric set: 256 launches ≈ 80 s).
+    max_variable_launches: int = 256
 
 
 class Reporter:
@@ -216,6 +226,8 @@ def _phase_timeline(
     failed = _failed_ranks(command, statuses)
     for rank, why in failed.items():
         warnings.append(f"rank {rank} failed: {why}")
+    if traces:
+        _finish_traces(out, statuses, manifest, warnings)  # before any failure: what is kept must read right
     if code != 0:
         detail = "\n".join(tail)
         if failed:
@@ -231,19 +243,78 @@ def _phase_timeline(
         )
     if not traces:
         raise ToolError("the profiler wrote no trace (see the logs folder of the run directory)")
-    hook_ms = sum(s.get("hook_ms", 0.0) for s in statuses if s.get("rank", 0) == 0)
+    plan = Plan(options.warmup, options.steps, options.timing_steps, bool(manifest.schedule.get("whole_run")))
+    first = min(statuses, key=lambda s: s.get("rank", 0), default={})
+    hooked_steps = 1 if plan.whole_run else max(1, plan.last_recorded - plan.hooks_from + 1)
     manifest.phases["timeline"].update(
         steps_seen=steps_seen,
         step_source=next((s.get("step_source") for s in statuses if s.get("step_source")), None),
-        module_hook_ms_per_step=round(hook_ms / max(1, options.steps), 3),
+        module_calls_per_step=round(first.get("module_calls", 0) / hooked_steps, 1),
         traces=[t.name for t in traces],
     )
+    _step_time(first.get("step_times") or {}, plan, manifest, warnings)
     manifest.ranks = sorted(s.get("rank", 0) for s in statuses if s.get("trace")) or [0]
     say.phase_done(
         "timeline",
         seconds,
         f"{len(traces)} trace(s), steps from {manifest.phases['timeline']['step_source'] or 'the whole run'}",
     )
+
+
+def _finish_traces(out: Path, statuses: list[dict[str, Any]], manifest, warnings: list[str]) -> None:
+    """Module ranges relabelled, shapes from the shapes step copied in (``trace_fixup``)."""
+    from kerneltriage.profile.trace_fixup import finish_trace
+
+    done: dict[str, Any] = {}
+    for status in statuses:
+        if not status.get("trace") or not (out / status["trace"]).is_file():
+            continue
+        shapes = out / rundir.LOGS / status["shapes_trace"] if status.get("shapes_trace") else None
+        try:
+            stats = finish_trace(out / status["trace"], shapes if shapes and shapes.is_file() else None)
+        except Exception as exc:  # the trace as recorded is still worth a report
+            warnings.append(f"could not finish {status['trace']} (module ranges, shapes): {exc}")
+            continue
+        done[status["trace"]] = stats
+        if stats.get("ops") and stats["ops_with_shapes"] < 0.9 * stats["ops"]:
+            message = (
+                f"{status['trace']}: input shapes found for {stats['ops_with_shapes']} of {stats['ops']} ops "
+                "(the shapes step ran other ops than the recorded steps); the others are estimated without them"
+            )
+            warnings.append(message)
+            manifest.warnings.append(message)
+    manifest.phases["timeline"]["trace_fixup"] = done
+
+
+def _step_time(times: dict[str, Any], plan: Plan, manifest, warnings: list[str]) -> None:
+    """The recorded steps against the same process's plain steps: the profiler's overhead."""
+    phase = manifest.phases["timeline"]
+    if plan.whole_run:
+        return
+    recorded, plain = times.get("recorded_median_ms"), times.get("plain_median_ms")
+    phase["step_time"] = {
+        "clock": times.get("clock"),
+        "recorded_ms": times.get("recorded_ms", []),
+        "plain_ms": times.get("plain_ms", []),
+        "recorded_median_ms": recorded,
+        "plain_median_ms": plain,
+        "overhead": round(recorded / plain - 1.0, 4) if recorded and plain else None,
+    }
+    if not (recorded and plain):
+        warnings.append(
+            f"the profiler's overhead was not measured: the script ended before the {plan.timing} "
+            f"plain steps that follow the recorded ones (it needs {plan.stop_after} steps)"
+        )
+        return
+    overhead = recorded / plain - 1.0
+    if overhead > OVERHEAD_WARN:
+        message = (
+            f"the profiler slowed the recorded steps by {overhead:.0%} ({recorded:.2f} ms against "
+            f"{plain:.2f} ms for the same steps unprofiled): step and idle time in this report are "
+            "inflated by the profiler's host time; kernel durations are not"
+        )
+        warnings.append(message)
+        manifest.warnings.append(message)
 
 
 def find_nsys() -> str | None:
@@ -356,6 +427,7 @@ def _phase_ncu(
         load_rules(options.rules_file),
         coverage=options.coverage,
         max_kernels=options.max_kernels,
+        max_variable_launches=options.max_variable_launches,
     )
     if not hot.names:
         warnings.append("phase 1 recorded no GPU kernels in the steps: nothing for ncu to profile")
@@ -370,6 +442,8 @@ def _phase_ncu(
         "metrics": metrics,
         "excluded_communication": hot.left_out,
         "variable_size_kernels": hot.variable,
+        "variable_launches_per_step": hot.variable_launches,
+        "variable_over_budget": hot.over_budget,
     }
     say.phase(
         "ncu",
@@ -395,7 +469,8 @@ def _phase_ncu(
             passes.append(("ncu", rundir.NCU_CSV, rest, None, hot.configs - hot.variable_configs))
     total_seconds = 0.0
     launches = 0
-    for stem, csv_name, kernels, every, expected in passes:
+    not_run: dict[str, str] = {}
+    for index, (stem, csv_name, kernels, every, expected) in enumerate(passes):
         cmd = ncu_tools.ncu_command(
             ncu,
             out / stem,
@@ -414,10 +489,62 @@ def _phase_ncu(
         launches += done
         manifest.phases["ncu"][f"{stem}_seconds"] = round(seconds, 2)
         if not ok:
+            for later_stem, _, later, _, _ in passes[index:]:
+                why = "failed" if later_stem == stem else f"did not run (the {stem} pass failed)"
+                not_run.update(dict.fromkeys(later, f"its ncu pass ({later_stem}) {why}"))
             break
     manifest.phases["ncu"].update(seconds=round(total_seconds, 2), profiled_launches=launches)
-    if (out / rundir.NCU_CSV).is_file():
+    _hot_without_counters(out, hot, not_run, options.max_variable_launches, manifest, warnings)
+    if (out / rundir.NCU_CSV).is_file() or (out / rundir.NCU_LAUNCHES_CSV).is_file():
         say.phase_done("ncu", total_seconds, f"{launches} launches profiled")
+
+
+def _hot_without_counters(
+    out: Path, hot, not_run: dict[str, str], budget: int, manifest, warnings: list[str]
+) -> None:
+    """Name every hot kernel that phase 2 left without counters, or with counters for some of
+    its launches only, and why."""
+    from kerneltriage.ingest.kernel_names import base_name
+    from kerneltriage.ingest.ncu_csv import read_counters
+
+    profiled: set[str] = set()
+    for csv_name in (rundir.NCU_LAUNCHES_CSV, rundir.NCU_CSV):
+        if (out / csv_name).is_file():
+            try:
+                rows = read_counters(out / csv_name).rows
+            except Exception:  # an unreadable export: the report says so when it reads it
+                continue
+            profiled.update(base_name(str(n)) for n in rows["kernel_name"])
+    missing: dict[str, str] = {}
+    for name in hot.names:
+        if name in not_run:
+            missing[name] = not_run[name]
+        elif name not in profiled:
+            missing[name] = (
+                "ncu profiled no launch of it: the profiled step of phase 2 did not run it "
+                "(a different program from phase 1's, or a kernel name ncu spells otherwise)"
+            )
+    for name, count in hot.over_budget.items():
+        missing.setdefault(
+            name,
+            f"runs several problem sizes under one launch configuration, {count} launches a step, over "
+            f"the every-launch budget ({budget} a step, {hot.variable_launches} taken by hotter kernels): "
+            "one launch per configuration was profiled, launches of its other sizes get no counters",
+        )
+    manifest.phases["ncu"]["hot_without_counters"] = missing
+    if missing:
+        warnings.append(
+            "hot kernels without counters from phase 2: "
+            + "; ".join(f"{name} ({why})" for name, why in missing.items())
+        )
+    # The report's join names kernels without counter rows itself; what only this side knows
+    # (the launch budget, a failed pass) goes to the report through the manifest.
+    known_here = {n: why for n, why in missing.items() if n in not_run or n in hot.over_budget}
+    if known_here:
+        manifest.warnings.append(
+            "hot kernels left without (some) counters by phase 2: "
+            + "; ".join(f"{name} ({why})" for name, why in known_here.items())
+        )
 
 
 def _ncu_pass(
@@ -499,6 +626,8 @@ def _write_config(out: Path, mode: str, options: Options, command: Command, *, w
         "whole_run": whole_run,
         "distributed": command.distributed,
         "ncu_rank": options.ncu_rank,
+        # Only phase 1 times plain steps; the others stop at the step they need.
+        "timing_steps": options.timing_steps if mode == "timeline" else 0,
     }
     path = out / rundir.LOGS / f"config.{mode}.json"
     path.write_text(json.dumps(config, indent=2) + "\n")

@@ -32,3 +32,21 @@ def test_the_rules_say_which_kernels_are_communication(tmp_path):
     assert "softmax_warp_forward" in default.names and not default.left_out
     assert mine.left_out == ["softmax_warp_forward"]
     assert "softmax_warp_forward" not in mine.names
+
+
+def test_variable_size_kernels_fit_a_launch_budget_or_are_named():
+    # The two persistent GEMMs of the capture run several sizes under one launch configuration
+    # (21 and 20 launches a step): the default budget profiles every launch of both.
+    hot = select_hot_kernels(timeline(), load_rules(), coverage=0.95, max_kernels=64)
+    assert sorted(hot.variable) == [
+        "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT",
+        "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT",
+    ]
+    assert hot.variable_launches == 41 and hot.over_budget == {}
+    # A budget too small for one of them: the hotter one first, the other named, not dropped.
+    tight = select_hot_kernels(
+        timeline(), load_rules(), coverage=0.95, max_kernels=64, max_variable_launches=30
+    )
+    assert tight.variable == ["nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"]
+    assert tight.over_budget == {"nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT": 20}
+    assert tight.variable_launches == 21 and set(tight.names) == set(hot.names)

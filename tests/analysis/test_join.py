@@ -100,3 +100,22 @@ def test_hot_kernels_are_measured_apart(kernels):
     )
     assert j.to_json()["hot_kernels_joined"] == 2
     assert "hot_kernels" not in join_counters(kernels, read_counters(NCU_PER_CONFIG), 4.0).to_json()
+
+
+def test_hot_kernels_without_counters_are_named_with_the_reason(kernels):
+    hot = ["softmax_warp_forward", "cunn_SoftMaxForward", "cunn_SoftMaxBackwardSmem", "cunn_SoftMaxBackward"]
+    j = join_counters(kernels, read_counters(NCU_PER_CONFIG), 4.0, hot)
+    # The capture never profiled the backward kernels: no row of theirs at all.
+    assert set(j.hot_without_counters) == {"cunn_SoftMaxBackwardSmem", "cunn_SoftMaxBackward"}
+    assert all(why.startswith("no counter row") for why in j.hot_without_counters.values())
+    assert j.to_json()["hot_kernels_without_counters"] == j.hot_without_counters
+    (line,) = [w for w in j.warnings if w.startswith("hot kernels without counters: ")]
+    assert "cunn_SoftMaxBackward (no counter row" in line
+    # Rows from another program: every join rejected by duration, and the reason says so.
+    c = read_counters(NCU_ALL)
+    c.rows["duration_ns"] = c.rows["duration_ns"] * 10
+    j = join_counters(kernels, c, 4.0, hot)
+    assert set(j.hot_without_counters) == set(hot)
+    assert "had counters of another duration, rejected" in j.hot_without_counters["softmax_warp_forward"]
+    # All joined: nothing to name.
+    assert join_counters(kernels, read_counters(NCU_ALL), 4.0, hot).hot_without_counters == {}

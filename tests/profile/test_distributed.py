@@ -53,7 +53,7 @@ def test_every_rank_writes_its_trace(tmp_path):
         "cpu",
         "--ddp",
         "--steps",
-        "8",
+        "20",
     )
     assert result.exit_code == 0, result.output
     m = json.loads((out / rundir.MANIFEST).read_text())
@@ -65,7 +65,8 @@ def test_every_rank_writes_its_trace(tmp_path):
         # DDP's gradient all-reduce is in each rank's trace.
         assert any("allreduce" in n for n in names), sorted(n for n in names if "c10d" in n)[:5]
         status = json.loads((out / "logs" / f"status.timeline.rank{rank}.json").read_text())
-        assert status["rank"] == rank and status["steps_seen"] == 3
+        # 1 warm-up + 2 recorded + 6 plain (timing) steps of the script's 20; then every rank stops.
+        assert status["rank"] == rank and status["steps_seen"] == 9
     assert not (out / rundir.TRACE).exists()
 
 

@@ -181,7 +181,7 @@ def test_phase_two_end_to_end_with_a_stand_in_ncu(tmp_path, monkeypatch, fake_nc
     assert phase["profiled_launches"] == 60 and len(events) == 60
     assert events[-1][0] == 30 and events[0][2] == "elementwise_kernel"
     launches_cmd = (out / "logs" / "ncu.launches_command.txt").read_text().split()
-    assert launches_cmd[launches_cmd.index("--launch-count") + 1] == "41"  # 12 + 29 launches a step
+    assert launches_cmd[launches_cmd.index("--launch-count") + 1] == "41"  # 21 + 20 launches a step
     assert "per-launch-config" not in launches_cmd
     # ... and the per-configuration pass leaves those two out: they are profiled already.
     config_cmd = (out / "logs" / "ncu_command.txt").read_text()
@@ -194,6 +194,15 @@ def test_phase_two_end_to_end_with_a_stand_in_ncu(tmp_path, monkeypatch, fake_nc
     assert "-m kerneltriage.profile.runner train.py" in profile_call
     assert (out / "logs" / "ncu_command.txt").read_text().split()[0].endswith("ncu")
     assert "--print-kernel-base demangled" in fake_ncu.read_text()
+    # The stand-in's CSV is a per-configuration capture filtered on the main thread: the hot
+    # backward kernels have no row, and the manifest says so, for the report to repeat.
+    missing = phase["hot_without_counters"]
+    assert "cunn_SoftMaxBackward" in missing and "softmax_warp_forward" not in missing
+    assert "ncu profiled no launch of it" in missing["cunn_SoftMaxBackward"]
+    # The report's join names kernels without rows itself; the manifest carries only what the
+    # join cannot know (none here).
+    assert manifest.warnings == []
+    assert phase["variable_over_budget"] == {} and phase["variable_launches_per_step"] == 41
     # The run directory now reports with counters joined.
     (out / rundir.MANIFEST).write_text(json.dumps(rundir.Manifest().to_json()))
     rep = build_report(out)
@@ -254,3 +263,22 @@ def test_phase_two_picks_kernels_with_the_users_rules(tmp_path, monkeypatch, fak
     phase = manifest.phases["ncu"]
     assert phase["excluded_communication"] == ["softmax_warp_forward"]
     assert "softmax_warp_forward" not in phase["kernels"]
+
+
+def test_variable_size_kernels_over_the_launch_budget_are_named(tmp_path, monkeypatch, fake_ncu):
+    # The profiling issue: two persistent GEMMs of 56 and 57 launches a step exceeded the old
+    # budget of 48, got one launch per configuration, and nothing said so. Here a budget of
+    # 30 holds the hotter GEMM (21 launches a step), not the other (20).
+    out = _run_dir(tmp_path)
+    manifest, warnings, _ = _phase(out, tmp_path, monkeypatch, max_variable_launches=30)
+    phase = manifest.phases["ncu"]
+    assert phase["variable_size_kernels"] == ["nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"]
+    assert phase["variable_over_budget"] == {"nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT": 20}
+    why = phase["hot_without_counters"]["nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT"]
+    assert "20 launches a step" in why and "budget (30 a step, 21 taken" in why
+    launches_cmd = (out / "logs" / "ncu.launches_command.txt").read_text().split()
+    assert launches_cmd[launches_cmd.index("--launch-count") + 1] == "21"
+    assert "coopA_TNT" in (out / "logs" / "ncu_command.txt").read_text()  # per configuration, at least
+    assert any("coopA_TNT" in w for w in warnings)
+    (line,) = manifest.warnings  # for the report: the join cannot know the budget
+    assert line.startswith("hot kernels left without (some) counters by phase 2: ") and "coopA_TNT" in line

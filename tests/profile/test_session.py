@@ -63,8 +63,9 @@ def test_steps_are_recorded_and_the_script_stops_early(gpt_run):
     assert m["schema"] == "kerneltriage.run/1" and m["status"] == "ok"
     t = m["phases"]["timeline"]
     assert t["step_source"] == "optimizer"
-    assert t["steps_seen"] == 3  # 1 warm-up + 2 recorded, of the script's 50
-    assert t["module_hook_ms_per_step"] >= 0
+    assert t["steps_seen"] == 9  # 1 warm-up + 2 recorded + 6 plain (timing), of the script's 50
+    assert t["module_calls_per_step"] == 20.0  # hooked: the two recorded steps
+    assert len(t["step_time"]["recorded_ms"]) == 2 and len(t["step_time"]["plain_ms"]) == 5
     assert m["versions"]["torch"].startswith("2.")
     assert m["schedule"] == {"warmup": 1, "steps": 2, "step_marker": None, "run_to_end": False, "ncu_rank": 0}
 

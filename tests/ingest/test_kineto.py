@@ -80,7 +80,7 @@ def test_chunked_reading_matches_whole_reading(chunk, workers):
         assert [small.arg(i) for i in small.cpu[column]] == [whole.arg(i) for i in whole.cpu[column]]
 
 
-def test_other_json_layouts_fall_back_to_whole_document(tmp_path):
+def test_other_json_layouts_read_the_same(tmp_path):
     data = raw_trace()
     one_line = read_trace(write_trace(tmp_path / "one.json", data, compress=False), chunk_bytes=4096)
     indented = read_trace(write_trace(tmp_path / "ind.json.gz", data, indent=2), chunk_bytes=4096)

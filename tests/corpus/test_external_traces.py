@@ -23,7 +23,16 @@ from kerneltriage.cli import main
 CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "external-traces"
 TRACES = sorted(CORPUS.glob("*/*.json.gz"))
 STRONG = {"gemm", "convolution", "attention", "communication"}
-LIBRARY_ATTENTION = {"FlashAttention", "cuDNN", "CK", "aiter", "TensorRT-LLM", "AOTriton", "xFormers", "FlashInfer"}
+LIBRARY_ATTENTION = {
+    "FlashAttention",
+    "cuDNN",
+    "CK",
+    "aiter",
+    "TensorRT-LLM",
+    "AOTriton",
+    "xFormers",
+    "FlashInfer",
+}
 
 
 def _id(path: Path) -> str:
@@ -89,7 +98,13 @@ def test_fused_regions_never_absorb_library_work_or_extension_ops(path):
     rules = load_rules()
     for rep in _reports(path):
         for c in rep["candidates"]:
-            if c["level"] != "region" or c["kind"] not in ("elementwise", "reduction", "norm", "softmax", "cross-entropy"):
+            if c["level"] != "region" or c["kind"] not in (
+                "elementwise",
+                "reduction",
+                "norm",
+                "softmax",
+                "cross-entropy",
+            ):
                 continue
             kinds = {classify_kernel(k["full_name"]).kind for k in c["kernels"]}
             assert not kinds & STRONG, f"{c['name']} absorbed {kinds & STRONG} kernels"
@@ -114,7 +129,14 @@ def test_write_only_where_neither_a_library_nor_compile_covers(path):
     for rep in _reports(path):
         for c in rep["candidates"]:
             if c["verdict"] == "write":
-                assert c["kind"] not in ("norm", "elementwise", "reduction", "softmax", "gemm", "convolution"), c["name"]
+                assert c["kind"] not in (
+                    "norm",
+                    "elementwise",
+                    "reduction",
+                    "softmax",
+                    "gemm",
+                    "convolution",
+                ), c["name"]
 
 
 @pytest.mark.parametrize("path", TRACES, ids=_id)
@@ -129,7 +151,13 @@ def test_estimated_headroom_is_never_absurd(path):
             if h is not None:
                 assert src != "none"
             naive_attention = c["kind"] == "attention" and c["attrs"].get("written") == "naive"
-            if h and h > limit and src in ("estimate", "fused estimate") and c["time_share"] >= floor and not naive_attention:
+            if (
+                h
+                and h > limit
+                and src in ("estimate", "fused estimate")
+                and c["time_share"] >= floor
+                and not naive_attention
+            ):
                 assert (c["verdict"], c["reason"]) == ("skip", "estimate-failed"), c["name"]
                 assert c["expected_saving_share"] == 0.0
 
@@ -159,8 +187,15 @@ def test_flash_attention_on_an_h100_is_sent_to_the_faster_backend():
 
 
 def test_fbgemm_and_vllm_ops_are_candidates_of_their_own():
-    for folder, pattern in (("hta-recsys-8rank-a100", r"^fbgemm::"), ("tracelens-moe-8rank-b200", r"^(vllm|_C)::")):
+    for folder, pattern in (
+        ("hta-recsys-8rank-a100", r"^fbgemm::"),
+        ("tracelens-moe-8rank-b200", r"^(vllm|_C)::"),
+    ):
         path = next((CORPUS / folder).glob("*.json.gz"))
         rep = _reports(path)[0]
-        own = [c for c in rep["candidates"] if c["level"] == "op" and re.match(pattern, c["ops"][0] if c["ops"] else "")]
+        own = [
+            c
+            for c in rep["candidates"]
+            if c["level"] == "op" and re.match(pattern, c["ops"][0] if c["ops"] else "")
+        ]
         assert own, f"{folder}: no candidate of its own for {pattern}"

@@ -1,14 +1,37 @@
 """kerneltriage: is a custom GPU kernel worth writing?
 
 Importing the package is cheap and needs no torch: the report path (ingest → analysis →
-report) is pure Python + pandas. ``step()`` and ``region()`` annotate a training script
-for ``kerneltriage profile``; they import torch only when called.
+report) is pure Python + pandas, imported on first use. ``step()`` and ``region()`` annotate
+a training script for ``kerneltriage profile``; they import torch only when called.
+
+The Python API (README "Python API", docs/notebook.md)::
+
+    import kerneltriage
+    rep = kerneltriage.report("runs/exp1")        # a Report; rep.to_frame(): its candidates
+    reps = kerneltriage.reports("runs/ddp")       # {rank: Report}
+    prof = kerneltriage.load("runs/exp1")         # prof.kernels, prof.ops: DataFrames
+    d = kerneltriage.diff("runs/before", "runs/after")   # d.to_frame()
 """
 
 from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
 from kerneltriage.annotate import region, step
 
-__all__ = ["__version__", "region", "step"]
+# Names served by kerneltriage.api, imported on first use. ``report`` is the subpackage
+# kerneltriage.report, which is callable: kerneltriage.report(path) runs the analysis.
+_API = ("reports", "load", "diff", "Report", "Profile", "Diff", "export_tables")
+
+__all__ = ["__version__", "region", "report", "step", *_API]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "report":
+        return importlib.import_module("kerneltriage.report")
+    if name in _API:
+        return getattr(importlib.import_module("kerneltriage.api"), name)
+    raise AttributeError(f"module 'kerneltriage' has no attribute {name!r}")

@@ -84,14 +84,14 @@ def main() -> None:
 # --- options shared by several commands --------------------------------------------------
 
 
-def _format_option(schema: str):
+def _format_option(schema: str, csv: str = "the candidates table"):
     return click.option(
         "--format",
         "fmt",
-        type=click.Choice(["terminal", "markdown", "json", "html"]),
+        type=click.Choice(["terminal", "markdown", "json", "csv", "html"]),
         default="terminal",
         show_default=True,
-        help=f"Output format; json follows the schema {schema} (README).",
+        help=f"Output format; json follows the schema {schema}, csv is {csv} (README).",
     )
 
 
@@ -171,6 +171,20 @@ def _threshold_option(flag: str, kind, text: str):
     "trace; a rank the input does not hold is an error that lists the ranks it has.",
 )
 @click.option("--plot", type=click.Path(path_type=Path), help="Also write the roofline chart as PNG or SVG.")
+@click.option(
+    "--export",
+    "export_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Also write every table to this folder: candidates, kinds, gaps, ranks (rank_candidates "
+    "with several ranks), kernels and ops, one file each.",
+)
+@click.option(
+    "--export-format",
+    type=click.Choice(["csv", "parquet"]),
+    default="csv",
+    show_default=True,
+    help="File format for --export; parquet needs the pyarrow package.",
+)
 @click.option("--color/--no-color", default=None, help="Force or disable colour in terminal output.")
 def report(
     run,
@@ -186,6 +200,8 @@ def report(
     step_marker,
     ranks,
     plot,
+    export_dir,
+    export_format,
     color,
 ):
     """Rank every op and fused region of a profile by whether a custom kernel would pay.
@@ -200,31 +216,42 @@ def report(
       kerneltriage report trace.json.gz --ncu counters.csv.gz
       kerneltriage report runs/exp1 --format json --top 20 --gpu H100-SXM
       kerneltriage report runs/exp1 --format html -o report.html
+      kerneltriage report runs/exp1 --format csv -o candidates.csv
+      kerneltriage report runs/exp1 --export tables/      # every table as CSV
     """
-    from kerneltriage.api import build_reports
+    from kerneltriage import api
     from kerneltriage.report import render
 
     if plot:
         from kerneltriage.report.plots import check_plot_path
 
         check_plot_path(plot)  # fail before any work, not after the report
-    overrides = {"min_headroom": min_headroom, "min_share": min_share, "max_shapes": max_shapes}
+    if export_dir:
+        api.check_export_format(export_format)  # parquet without pyarrow: before any work
+    # A bad rules file or threshold flag fails before the trace is read.
+    rules = api.load_rules(
+        rules_file, {"min_headroom": min_headroom, "min_share": min_share, "max_shapes": max_shapes}
+    )
     interactive = sys.stderr.isatty() and output is None and fmt == "terminal"
     with _Progress(interactive) as progress:
-        reports = build_reports(
+        profile = api.load(
             run,
             ncu=ncu,
-            rules_file=rules_file,
-            gpu=gpu,
-            overrides=overrides,
-            step_marker=step_marker,
             ranks=list(ranks) or None,
+            rules_file=rules_file,
+            step_marker=step_marker,
             progress=progress,
         )
+        reports = profile.reports(rules=rules, gpu=gpu, progress=progress)
+        if export_dir:
+            progress("writing the tables")
+            written = api.export_tables(profile, reports, export_dir, export_format)
     run_ref = str(run)
     color = color if output is None else False
     if len(reports) == 1:
-        text = render(next(iter(reports.values())), fmt, top=top, run_ref=run_ref, color=color)
+        # A rank picked with --rank is named in the scaffold commands (ids are numbered per rank).
+        (rank, one), *_ = reports.items()
+        text = render(one, fmt, top=top, run_ref=run_ref, color=color, rank=rank if ranks else None)
     else:
         from kerneltriage.analysis.ranks import summarize
         from kerneltriage.report.ranks_render import render_rank_reports
@@ -236,6 +263,8 @@ def report(
 
         save_roofline(next(iter(reports.values())), plot)
         click.echo(f"wrote {plot}", err=True)
+    if export_dir:
+        click.echo(f"wrote {export_dir}/: {', '.join(path.name for path in written)}", err=True)
 
 
 # --- diff -----------------------------------------------------------------------------------
@@ -250,7 +279,7 @@ def report(
 @click.option(
     "--ncu-after", type=click.Path(path_type=Path), help="Counters for AFTER when it is a bare trace."
 )
-@_format_option("kerneltriage.diff/1")
+@_format_option("kerneltriage.diff/1", "the matched candidates")
 @_output_option
 @click.option("--top", type=click.IntRange(min=1), help="Show only the first N matched candidates.")
 @_rules_option
@@ -270,6 +299,7 @@ def diff(before, after, ncu_before, ncu_after, fmt, output, top, rules_file, gpu
     Examples:
       kerneltriage diff runs/before runs/after
       kerneltriage diff runs/before runs/after --format markdown > pr-comment.md
+      kerneltriage diff runs/before runs/after --format html -o diff.html
     """
     from kerneltriage.analysis.diff import compare
     from kerneltriage.api import build_reports
@@ -489,7 +519,15 @@ def calibrate(quick, device, as_json):
     """Measure this GPU's ceilings: copy bandwidth, bf16/fp16/tf32 matmul and fp32 FMA peaks.
 
     The result is stored per GPU (~/.cache/kerneltriage/calibration/); `profile` records it
-    in each run's manifest and `report` then prefers it to the datasheet figures.
+    in each run's manifest and `report` then prefers it to the datasheet figures. Needs torch
+    with CUDA and a GPU.
+
+    \b
+    Examples:
+      kerneltriage calibrate                       # this machine's GPU 0, then every later profile uses it
+      kerneltriage calibrate --quick               # smaller problems, fewer repetitions
+      kerneltriage calibrate --device 1 --json     # another GPU, the measurement as JSON
+      kerneltriage profile --calibrate -- python train.py   # measure first, record it in the run
     """
     import json
 
@@ -535,7 +573,13 @@ def calibrate(quick, device, as_json):
 @_gpu_option("with --kind: default H100-SXM")
 @_ncu_option
 @_rules_option
-def scaffold(run, candidate, out, force, kind, shapes, dtype, gpu, ncu, rules_file):
+@click.option(
+    "--rank",
+    type=click.IntRange(min=0),
+    help="For a multi-rank run: the rank whose candidate to scaffold (ids are numbered per rank; "
+    "the report's commands name it). Default: the only rank, else the one Nsight Compute profiled.",
+)
+def scaffold(run, candidate, out, force, kind, shapes, dtype, gpu, ncu, rules_file, rank):
     """Write a Triton kernel package for a report candidate: kernel.py, reference.py,
     test_kernel.py, bench.py and README.md, correct and benchmarked from the start.
 
@@ -545,6 +589,7 @@ def scaffold(run, candidate, out, force, kind, shapes, dtype, gpu, ncu, rules_fi
     \b
     Examples:
       kerneltriage scaffold runs/exp1 C3 --out kernels/c3
+      kerneltriage scaffold runs/ddp C2 --rank 1 --out kernels/c2   # a rank of a torchrun run
       kerneltriage scaffold --kind rmsnorm --shape 16384x4096 --dtype bf16 --out kernels/my_norm
       cd kernels/c3 && TRITON_INTERPRET=1 pytest -q && python bench.py
     """
@@ -554,6 +599,8 @@ def scaffold(run, candidate, out, force, kind, shapes, dtype, gpu, ncu, rules_fi
     if kind:
         if run is not None or candidate is not None:
             raise InputError("give either RUN CANDIDATE or --kind with --shape, not both")
+        if rank is not None:
+            raise InputError("--rank goes with RUN CANDIDATE, not --kind")
         result = scaffold_kind(kind, list(shapes), dtype, out, force=force, gpu=gpu)
     else:
         if run is None or candidate is None:
@@ -563,7 +610,9 @@ def scaffold(run, candidate, out, force, kind, shapes, dtype, gpu, ncu, rules_fi
             )
         if shapes or dtype:
             raise InputError("--shape and --dtype go with --kind")
-        result = scaffold_candidate(run, candidate, out, force=force, ncu=ncu, rules_file=rules_file, gpu=gpu)
+        result = scaffold_candidate(
+            run, candidate, out, force=force, ncu=ncu, rules_file=rules_file, gpu=gpu, rank=rank
+        )
     for message in result.messages:
         click.echo(f"note: {message}", err=True)
     names = ", ".join(path.name for path in result.files)

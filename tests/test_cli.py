@@ -60,7 +60,10 @@ def test_help_teaches():
         ),
         (lambda p: (p / "t.json").write_text('{"a": 1}') and p / "t.json", "not a PyTorch profiler"),
         (lambda p: (p / "t.txt").write_text("x") and p / "t.txt", "unrecognised file type"),
-        (lambda p: (p / "empty").mkdir() or p / "empty", "neither a run directory (no manifest.json) nor a folder of traces"),
+        (
+            lambda p: (p / "empty").mkdir() or p / "empty",
+            "neither a run directory (no manifest.json) nor a folder of traces",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2(tmp_path, make, message):
@@ -130,3 +133,134 @@ def test_profile_refuses_a_bad_rules_file_before_running(tmp_path):
     assert result.exit_code == 2
     assert "no such rules file" in result.output
     assert not (tmp_path / "train.py.ran").exists() and not (tmp_path / "run").exists()
+
+
+# --- exports, several ranks, scaffold --rank, diff, help (issue 19) --------------------------
+
+RUNS = EXAMPLE_RUN.parent
+DDP = RUNS / "gpt-ddp-2gpu-h200"
+
+
+def read_csv(text: str) -> list[dict[str, str]]:
+    import csv
+    import io
+
+    return list(csv.DictReader(io.StringIO(text)))
+
+
+def test_report_as_csv_is_the_candidates_table():
+    from kerneltriage.analysis.frames import CANDIDATE_COLUMNS
+
+    result = run("report", EXAMPLE_RUN, "--format", "csv", "--top", "5")
+    assert result.exit_code == 0, result.output
+    header = result.output.splitlines()[0].split(",")
+    assert header == list(CANDIDATE_COLUMNS)
+    rows = read_csv(result.output)
+    assert [r["rank"] for r in rows] == ["1", "2", "3", "4", "5"]  # the report's order
+    c1 = rows[0]
+    assert c1["verdict"] == "use-builtin" and c1["headroom_source"] == "fused estimate"
+    assert c1["builtin"] == "torch.nn.functional.scaled_dot_product_attention"
+    assert 0.6 < float(c1["time_share"]) < 0.7 and float(c1["headroom"]) > 10
+
+
+def test_export_writes_every_table(tmp_path):
+    import pandas as pd
+
+    import kerneltriage
+
+    out = tmp_path / "tables"
+    result = run("report", EXAMPLE_RUN, "--export", out, "-o", tmp_path / "report.txt")
+    assert result.exit_code == 0, result.output
+    names = ["candidates", "kinds", "gaps", "ranks", "kernels", "ops"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(f"{n}.csv" for n in names)
+    assert f"wrote {out}/: " + ", ".join(f"{n}.csv" for n in names) in result.output
+    csv_out = run("report", EXAMPLE_RUN, "--format", "csv").output
+    assert (out / "candidates.csv").read_text() == csv_out  # the same table as --format csv
+    prof = kerneltriage.load(EXAMPLE_RUN)
+    kernels = pd.read_csv(out / "kernels.csv")
+    assert list(kernels.columns) == list(prof.kernels.columns) and len(kernels) == len(prof.kernels)
+    assert kernels.dur_us.sum() == pytest.approx(prof.kernels.dur_us.sum())
+    ops = pd.read_csv(out / "ops.csv")
+    assert len(ops) == len(prof.ops) and ops.gpu_us.sum() == pytest.approx(prof.ops.gpu_us.sum())
+    ranks = pd.read_csv(out / "ranks.csv")
+    assert len(ranks) == 1 and ranks.step_time_ms[0] == pytest.approx(47.97, abs=0.01)
+    kinds = pd.read_csv(out / "kinds.csv")
+    assert kinds.set_index("kind").ms_per_step["attention"] == pytest.approx(31.86, abs=0.01)
+
+
+def test_export_as_parquet(tmp_path):
+    import pandas as pd
+
+    result = run(
+        "report", EXAMPLE_RUN, "--export", tmp_path, "--export-format", "parquet", "-o", tmp_path / "r"
+    )
+    assert result.exit_code == 0, result.output
+    candidates = pd.read_parquet(tmp_path / "candidates.parquet")
+    assert candidates.id.tolist()[:3] == ["C1", "C2", "C3"] and candidates.headroom.dtype == "float64"
+    assert len(pd.read_parquet(tmp_path / "kernels.parquet")) > 1000
+
+
+def test_parquet_without_pyarrow_is_one_line_exit_3(tmp_path, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "pyarrow" else find_spec(name, *a)
+    )
+    result = run("report", EXAMPLE_RUN, "--export", tmp_path / "t", "--export-format", "parquet")
+    assert result.exit_code == 3
+    assert len(result.output.strip().splitlines()) == 1
+    assert "needs the pyarrow package" in result.output and "pip install pyarrow" in result.output
+    assert not (tmp_path / "t").exists()  # refused before any work
+
+
+def test_several_ranks_as_one_html_document(tmp_path):
+    out = tmp_path / "ddp.html"
+    result = run("report", DDP, "--format", "html", "-o", out)
+    assert result.exit_code == 0, result.output
+    page = out.read_text()
+    assert page.startswith("<!DOCTYPE html>") and page.count("<!DOCTYPE html>") == 1
+    assert page.count("<html") == 1 and page.count("</html>") == 1
+    assert "| rank |" not in page and "|---" not in page  # no raw Markdown
+    assert '<table class="ranks numbers">' in page
+    assert '<section class="rank" id="rank-0">' in page and '<section class="rank" id="rank-1">' in page
+    assert f"kerneltriage scaffold {DDP} C1 --rank 1" in page
+
+
+def test_scaffold_a_rank(tmp_path):
+    # Ids are numbered per rank on this run: C2 is the eager residual-add + RMSNorm region on
+    # rank 1 and the NCCL all-reduce on rank 0 (tests/report/test_ranks_render.py).
+    result = run("scaffold", DDP, "C2", "--rank", "1", "--out", tmp_path / "r1")
+    assert result.exit_code == 0, result.output
+    assert "rownorm template" in result.output and "note:" not in result.output
+    readme = (tmp_path / "r1" / "README.md").read_text()
+    assert f"kerneltriage scaffold {DDP} C2 --rank 1 --out" in readme and "RMSNorm" in readme
+    # no --rank with several ranks: the profiled rank, and a note that says which candidate
+    result = run("scaffold", DDP, "C2", "--out", tmp_path / "r0")
+    assert result.exit_code == 0, result.output
+    assert f"note: {DDP} has ranks 0, 1: scaffolding C2 of rank 0 (ncclDevKernel_AllReduce" in result.output
+    assert "--rank N picks another" in result.output and "generic template" in result.output
+    bad = run("scaffold", DDP, "C1", "--rank", "5", "--out", tmp_path / "r5")
+    assert bad.exit_code == 2 and "rank(s) 5 not in the run directory (it has 0, 1)" in bad.output
+    kind = run("scaffold", "--kind", "rmsnorm", "--shape", "8x64", "--rank", "1", "--out", tmp_path / "k")
+    assert kind.exit_code == 2 and "--rank goes with RUN CANDIDATE" in kind.output
+
+
+def test_one_rank_picked_names_its_rank_in_scaffold_commands():
+    result = run("report", DDP, "--rank", "1", "--format", "markdown", "--top", "3")
+    assert result.exit_code == 0, result.output
+    assert f"- start: `kerneltriage scaffold {DDP} C1 --rank 1`" in result.output
+    assert "## Ranks" not in result.output  # one rank: its report alone
+
+
+def test_a_slowdown_reads_as_a_slowdown():
+    result = run("diff", RUNS / "gpt-sdpa-h200", EXAMPLE_RUN, "--top", "3")
+    assert result.exit_code == 0, result.output
+    assert "step time: 17.25 ms → 47.97 ms (+178.1% slower)" in result.output
+    assert "% saved" not in result.output and " -" not in result.output.replace(" - ", "")
+
+
+def test_calibrate_help_has_examples():
+    text = run("calibrate", "--help").output
+    assert "Examples:" in text and "kerneltriage calibrate --quick" in text
+    assert "kerneltriage profile --calibrate -- python train.py" in text

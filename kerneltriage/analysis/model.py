@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.analysis.rules import Thresholds
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
 
 SCHEMA = "kerneltriage.report/1"
 KINDS = (
@@ -155,6 +158,19 @@ class Report:
             if c.id.lower() == ident.lower():
                 return c
         return None
+
+    def to_frame(self) -> pd.DataFrame:
+        """The candidates as a pandas DataFrame: one row per candidate, in the report's order,
+        flat columns named as in the JSON (``analysis.frames.CANDIDATE_COLUMNS``)."""
+        from kerneltriage.analysis.frames import candidates_frame
+
+        return candidates_frame(self.candidates)
+
+    def gaps_frame(self) -> pd.DataFrame:
+        """The GPU's idle gaps by cause (``cause, ms_per_step, count_per_step, example_ms``)."""
+        from kerneltriage.analysis.frames import gaps_frame
+
+        return gaps_frame(self.gaps)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

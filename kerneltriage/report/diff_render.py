@@ -1,49 +1,73 @@
-"""Renderings of a ``Diff``: terminal, Markdown, JSON and a self-contained HTML page."""
+"""Renderings of a ``Diff``: terminal, Markdown, JSON, CSV and a self-contained HTML page
+(the report's style, with a chart of the predicted against the realized saving).
+
+A saving is a share of the step before; a negative one is a slowdown and reads as one
+("+6.2% slower"), never as a negative saving.
+"""
 
 from __future__ import annotations
 
-import html as _html
 import json
+from typing import Any
 
-from kerneltriage.analysis.diff import Diff
+from kerneltriage.analysis.diff import Diff, Match
+from kerneltriage.report.shared import name_widths, wrap_name
 from kerneltriage.report.text import ms, pct
 
-
-def _rows(d: Diff) -> list[list[str]]:
-    rows = []
-    for m in d.candidates:
-        t = m.time_ms_per_step
-        rows.append(
-            [
-                m.name,
-                m.kind,
-                ms(t["before"]),
-                ms(t["after"]),
-                pct(m.predicted_saving_share),
-                pct(m.realized_saving_share),
-                pct(m.ceiling_reached, 0) if m.ceiling_reached else "—",
-                ", ".join(m.ids["before"]) + " → " + (", ".join(m.ids["after"]) or "—"),
-                m.how,
-            ]
-        )
-    return rows
-
-
 _HEAD = ["candidate", "kind", "before", "after", "predicted", "realized", "of ceiling", "ids", "matched by"]
+_RIGHT = {"before", "after", "predicted", "realized", "of ceiling"}
+_SHOWN = 0.0005  # below this share of the step, a change shows as 0.0%
+
+
+def saving_text(share: float) -> str:
+    """``64.0%`` saved, ``+6.2% slower`` for a slowdown, ``0.0%`` for no change."""
+    if share <= -_SHOWN:
+        return f"+{pct(-share)} slower"
+    return pct(max(share, 0.0))
+
+
+def step_change_text(d: Diff) -> str:
+    """``64.0% saved`` or ``+6.2% slower``: the step time's change."""
+    share = d.step_saving_share
+    if share <= -_SHOWN:
+        return f"+{pct(-share)} slower"
+    return f"{pct(max(share, 0.0))} saved"
+
+
+def _row(m: Match) -> list[str]:
+    t = m.time_ms_per_step
+    return [
+        m.name,
+        m.kind,
+        ms(t["before"]),
+        ms(t["after"]),
+        pct(m.predicted_saving_share),
+        saving_text(m.realized_saving_share),
+        pct(m.ceiling_reached, 0) if m.ceiling_reached else "—",
+        ", ".join(m.ids["before"]) + " → " + (", ".join(m.ids["after"]) or "—"),
+        m.how,
+    ]
 
 
 def _summary(d: Diff) -> list[str]:
     s, b = d.step_time_ms, d.gpu_busy_ms
     return [
-        f"step time: {ms(s['before'])} → {ms(s['after'])} ({pct(d.step_saving_share)} saved)",
+        f"step time: {ms(s['before'])} → {ms(s['after'])} ({step_change_text(d)})",
         f"GPU busy: {ms(b['before'])} → {ms(b['after'])}",
     ]
 
 
 def render_diff(d: Diff, fmt: str, top: int | None = None) -> str:
-    rows = _rows(d)[:top] if top else _rows(d)
+    matches = d.candidates[:top] if top else list(d.candidates)
+    rows = [_row(m) for m in matches]
     if fmt == "json":
         return json.dumps(d.to_json(), indent=2) + "\n"
+    if fmt == "csv":
+        from kerneltriage.analysis.frames import diff_frame
+        from kerneltriage.report.render import csv_text
+
+        frame = diff_frame(d)
+        return csv_text(frame.head(top) if top else frame)
     if fmt == "markdown":
         out = [f"## kerneltriage diff: `{d.before}` → `{d.after}`", ""]
         out += [f"- {line}" for line in _summary(d)] + [""]
@@ -54,51 +78,52 @@ def render_diff(d: Diff, fmt: str, top: int | None = None) -> str:
         out += _lists(d, "- ")
         return "\n".join(out) + "\n"
     if fmt == "html":
-        return _page(d, rows)
+        return _page(d, matches, rows)
     return _terminal(d, rows)
+
+
+def _hot_spot(h: dict[str, Any]) -> str:
+    return f"{h['id']} {h['name']} ({h['kind']}): {ms(h['time_ms_per_step'])}, {pct(h['time_share'])}"
+
+
+def _regression(r: dict[str, Any]) -> str:
+    t = r["time_ms_per_step"]
+    return f"{r['name']} ({r['kind']}): {ms(t['before'])} → {ms(t['after'])}"
 
 
 def _lists(d: Diff, bullet: str) -> list[str]:
     out = []
     if d.new_hot_spots:
         out += ["", "New hot spots (the bottleneck moved):"]
-        out += [
-            f"{bullet}{h['id']} {h['name']} ({h['kind']}): {ms(h['time_ms_per_step'])}, {pct(h['time_share'])}"
-            for h in d.new_hot_spots
-        ]
+        out += [f"{bullet}{_hot_spot(h)}" for h in d.new_hot_spots]
     if d.regressions:
         out += ["", "Regressions:"]
-        out += [
-            f"{bullet}{r['name']} ({r['kind']}): {ms(r['time_ms_per_step']['before'])} → "
-            f"{ms(r['time_ms_per_step']['after'])}"
-            for r in d.regressions
-        ]
+        out += [f"{bullet}{_regression(r)}" for r in d.regressions]
     if d.warnings:
         out += ["", "Warnings (the runs may not be comparable):"] + [f"{bullet}{w}" for w in d.warnings]
     return out
 
 
-def _terminal(d: Diff, rows: list[list[str]]) -> str:
+def _terminal(d: Diff, rows: list[list[str]], width: int = 160) -> str:
     from io import StringIO
 
     from rich.console import Console
     from rich.table import Table
 
     buf = StringIO()
-    console = Console(file=buf, width=160, highlight=False, markup=False, no_color=True)
+    console = Console(file=buf, width=width, highlight=False, markup=False, no_color=True)
     console.print(f"kerneltriage diff: {d.before} → {d.after}")
     for line in _summary(d):
         console.print(line)
     table = Table(title="Predicted vs realized saving (shares of the step before)", title_justify="left")
-    for col in _HEAD:
+    # Names wrap between words or at their joints, never mid-word (see report.shared).
+    widths = name_widths(console.width, _HEAD, rows, {0: 48, 7: 24, 8: 24})
+    for i, col in enumerate(_HEAD):
         table.add_column(
-            col,
-            justify="right" if col in ("before", "after", "predicted", "realized", "of ceiling") else "left",
-            max_width=48 if col == "candidate" else None,
-            overflow="fold",
+            col, justify="right" if col in _RIGHT else "left", width=widths.get(i), overflow="ellipsis"
         )
     for r in rows:
-        table.add_row(*r)
+        table.add_row(*(wrap_name(cell, widths.get(i)) for i, cell in enumerate(r)))
     console.print(table)
     kinds = Table(title="Time per step by kind", title_justify="left")
     for col in ("kind", "before", "after"):
@@ -111,21 +136,112 @@ def _terminal(d: Diff, rows: list[list[str]]) -> str:
     return buf.getvalue()
 
 
-def _page(d: Diff, rows: list[list[str]]) -> str:
-    e = _html.escape
-    head = "".join(f"<th>{e(h)}</th>" for h in _HEAD)
-    body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows)
-    kinds = "".join(
-        f"<tr><td>{e(k)}</td><td>{ms(v['before'])}</td><td>{ms(v['after'])}</td></tr>"
-        for k, v in d.kinds.items()
-    )
-    lists = "".join(f"<p>{e(line)}</p>" for line in _lists(d, "• ") if line)
-    summary = "".join(f"<li>{e(line)}</li>" for line in _summary(d))
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>kerneltriage diff</title>
-<style>body{{font-family:system-ui,sans-serif;margin:2em;color:#222}}table{{border-collapse:collapse;margin:1em 0}}
-td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}}th{{background:#f3f3f3}}</style></head><body>
-<h1>kerneltriage diff</h1><p><code>{e(d.before)}</code> → <code>{e(d.after)}</code></p><ul>{summary}</ul>
-<h2>Predicted vs realized saving</h2><table><tr>{head}</tr>{body}</table>
-<h2>Time per step by kind</h2><table><tr><th>kind</th><th>before</th><th>after</th></tr>{kinds}</table>{lists}
-</body></html>
-"""
+# --- HTML ------------------------------------------------------------------------------------
+
+CHART_ROWS = 12  # matched candidates drawn, largest prediction or change first
+PREDICTED_COLOR = "#9ecae1"
+SAVED_COLOR = "#1a9850"
+SLOWER_COLOR = "#c62828"
+
+
+def chart_matches(matches: list[Match]) -> list[Match]:
+    """The candidates the chart draws: those with a prediction or a visible change."""
+    shown = [
+        m for m in matches if m.predicted_saving_share >= _SHOWN or abs(m.realized_saving_share) >= _SHOWN
+    ]
+    shown.sort(key=lambda m: -max(m.predicted_saving_share, abs(m.realized_saving_share)))
+    return shown[:CHART_ROWS]
+
+
+def diff_svg(d: Diff, matches: list[Match]) -> str:
+    """Predicted against realized saving per candidate, as inline SVG: a ``<g id="kt-diff-N">``
+    with a ``<title>`` per bar pair (N: its row in the chart, from the top)."""
+    from matplotlib.patches import Patch
+
+    from kerneltriage.report import plots
+
+    shown = chart_matches(matches)
+    n = max(len(shown), 1)
+    with plots._rc():
+        fig = plots._figure(10.0, 1.3 + 0.42 * n)
+        ax = fig.add_axes((0.36, 0.9 / (1.3 + 0.42 * n), 0.6, 0.42 * n / (1.3 + 0.42 * n)))
+        ys = list(range(len(shown)))[::-1]
+        for y, m in zip(ys, shown):
+            pred = ax.barh(y + 0.19, 100 * m.predicted_saving_share, height=0.36, color=PREDICTED_COLOR)
+            real = m.realized_saving_share
+            done = ax.barh(
+                y - 0.19, 100 * real, height=0.36, color=SAVED_COLOR if real >= 0 else SLOWER_COLOR
+            )
+            pred.patches[0].set_gid(f"kt-diff-{len(shown) - 1 - y}-predicted")
+            done.patches[0].set_gid(f"kt-diff-{len(shown) - 1 - y}")
+        ax.set_yticks(ys)
+        ax.set_yticklabels([plots._short(m.name, 48) for m in shown], fontsize=8.5)
+        ax.axvline(0, color="#555555", lw=0.8)
+        ax.set_xlabel("saving, % of the step before (negative: slower)")
+        ax.grid(axis="x", color="#e2e2e2", lw=0.6)
+        ax.set_axisbelow(True)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+        if not shown:
+            ax.text(
+                0.5,
+                0.5,
+                "no candidate with a predicted or realized saving",
+                ha="center",
+                transform=ax.transAxes,
+            )
+            ax.set_yticks([])
+        fig.legend(
+            handles=[
+                Patch(color=PREDICTED_COLOR, label="predicted (before's report)"),
+                Patch(color=SAVED_COLOR, label="realized"),
+                Patch(color=SLOWER_COLOR, label="realized: slower"),
+            ],
+            loc="upper left",
+            bbox_to_anchor=(0.02, 1.0),
+            ncol=3,
+            frameon=False,
+            fontsize=8.5,
+        )
+    titles = {}
+    for i, m in enumerate(shown):
+        text = (
+            f"{m.name}: predicted {pct(m.predicted_saving_share)}, realized "
+            f"{saving_text(m.realized_saving_share)} ({ms(m.time_ms_per_step['before'])} → "
+            f"{ms(m.time_ms_per_step['after'])})"
+        )
+        titles[f"kt-diff-{i}"] = text
+        titles[f"kt-diff-{i}-predicted"] = text
+    svg = plots._titled_svg(plots._svg_text(fig), titles)
+    return plots._inline(svg, "diff", "Predicted against realized saving per candidate")
+
+
+def _page(d: Diff, matches: list[Match], rows: list[list[str]]) -> str:
+    from markupsafe import Markup
+
+    from kerneltriage.report import plots
+    from kerneltriage.report.html import _environment
+
+    s, b = d.step_time_ms, d.gpu_busy_ms
+    context = {
+        "title": f"kerneltriage diff: {d.before} → {d.after}",
+        "schema": d.schema,
+        "verdict_colors": plots.VERDICT_COLORS,
+        "before": d.before,
+        "after": d.after,
+        "facts": [
+            ("step time", f"{ms(s['before'])} → {ms(s['after'])}"),
+            ("change", step_change_text(d)),
+            ("GPU busy", f"{ms(b['before'])} → {ms(b['after'])}"),
+        ],
+        "slower": d.step_saving_share <= -_SHOWN,
+        "warnings": list(d.warnings),
+        "chart": Markup(diff_svg(d, matches)),
+        "head": _HEAD,
+        "right": [col in _RIGHT for col in _HEAD],
+        "rows": [{"cells": r, "slower": m.realized_saving_share <= -_SHOWN} for r, m in zip(rows, matches)],
+        "kinds": [(k, ms(v["before"]), ms(v["after"])) for k, v in d.kinds.items()],
+        "new_hot_spots": [_hot_spot(h) for h in d.new_hot_spots],
+        "regressions": [_regression(r) for r in d.regressions],
+    }
+    return _environment().get_template("diff.html.j2").render(**context)

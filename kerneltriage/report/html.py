@@ -8,12 +8,15 @@ autoescaping; the charts are matplotlib SVG whose text matplotlib escapes.
 
 from __future__ import annotations
 
+import re
 import shlex
 from functools import cache
 from typing import Any
 
 from kerneltriage.analysis.model import Candidate, Report
+from kerneltriage.analysis.ranks import RankSummary
 from kerneltriage.report.gpu_text import NO_CEILINGS, tflops_text, unresolved_text
+from kerneltriage.report.shared import RANK_HEAD, offers_scaffold, rank_rows, scaffold_command
 from kerneltriage.report.text import (
     bytes_,
     condition_line,
@@ -35,7 +38,7 @@ CONDITIONS = ("headroom", "hotness", "stability")
 def _environment():
     import jinja2
 
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(data_path("html"))),
         autoescape=True,  # report.html.j2 does not end in .html: turn it on explicitly
         undefined=jinja2.StrictUndefined,
@@ -43,36 +46,123 @@ def _environment():
         lstrip_blocks=True,
         keep_trailing_newline=True,
     )
+    env.filters["wbr"] = breakable
+    return env
 
 
-def html(report: Report, *, top: int | None = None, run_ref: str = "RUN") -> str:
-    """The report as one HTML page; ``top`` keeps the first N candidates (table, details and chart)."""
+# A name's joints, where a table cell may break it: after . _ , : / ( and before a camelCase
+# hump (LigerFusedLinearCrossEntropy|Loss). Elsewhere a word is never broken.
+_JOINT = re.compile(r"(?<=[._,:/(])(?=\w)|(?<=[a-z0-9])(?=[A-Z])")
+
+
+def breakable(text: Any) -> Any:
+    """``text`` escaped, with ``<wbr>`` (a break opportunity, nothing visible) at its joints."""
+    from markupsafe import Markup, escape
+
+    return Markup("<wbr>").join(escape(part) for part in _JOINT.split(str(text)))
+
+
+def html(report: Report, *, top: int | None = None, run_ref: str = "RUN", rank: int | None = None) -> str:
+    """The report as one HTML page; ``top`` keeps the first N candidates (table, details and
+    chart). ``rank``: the process rank its scaffold commands name (a rank of a multi-rank run)."""
+    context = {
+        **_page(report),
+        "title": f"kerneltriage report: {report.source.get('path', '')}",
+        "single": _body(report, top=top, run_ref=run_ref, rank=rank),
+        "ranks": None,
+    }
+    return _environment().get_template("report.html.j2").render(**context)
+
+
+def html_ranks(
+    summary: RankSummary, reports: dict[int, Report], *, top: int | None = None, run_ref: str = "RUN"
+) -> str:
+    """Several ranks as one HTML page: the summary across ranks as tables, then a section per
+    rank with its own report (ids inside a rank's section are prefixed ``r{rank}-``)."""
+    first = next(iter(reports.values()))
+    path = str(first.source.get("path", ""))
+    ranks = {
+        "path": path,
+        "count": len(reports),
+        "rank_head": RANK_HEAD,
+        "rank_rows": rank_rows(summary),
+        "candidates": [
+            {
+                "name": c.name,
+                "kind": c.kind,
+                "mean_share": pct(c.mean_share),
+                "max_share": pct(c.max_share),
+                "skew": f"{c.skew:.2f}",
+                "by_rank": [
+                    {"rank": r, "id": c.ids[r], "verdict": c.verdicts.get(r, "skip")} for r in sorted(c.ids)
+                ],
+            }
+            for c in summary.candidates[: top or 10]
+        ],
+        "stragglers": list(summary.stragglers),
+        "warnings": list(summary.warnings),
+        "reports": [
+            {
+                "rank": r,
+                "body": _body(rep, top=top, run_ref=run_ref, rank=r, prefix=f"r{r}-"),
+            }
+            for r, rep in reports.items()
+        ],
+    }
+    context = {
+        **_page(first),
+        "title": f"kerneltriage report: {path} ({len(reports)} ranks)",
+        "single": None,
+        "ranks": ranks,
+    }
+    return _environment().get_template("report.html.j2").render(**context)
+
+
+def _page(report: Report) -> dict[str, Any]:
+    from kerneltriage.report import plots
+
+    return {
+        "schema": report.schema,
+        "verdict_colors": plots.VERDICT_COLORS,
+        "verdict_labels": plots.VERDICT_LABELS,
+    }
+
+
+def _body(
+    report: Report, *, top: int | None, run_ref: str, rank: int | None, prefix: str = ""
+) -> dict[str, Any]:
+    """What the template's ``report_body`` shows of one report."""
     from markupsafe import Markup
 
     from kerneltriage.report import plots
 
     candidates = report.candidates[:top] if top else list(report.candidates)
     data = plots.roofline_data(report, candidates)
-    context = {
-        "report": report,
-        "title": f"kerneltriage report: {report.source.get('path', '')}",
+    roofline = plots.roofline_svg(report, candidates=candidates)
+    breakdown = plots.breakdown_svg(report)
+    return {
         "header": _header(report),
         "idle": idle_lines(report) if report.idle_bound else None,
         "warnings": list(report.warnings),
         "notes": list(report.notes),
         "summary": _summary(report, candidates),
-        "roofline_svg": Markup(plots.roofline_svg(report, candidates=candidates)),
-        "breakdown_svg": Markup(plots.breakdown_svg(report)),
+        "roofline_svg": Markup(_scoped(roofline, prefix)),
+        "breakdown_svg": Markup(_scoped(breakdown, prefix)),
         "breakdown": _breakdown(report),
         "placed": len(data.points),
         "not_placed": [{"id": c.id, "name": c.name, "why": why} for c, why in data.not_placed],
-        "candidates": [_candidate(c, run_ref) for c in candidates],
+        "candidates": [_candidate(c, run_ref, rank) for c in candidates],
         "total_candidates": len(report.candidates),
-        "verdict_colors": plots.VERDICT_COLORS,
-        "verdict_labels": plots.VERDICT_LABELS,
         "verdicts_present": [v for v in plots.VERDICT_COLORS if any(c.verdict == v for c in candidates)],
     }
-    return _environment().get_template("report.html.j2").render(**context)
+
+
+def _scoped(svg: str, prefix: str) -> str:
+    """An inline chart's ids and in-page links under ``prefix``: two ranks' charts on one page
+    must not share ids, and a point links to its own rank's candidate."""
+    if not prefix:
+        return svg
+    return re.sub(r'(\sid="|href="#|url\(#)([^")]+)', lambda m: f"{m.group(1)}{prefix}{m.group(2)}", svg)
 
 
 # --- view models: formatted strings only ----------------------------------------------------
@@ -203,7 +293,7 @@ def _num(value: float | None, fmt: str = ".3g", suffix: str = "") -> str:
     return "—" if value is None else f"{value:{fmt}}{suffix}"
 
 
-def _candidate(c: Candidate, run_ref: str) -> dict[str, Any]:
+def _candidate(c: Candidate, run_ref: str, rank: int | None = None) -> dict[str, Any]:
     r = c.roofline
     conditions = []
     for name in CONDITIONS:
@@ -287,5 +377,6 @@ def _candidate(c: Candidate, run_ref: str) -> dict[str, Any]:
             }
             for k in c.kernels
         ],
-        "scaffold": f"kerneltriage scaffold {shlex.quote(run_ref)} {c.id}",
+        # Copies and collectives are no kernel: nothing to scaffold.
+        "scaffold": scaffold_command(run_ref, c.id, rank, quote=True) if offers_scaffold(c) else None,
     }

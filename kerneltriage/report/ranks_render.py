@@ -1,19 +1,38 @@
 """Rendering of a multi-process run: the cross-rank summary, then each rank's own report.
 
-JSON follows the schema ``kerneltriage.report-ranks/1``: ``{"schema", "summary" (the
-``kerneltriage.ranks/1`` summary), "ranks": {rank: kerneltriage.report/1}}``.
+- terminal: the summary as rich tables, then each rank's report under a rule;
+- markdown: the summary as Markdown tables, then a ``## Rank N`` section per rank;
+- html: one document (``report.html``'s page with the summary first and a section per rank);
+- csv: every rank's candidates, one table, with a leading ``process_rank`` column;
+- json: schema ``kerneltriage.report-ranks/1``: ``{"schema", "summary" (the
+  ``kerneltriage.ranks/1`` summary), "ranks": {rank: kerneltriage.report/1}}``.
+
+Candidate ids are numbered per rank (C3 of rank 0 need not be C3 of rank 1), so the summary
+names each candidate's id on every rank and scaffold commands carry ``--rank N``.
 """
 
 from __future__ import annotations
 
+import io
 import json
 
 from kerneltriage.analysis.model import Report
 from kerneltriage.analysis.ranks import RankSummary
-from kerneltriage.report.render import render
-from kerneltriage.report.text import ms, pct
+from kerneltriage.report.render import csv_text, render
+from kerneltriage.report.shared import RANK_HEAD, name_widths, rank_rows, wrap_name
+from kerneltriage.report.text import pct
 
 SCHEMA = "kerneltriage.report-ranks/1"
+
+CANDIDATE_HEAD = (
+    "candidate",
+    "kind",
+    "mean share",
+    "max share",
+    "skew (max ÷ mean)",
+    "id by rank",
+    "verdict by rank",
+)
 
 
 def render_rank_reports(
@@ -24,6 +43,7 @@ def render_rank_reports(
     top: int | None = None,
     run_ref: str = "RUN",
     color: bool | None = None,
+    width: int | None = None,
 ) -> str:
     """Several ranks as ``fmt``: the summary across ranks, then each rank's report."""
     if fmt == "json":
@@ -33,39 +53,125 @@ def render_rank_reports(
             "ranks": {str(r): json.loads(render(rep, "json", top=top)) for r, rep in reports.items()},
         }
         return json.dumps(data, indent=2) + "\n"
-    parts = [render_ranks(summary, "markdown" if fmt in ("markdown", "html") else "terminal", top or 10)]
+    if fmt == "csv":
+        from kerneltriage.analysis.frames import candidates_table
+
+        return csv_text(candidates_table(reports, top))
+    if fmt == "html":
+        from kerneltriage.report.html import html_ranks
+
+        return html_ranks(summary, reports, top=top, run_ref=run_ref)
+    if fmt == "markdown":
+        parts = [f"# kerneltriage report: `{_path(reports)}` ({len(reports)} ranks)\n\n"]
+        parts.append(render_ranks(summary, "markdown", top or 10))
+        for rank, rep in reports.items():
+            parts.append(f"\n# Rank {rank}\n\n")
+            parts.append(render(rep, "markdown", top=top, run_ref=run_ref, rank=rank))
+        return "".join(parts)
+    parts = [render_ranks(summary, "terminal", top or 10, color=color, width=width)]
     for rank, rep in reports.items():
-        parts.append(f"\n=== rank {rank} ===\n" if fmt != "html" else "")
-        parts.append(render(rep, fmt, top=top, run_ref=run_ref, color=color))
+        parts.append(_rule(f"rank {rank}", color, width))
+        parts.append(render(rep, "terminal", top=top, run_ref=run_ref, color=color, width=width, rank=rank))
     return "".join(parts)
 
 
-def render_ranks(summary: RankSummary, fmt: str, top: int = 10) -> str:
-    """The summary across ranks as a Markdown (or plain) table."""
-    md = fmt == "markdown"
-    out = ["## Ranks" if md else "Ranks", ""]
-    out += [
-        "| rank | step time | GPU busy | communication | exposed communication |",
-        "|---:|---:|---:|---:|---:|",
+def _path(reports: dict[int, Report]) -> str:
+    return str(next(iter(reports.values())).source.get("path", ""))
+
+
+def _console(buffer: io.StringIO, color: bool | None, width: int | None):
+    from rich.console import Console
+
+    return Console(
+        file=buffer,
+        width=width or 140,
+        force_terminal=color,
+        no_color=color is False,
+        highlight=False,
+        soft_wrap=False,
+        markup=False,
+    )
+
+
+def _rule(title: str, color: bool | None, width: int | None) -> str:
+    from rich.rule import Rule
+
+    buffer = io.StringIO()
+    console = _console(buffer, color, width)
+    console.print()
+    console.print(Rule(title, style="bold", characters="═"))
+    return buffer.getvalue()
+
+
+def candidate_rows(summary: RankSummary, top: int, sep: str = ", ") -> list[list[str]]:
+    """The candidates across ranks, formatted; ``sep`` between the ranks' ids and verdicts."""
+    return [
+        [
+            c.name,
+            c.kind,
+            pct(c.mean_share),
+            pct(c.max_share),
+            f"{c.skew:.2f}",
+            sep.join(f"{r}: {i}" for r, i in sorted(c.ids.items())),
+            sep.join(f"{r}: {v}" for r, v in sorted(c.verdicts.items())),
+        ]
+        for c in summary.candidates[:top]
     ]
-    for r in summary.ranks:
-        out.append(
-            f"| {r.rank} | {ms(r.step_time_ms)} | {r.gpu_busy_pct:.1f}% | {ms(r.communication_ms)} | "
-            f"{ms(r.exposed_communication_ms)} |"
-        )
-    out += [
-        "",
-        "| candidate | kind | mean share | max share | skew (max ÷ mean) | verdicts by rank |",
-        "|---|---|---:|---:|---:|---|",
-    ]
-    for c in summary.candidates[:top]:
-        verdicts = ", ".join(f"{r}: {v}" for r, v in sorted(c.verdicts.items()))
-        out.append(
-            f"| {c.name} | {c.kind} | {pct(c.mean_share)} | {pct(c.max_share)} | {c.skew:.2f} | {verdicts} |"
-        )
+
+
+def render_ranks(
+    summary: RankSummary, fmt: str, top: int = 10, *, color: bool | None = None, width: int | None = None
+) -> str:
+    """The summary across ranks: Markdown tables, or rich tables for the terminal."""
+    ranks = rank_rows(summary)
+    if fmt != "markdown":  # one line per rank in a terminal cell
+        return _terminal(summary, ranks, candidate_rows(summary, top, "\n"), color, width)
+    candidates = candidate_rows(summary, top)
+    out = ["## Ranks", ""]
+    out += ["| " + " | ".join(RANK_HEAD) + " |", "|---:|---:|---:|---:|---:|"]
+    out += ["| " + " | ".join(row) + " |" for row in ranks]
+    out += ["", "| " + " | ".join(CANDIDATE_HEAD) + " |", "|---|---|---:|---:|---:|---|---|"]
+    out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in candidates]
     if summary.stragglers:
         out += ["", "Stragglers:"] + [f"- {s}" for s in summary.stragglers]
     if summary.warnings:
         out += ["", "Warnings:"] + [f"- {w}" for w in summary.warnings]
     out.append("")
     return "\n".join(out) + "\n"
+
+
+def _terminal(
+    summary: RankSummary,
+    ranks: list[list[str]],
+    candidates: list[list[str]],
+    color: bool | None,
+    width: int | None,
+) -> str:
+    from rich.table import Table
+    from rich.text import Text
+
+    buffer = io.StringIO()
+    console = _console(buffer, color, width)
+    console.print(Text(f"kerneltriage report — {len(summary.ranks)} ranks", style="bold"))
+    table = Table(title="Ranks", title_justify="left")
+    for col in RANK_HEAD:
+        table.add_column(col, justify="right")
+    for row in ranks:
+        table.add_row(*row)
+    console.print(table)
+    table = Table(title="Candidates across ranks (by mean share)", title_justify="left")
+    widths = name_widths(console.width, CANDIDATE_HEAD, candidates, {0: 60})
+    for i, col in enumerate(CANDIDATE_HEAD):
+        table.add_column(
+            col, justify="right" if 2 <= i <= 4 else "left", width=widths.get(i), overflow="ellipsis"
+        )
+    for row in candidates:
+        table.add_row(*(wrap_name(cell, widths.get(i)) for i, cell in enumerate(row)))
+    console.print(table)
+    if summary.stragglers:
+        console.print(Text("Stragglers:", style="bold"))
+        for s in summary.stragglers:
+            console.print(f"  {s}")
+    for w in summary.warnings:
+        console.print(Text(f"warning: {w}", style="yellow"))
+    return buffer.getvalue()

@@ -1,4 +1,4 @@
-"""Terminal (rich), Markdown and JSON renderings of a ``Report``."""
+"""Terminal (rich), Markdown, JSON and CSV renderings of a ``Report``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from rich.text import Text
 
 from kerneltriage.analysis.model import Candidate, Report
 from kerneltriage.report.gpu_text import gpu_lines
+from kerneltriage.report.shared import name_widths, offers_scaffold, scaffold_command, wrap_name
 from kerneltriage.report.text import (
     condition_line,
     counters_text,
@@ -24,7 +25,7 @@ from kerneltriage.report.text import (
     verdict_text,
 )
 
-FORMATS = ("terminal", "markdown", "json", "html")
+FORMATS = ("terminal", "markdown", "json", "csv", "html")
 _VERDICT_STYLE = {"write": "bold green", "use-builtin": "bold cyan", "compile": "bold yellow", "skip": "dim"}
 
 
@@ -37,27 +38,37 @@ def render(
     run_ref: str = "RUN",
     width: int | None = None,
     color: bool | None = None,
+    rank: int | None = None,
 ) -> str:
-    """Render ``report`` as ``fmt``. Returns the text (and writes it to ``out`` if given)."""
+    """Render ``report`` as ``fmt``. Returns the text (and writes it to ``out`` if given).
+    ``rank``: the process rank to name in scaffold commands (one rank of a multi-rank run)."""
     if fmt == "json":
         data = report.to_json()
         if top is not None:
             data["candidates"] = data["candidates"][:top]
         text = json.dumps(data, indent=2) + "\n"
+    elif fmt == "csv":
+        text = csv_text(report.to_frame().head(top) if top else report.to_frame())
     elif fmt == "markdown":
-        text = markdown(report, top=top, run_ref=run_ref)
+        text = markdown(report, top=top, run_ref=run_ref, rank=rank)
     elif fmt == "terminal":
-        text = terminal(report, top=top, run_ref=run_ref, width=width, color=color, out=out)
+        text = terminal(report, top=top, run_ref=run_ref, width=width, color=color, out=out, rank=rank)
         return text
     elif fmt == "html":
         from kerneltriage.report.html import html  # matplotlib is imported only for HTML
 
-        text = html(report, top=top, run_ref=run_ref)
+        text = html(report, top=top, run_ref=run_ref, rank=rank)
     else:
         raise ValueError(f"unknown format {fmt!r}")
     if out is not None:
         out.write(text)
     return text
+
+
+def csv_text(frame) -> str:
+    """A DataFrame as CSV: a header row, one row per candidate, no index (as ``--export``
+    writes it)."""
+    return frame.to_csv(index=False, lineterminator="\n")
 
 
 def _header_lines(report: Report) -> list[str]:
@@ -94,6 +105,7 @@ def terminal(
     width: int | None,
     color: bool | None,
     out: TextIO | None,
+    rank: int | None = None,
 ) -> str:
     buffer = io.StringIO()
     console = Console(
@@ -116,21 +128,9 @@ def terminal(
     table = Table(
         title="Candidates (actionable first, by expected saving)", title_justify="left", expand=False
     )
-    for col, kw in (
-        ("#", {"justify": "right"}),
-        ("id", {}),
-        ("candidate", {"max_width": 52, "overflow": "fold"}),
-        ("kind", {}),
-        ("share", {"justify": "right"}),
-        ("headroom", {"justify": "right"}),
-        ("bound", {}),
-        ("shapes", {"justify": "right"}),
-        ("verdict", {"max_width": 44, "overflow": "fold"}),
-        ("saving", {"justify": "right"}),
-    ):
-        table.add_column(col, **kw)
-    for c in candidates:
-        table.add_row(
+    headers = ("#", "id", "candidate", "kind", "share", "headroom", "bound", "shapes", "verdict", "saving")
+    rows = [
+        [
             str(c.rank),
             c.id,
             c.name,
@@ -139,9 +139,25 @@ def terminal(
             headroom_text(c),
             c.roofline.bound or "—",
             str(c.shapes.distinct),
-            Text(verdict_text(c, short=True), style=_VERDICT_STYLE[c.verdict]),
+            verdict_text(c, short=True),
             _saving(c),
+        ]
+        for c in candidates
+    ]
+    # Names wrap between words or at their joints, never mid-word (see report.shared).
+    widths = name_widths(console.width, headers, rows, {2: 52, 8: 44})
+    right = {"#", "share", "headroom", "shapes", "saving"}
+    for i, col in enumerate(headers):
+        table.add_column(
+            col,
+            justify="right" if col in right else "left",
+            width=widths.get(i),
+            overflow="ellipsis",
         )
+    for c, row in zip(candidates, rows):
+        cells: list = [wrap_name(cell, widths.get(i)) for i, cell in enumerate(row)]
+        cells[8] = Text(cells[8], style=_VERDICT_STYLE[c.verdict])
+        table.add_row(*cells)
     console.print(table)
     detail = [c for c in candidates if c.verdict != "skip"] or candidates[:1]
     shown = {id(c) for c in detail}
@@ -174,7 +190,7 @@ def terminal(
             if c.fix:
                 fix = c.fix.replace("\n", "\n             ")
                 console.print(Text(f"  fix        {fix}"))
-            console.print(f"  start      kerneltriage scaffold {run_ref} {c.id}")
+            console.print(f"  start      {scaffold_command(run_ref, c.id, rank)}")
     if report.warnings:
         console.print()
         for w in report.warnings:
@@ -189,7 +205,7 @@ def _md_escape(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def markdown(report: Report, *, top: int | None, run_ref: str) -> str:
+def markdown(report: Report, *, top: int | None, run_ref: str, rank: int | None = None) -> str:
     out = [f"## kerneltriage report: `{report.source.get('path', '')}`", ""]
     out += [f"- {line}" for line in _header_lines(report)]
     out.append("")
@@ -220,7 +236,8 @@ def markdown(report: Report, *, top: int | None, run_ref: str) -> str:
         out.append(f"- why: {c.reason}" + (f"; {c.note}" if c.note else ""))
         if c.fix:
             out += ["- fix:", "", "  ```python", *[f"  {line}" for line in c.fix.splitlines()], "  ```", ""]
-        out.append(f"- start: `kerneltriage scaffold {run_ref} {c.id}`")
+        if offers_scaffold(c):
+            out.append(f"- start: `{scaffold_command(run_ref, c.id, rank)}`")
     if report.warnings:
         out += ["", "**Warnings**", ""] + [f"- {w}" for w in report.warnings]
     return "\n".join(out) + "\n"

@@ -86,16 +86,21 @@ def _build(template: str, origin: Origin, gpu: GPUSpec, **kind_args) -> dict | N
 
 
 def plan_candidate(
-    report, candidate_id: str, *, run_ref: str = "RUN", out: str = "OUT"
+    report, candidate_id: str, *, run_ref: str = "RUN", out: str = "OUT", rank: int | None = None
 ) -> tuple[str, dict, list[str]]:
-    """(template, context, messages) for one candidate of a report, without writing anything."""
+    """(template, context, messages) for one candidate of a report, without writing anything.
+    ``rank``: the process rank the report is of, named in the commands (multi-rank runs)."""
     cand = report.candidate(str(candidate_id))
+    of_rank = f" (rank {rank})" if rank is not None else ""
     if cand is None:
         valid = ", ".join(c.id for c in report.candidates) or "none"
-        raise InputError(f"no candidate {comment_text(candidate_id, 40)!r} in {run_ref}; valid ids: {valid}")
+        raise InputError(
+            f"no candidate {comment_text(candidate_id, 40)!r} in {run_ref}{of_rank}; valid ids: {valid}"
+        )
+    rank_option = f" --rank {rank}" if rank is not None else ""
     origin = Origin(
-        command=comment_text(f"kerneltriage scaffold {run_ref} {cand.id} --out {out}", 300),
-        short=comment_text(f"{cand.id} of {run_ref}", 200),
+        command=comment_text(f"kerneltriage scaffold {run_ref} {cand.id}{rank_option} --out {out}", 300),
+        short=comment_text(f"{cand.id} of {run_ref}{of_rank}", 200),
         title=comment_text(cand.name, 120),
         report=report,
         candidate=cand,
@@ -125,17 +130,39 @@ def scaffold_candidate(
     *,
     force: bool = False,
     report=None,
-    **report_kwargs,
+    rank: int | None = None,
+    ncu: str | Path | None = None,
+    rules_file: str | Path | None = None,
+    gpu: str | None = None,
 ) -> ScaffoldResult:
-    """Scaffold a candidate of ``kerneltriage report RUN`` into ``out``."""
-    out = check_out(Path(out), force)  # refuse before the (slow) analysis
-    if report is None:
-        from kerneltriage.api import build_report
+    """Scaffold a candidate of ``kerneltriage report RUN`` into ``out``.
 
-        report = build_report(run, **report_kwargs)
-    template, context, messages = plan_candidate(report, candidate_id, run_ref=str(run), out=str(out))
+    Candidate ids are numbered per rank. ``rank`` picks the rank of a multi-rank run; left
+    out, the only rank, or with several the one Nsight Compute profiled (as
+    ``kerneltriage.report``), and a message says which rank and candidate that was.
+    """
+    out = check_out(Path(out), force)  # refuse before the (slow) analysis
+    messages: list[str] = []
+    named_rank = rank
+    if report is None:
+        from kerneltriage.api import load
+
+        profile = load(run, ncu=ncu, ranks=None if rank is None else [rank], rules_file=rules_file)
+        chosen = profile.default_rank if rank is None else rank
+        report = profile.report(chosen, gpu=gpu)
+        if rank is None and len(profile.ranks) > 1:
+            named_rank = chosen
+            cand = report.candidate(str(candidate_id))
+            what = f"{cand.id} of rank {chosen} ({comment_text(cand.name, 80)})" if cand else f"rank {chosen}"
+            messages.append(
+                f"{run} has ranks {', '.join(map(str, profile.ranks))}: scaffolding {what}, the rank "
+                "Nsight Compute profiled; candidate ids are numbered per rank, --rank N picks another"
+            )
+    template, context, plan_messages = plan_candidate(
+        report, candidate_id, run_ref=str(run), out=str(out), rank=named_rank
+    )
     files = write(out, render(template, context), force)
-    return ScaffoldResult(out, template, context["name"], files, messages)
+    return ScaffoldResult(out, template, context["name"], files, messages + plan_messages)
 
 
 def _gpu_spec(gpu: str | None) -> GPUSpec:

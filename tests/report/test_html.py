@@ -11,11 +11,10 @@ from click.testing import CliRunner
 from markupsafe import escape
 
 from kerneltriage.analysis.model import Gap
-from kerneltriage.api import build_report
 from kerneltriage.cli import main
 from kerneltriage.report import render
 from kerneltriage.report.gpu_text import tflops_text
-from kerneltriage.report.html import html
+from kerneltriage.report.html import breakable, html
 from kerneltriage.report.text import headroom_text, ms, pct
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,8 +23,8 @@ RUN_REF = "examples/runs/gpt-naive-h200"
 
 
 @pytest.fixture(scope="module")
-def report():
-    return build_report(EXAMPLE)
+def report(example_report):
+    return example_report
 
 
 @pytest.fixture(scope="module")
@@ -101,13 +100,21 @@ def test_every_candidate_in_table_and_details(report, page):
     table = page[page.index('<table class="verdicts">') : page.index('<section id="details">')]
     details = page[page.index('<section id="details">') :]
     assert table.count("<tr class=") == len(report.candidates)
+    memcpy = [c for c in report.candidates if c.reason == "not-a-kernel"]
+    assert memcpy and all(
+        c.kind == "memcpy" and c.verdict == "skip" for c in memcpy
+    )  # the example's aten::to
     for c in report.candidates:
         assert f'<td><a href="#{c.id}">{c.id}</a></td>' in table
-        assert f'<a href="#{c.id}">{escape(c.name)}</a>' in table
+        assert f'<a href="#{c.id}">{breakable(c.name)}</a>' in table
         assert f'id="{c.id}"' in details
         body = section(page, c.id)
         assert str(escape(c.name)) in body
-        assert f"kerneltriage scaffold {RUN_REF} {c.id}" in body
+        if c.verdict == "skip" and c.reason in ("not-a-kernel", "communication"):
+            # a copy or a collective is no kernel: no scaffold offered, not even "anyway"
+            assert "kerneltriage scaffold" not in body and "Start" not in body
+        else:
+            assert f"kerneltriage scaffold {RUN_REF} {c.id}" in body
         assert body.count('class="kname mono"') == len(c.kernels)
         for s in c.shapes.signatures:
             assert f'<td class="mono">{escape(s["shape"])}</td>' in body

@@ -13,7 +13,6 @@ import pytest
 from click.testing import CliRunner
 from matplotlib.text import Text
 
-from kerneltriage.api import build_report
 from kerneltriage.cli import main
 from kerneltriage.errors import InputError
 from kerneltriage.report import plots
@@ -24,8 +23,8 @@ EXAMPLE = ROOT / "examples" / "runs" / "gpt-naive-h200"
 
 
 @pytest.fixture(scope="module")
-def report():
-    return build_report(EXAMPLE)
+def report(example_report):
+    return example_report
 
 
 @pytest.fixture(scope="module")

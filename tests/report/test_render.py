@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from pathlib import Path
 
@@ -11,7 +13,6 @@ from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.api import build_report
 from kerneltriage.report import render
 from kerneltriage.report.render import FORMATS
-from tests.helpers import EXAMPLE_RUN as EXAMPLE
 from tests.helpers import report
 
 EXTERNAL = Path(__file__).resolve().parents[3] / "shared" / "external-traces"
@@ -134,7 +135,7 @@ def test_one_gpu_spec_from_resolution_to_rendering():
     assert data["thresholds"] == rep.thresholds.to_json()
 
 
-def test_header_says_which_ceilings_it_used():
+def test_header_says_which_ceilings_it_used(example_report):
     gpu = report().gpu  # the test capture, by its name, no calibration: datasheet × achievable
     line = render(report(), "terminal", color=False, width=400).splitlines()[1]
     a = gpu.achievable
@@ -144,7 +145,7 @@ def test_header_says_which_ceilings_it_used():
         f"({a.bandwidth:g} / {a.tensor:g} / {a.vector:g} of datasheet, {a.label})"
     )
     assert "4176 GB/s, 683 bf16, 56.9 fp32" in line and "measured by kerneltriage on an H200" in line
-    calibrated = build_report(EXAMPLE)  # its manifest's calibration: measured ceilings
+    calibrated = example_report  # its manifest's calibration: measured ceilings
     text = render(calibrated, "markdown")
     assert (
         "- GPU: NVIDIA H200 SXM 141GB — ceilings 4221 GB/s, 679 bf16, 65.7 fp32 TFLOP/s (measured by " in text
@@ -173,6 +174,11 @@ def test_a_report_without_a_gpu_renders_in_every_format(no_gpu_report, fmt):
         assert "--gpu KEY" in data["notes"][0] and "H100-SXM" in data["notes"][0]
         assert data["source"]["gpu_unresolved"] == "no name, no deviceProperties"
         assert data["kind_breakdown"] and data["candidates"][0]["time_share"] > 0
+    elif fmt == "csv":
+        rows = list(csv.DictReader(io.StringIO(text)))
+        assert len(rows) == len(rep.candidates) and rows[0]["id"] == rep.candidates[0].id
+        assert all(r["headroom"] == "" and r["bound"] == "" for r in rows)  # no ceilings, no headroom
+        assert float(rows[0]["time_share"]) == pytest.approx(rep.candidates[0].time_share, rel=1e-5)
     else:
         assert (
             'id="no-ceilings"' in text and "no ceilings: headroom and write/compile verdicts need one" in text

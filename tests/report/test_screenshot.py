@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from kerneltriage.api import build_report
 from kerneltriage.report import plots
 from kerneltriage.report.html import html
 
@@ -45,8 +44,8 @@ def chromium() -> str:
 
 
 @pytest.fixture(scope="module")
-def report():
-    return build_report(EXAMPLE)
+def report(example_report):
+    return example_report
 
 
 def screenshot(chromium: str, target: Path, out: Path, size: tuple[int, int]) -> np.ndarray:

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The tests on a fresh machine: installs what they need, then runs pytest.
+#
+#   scripts/test.sh                   # the whole suite (what CI runs)
+#   scripts/test.sh -m "not slow"     # the quick subset: no kernel interpreter runs, corpus,
+#                                     # screenshots or profiling sessions (under a minute)
+#   scripts/test.sh --lint …          # ruff check and ruff format --check first (CI)
+#
+# Other arguments go to pytest. Needs Python >= 3.10 (a virtual environment is best); on
+# Debian/Ubuntu it installs Chromium (screenshot tests) with apt when it is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+
+lint=0
+if [ "${1:-}" = "--lint" ]; then
+  lint=1
+  shift
+fi
+
+# Headless Chromium and a font for the screenshot tests (Debian packages).
+if [ -z "${KERNELTRIAGE_CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    sudo=""
+    if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then sudo="sudo"; fi
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get update -qq
+    $sudo apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null
+  else
+    echo "scripts/test.sh: no chromium and no apt-get: the screenshot tests will fail;" \
+      "install Chromium or set KERNELTRIAGE_CHROMIUM to its binary" >&2
+  fi
+fi
+
+# The package with its test extras. torch==2.13.0 takes the local CPU build where one is
+# provided (a bare "torch" would pull the CUDA wheels). Skipped when all of it is importable
+# from this checkout already.
+if ! "$PYTHON" - <<'PY' >/dev/null 2>&1
+import importlib.util, pathlib
+for name in ("pyarrow", "pytest", "ruff", "torch", "transformers", "triton"):
+    assert importlib.util.find_spec(name) is not None, name
+here = importlib.util.find_spec("kerneltriage")
+assert here and pathlib.Path(here.origin).resolve().parents[1] == pathlib.Path.cwd().resolve()
+PY
+then
+  "$PYTHON" -m pip install -q torch==2.13.0 triton==3.6.0 pyarrow -e ".[dev,gpu]"
+fi
+
+if [ "$lint" = 1 ]; then
+  "$PYTHON" -m ruff check .
+  "$PYTHON" -m ruff format --check .
+fi
+exec "$PYTHON" -m pytest -q "$@"

@@ -34,6 +34,10 @@ BUDGET_US = {
     "rms_norm forward through autograd": 80,
     "rms_norm forward + backward": 400,
 }
+# The same budgets as multiples of torch's own F.rms_norm call (~17 µs here), measured in the
+# same process: a machine slowed by load or another Python build slows both, so the budget
+# scales with it. A call is over budget only when it is over both.
+BUDGET_X_TORCH = {name: us / 17.0 for name, us in BUDGET_US.items()}
 
 
 def per_call_us(fn, budget: float, calls: int = 40, rounds: int = 40, attempts: int = 5) -> float:
@@ -92,10 +96,12 @@ def test_wrapper_overhead_within_budget(device):
             "_sum_partials_kernel",
         ]
         measured = {name: per_call_us(fn, BUDGET_US[name]) for name, fn in cases.items()}
+    baseline = per_call_us(lambda: torch.nn.functional.rms_norm(x, (64,), w), 0.0, attempts=1)
+    budget = {name: max(us, BUDGET_X_TORCH[name] * baseline) for name, us in BUDGET_US.items()}
     over = {
-        name: f"{us:.1f} µs > {BUDGET_US[name]} µs" for name, us in measured.items() if us > BUDGET_US[name]
+        name: f"{us:.1f} µs > {budget[name]:.0f} µs" for name, us in measured.items() if us > budget[name]
     }
-    assert not over, f"host time per call over budget: {over} (all: {measured})"
+    assert not over, f"host time per call over budget: {over} (all: {measured}; F.rms_norm {baseline:.1f} µs)"
 
 
 class OpRecorder(TorchDispatchMode):

@@ -65,6 +65,9 @@ DEV = os.environ.get("BENCH_DEVICE", "cuda")  # "cpu" + TRITON_INTERPRET=1 to te
 # lists plus a lazily rescaling forward (since removed: 10-40% slower). Warp specialization
 # of the forward's KV loop failed to compile with 4 warps ("PassManager::run failed" in
 # NVGPUWarpSpecialization) and ran 5-13% slower than plain pipelining with 8 (FWD_WS).
+# Run 3 (2026-11-22, H100) adds the Triton tutorial's Hopper settings: more stages, BLOCK_N 128
+# with 8 warps (the tutorial drops 8-warp tiles under 128x128 on Hopper), and warp
+# specialization with 2-4 stages.
 FWD_SWEEP = [
     (128, 64, 8, 3),
     (128, 64, 8, 4),
@@ -72,9 +75,12 @@ FWD_SWEEP = [
     (128, 128, 8, 2),
     (64, 64, 4, 3),
     (128, 64, 4, 3),
+    (128, 64, 8, 5),
+    (128, 128, 8, 4),
+    (128, 32, 4, 4),
 ]
-FWD_TMA = [(128, 64, 8, 3), (128, 128, 8, 3)]  # also timed through tensor descriptors
-FWD_WS = [(128, 64, 8, 3)]  # descriptors + warp specialization
+FWD_TMA = [(128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 4), (128, 64, 8, 4)]  # descriptors
+FWD_WS = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 8, 2)]  # descriptors + WS
 DKDV_SWEEP = [  # (BLOCK_M: q rows streamed, BLOCK_N: kv rows held, warps, stages)
     (32, 64, 4, 3),
     (32, 64, 4, 4),
@@ -83,6 +89,9 @@ DKDV_SWEEP = [  # (BLOCK_M: q rows streamed, BLOCK_N: kv rows held, warps, stage
     (64, 128, 8, 3),
     (32, 128, 8, 4),
     (16, 64, 4, 3),
+    (32, 128, 4, 5),
+    (64, 128, 8, 2),
+    (64, 64, 4, 3),
 ]
 DQ_SWEEP = [  # (BLOCK_M: q rows held, BLOCK_N: kv rows streamed, warps, stages)
     (128, 64, 8, 3),
@@ -91,6 +100,8 @@ DQ_SWEEP = [  # (BLOCK_M: q rows held, BLOCK_N: kv rows streamed, warps, stages)
     (128, 128, 8, 3),
     (64, 64, 4, 3),
     (64, 64, 4, 4),
+    (128, 32, 4, 5),
+    (128, 32, 8, 4),
 ]
 DQ_TMA = [(128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3)]
 
@@ -531,8 +542,13 @@ def _sweep_group(D: int, causal: bool, failed: dict, budget_s: float) -> list[di
     return rows
 
 
+SWEEP_GROUPS = [(128, False), (128, True), (64, False), (64, True)]
+TABLE_D = (64, 128)
+TABLE_S = (1024, 2048, 4096, 8192, 16384)
+
+
 def part_sweep(res: dict, budget_s: float) -> None:
-    groups = [(128, False), (128, True), (64, False), (64, True)]
+    groups = SWEEP_GROUPS
     failed = precompile([s for D, c in groups for s in sweep_specs(D, c)])
     rows = []
     for D, causal in groups:
@@ -572,9 +588,9 @@ def best_configs() -> dict:
 
 
 def table_shapes():
-    for D in (64, 128):
+    for D in TABLE_D:
         H = 2048 // D
-        for S in (1024, 2048, 4096, 8192, 16384):
+        for S in TABLE_S:
             for causal in (False, True):
                 yield 16384 // S, H, S, D, causal
 
@@ -800,13 +816,21 @@ def _interpreter_numpy_shim() -> None:
 
 
 def main(argv=None) -> int:
-    global SMOKE, DEV
+    global SMOKE, DEV, SWEEP_GROUPS, TABLE_D, TABLE_S, VARIANTS
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="attention.json")
     ap.add_argument("--parts", default="check,sweep,table,variants")
     ap.add_argument("--budget-s", type=float, default=540.0)
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter dry run of part check")
+    ap.add_argument("--sweep-groups", default="128:0,128:1,64:0,64:1", help="D:causal pairs to sweep")
+    ap.add_argument("--table-d", default="64,128", help="head dims of the table")
+    ap.add_argument("--table-s", default="1024,2048,4096,8192,16384", help="sequence lengths of the table")
+    ap.add_argument("--variants", default=",".join(v[0] for v in VARIANTS), help="variants to time")
     args = ap.parse_args(argv)
+    TABLE_S = tuple(int(v) for v in args.table_s.split(",") if v)
+    VARIANTS = [v for v in VARIANTS if v[0] in args.variants.split(",")]
+    SWEEP_GROUPS = [(int(d), c == "1") for d, c in (g.split(":") for g in args.sweep_groups.split(",") if g)]
+    TABLE_D = tuple(int(d) for d in args.table_d.split(",") if d)
     if args.smoke:
         SMOKE, DEV = True, "cpu"
         _interpreter_numpy_shim()

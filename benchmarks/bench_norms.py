@@ -23,12 +23,15 @@
    everything to --out as JSON.
 
 ``--dry-run`` runs the same code path on CPU through Triton's interpreter on tiny shapes, with a
-wall-clock timer instead of do_bench, to check the script itself.
+wall-clock timer instead of do_bench, to check the script itself. ``--shapes``, ``--methods``
+(``ours-triton``: ours with every launch through ``kernel[grid](...)``, the fast launch path
+off) and ``--checks`` narrow a run to what a short GPU session has time for.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -49,6 +52,16 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--deadline-s", type=float, default=290.0, help="stop timing after this long")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile baselines")
     p.add_argument("--dry-run", action="store_true", help="CPU + Triton interpreter, tiny shapes")
+    p.add_argument("--shapes", default="", help="M×N list, e.g. 4096x1024,16384x4096 (default: all)")
+    p.add_argument(
+        "--methods",
+        default="ours,torch,eager,liger",
+        help="besides compile; 'ours-triton' = ours with every launch through Triton's own path",
+    )
+    p.add_argument(
+        "--checks", choices=("full", "shapes", "none"), default="full",
+        help="full: every shape, every candidate config, odd shapes; shapes: every shape only",
+    )  # fmt: skip
     return p.parse_args()
 
 
@@ -271,6 +284,7 @@ def rms_impls(n, dtype):
     if not ARGS.no_compile:
         c = _compiled("rms", rms_norm_ref)
         impls["compile"] = (lambda x, r: c(x, w, EPS_RMS), [w])
+    impls["ours-triton"] = impls["ours"]
     if HAVE_LIGER:
         m = _module(LigerRMSNorm(n, eps=EPS_RMS, in_place=False), w, None)
         impls["liger"] = (lambda x, r: m(x), [m.weight])
@@ -287,6 +301,7 @@ def ln_impls(n, dtype):
     if not ARGS.no_compile:
         c = _compiled("ln", layer_norm_ref)
         impls["compile"] = (lambda x, r: c(x, w, b, EPS_LN), [w, b])
+    impls["ours-triton"] = impls["ours"]
     if HAVE_LIGER:
         m = _module(LigerLayerNorm(n, eps=EPS_LN, bias=True), w, b)
         impls["liger"] = (lambda x, r: m(x), [m.weight, m.bias])
@@ -308,6 +323,7 @@ def add_impls(n, dtype):
     if not ARGS.no_compile:
         c = _compiled("add", fused_add_rms_norm_ref)
         impls["compile"] = (lambda x, r: c(x, r, w, EPS_RMS), [w])
+    impls["ours-triton"] = impls["ours"]
     if HAVE_LIGER:
         m = _module(LigerFusedAddRMSNorm(n, eps=EPS_RMS, in_place=False), w, None)
         impls["liger"] = (lambda x, r: m(x, r), [m.weight])
@@ -471,20 +487,28 @@ def time_op(op, m, n, methods):
         if name not in impls:
             continue
         fn, params = impls[name]
+
+        # ours-triton: the same wrappers, every launch through kernel[grid](...) (the fast
+        # launch path off), to show what the fast path saves
+        def launch_cfg(name=name):
+            return config.override(fast_launch=False) if name == "ours-triton" else contextlib.nullcontext()
+
         for mode in ("fwd", "bwd", "fwd+bwd"):
             if time_left() < 0:
                 RESULTS["skipped"].append(f"{op} {m}x{n} {name} {mode}: deadline")
                 continue
             try:
-                run = _mode_fn(fn, params, sets, mode)
-                ms, lo, hi = bench_ms(run)
+                with launch_cfg():
+                    run = _mode_fn(fn, params, sets, mode)
+                    ms, lo, hi = bench_ms(run)
             except Exception as e:
                 RESULTS["errors"].append(f"{op} {m}x{n} {name} {mode}: {e!r}")
                 log(f"ERROR {op} {m}x{n} {name} {mode}: {e!r}")
                 traceback.print_exc(limit=3)
                 continue
             try:
-                gpu_us, host_us = gpu_and_host_us(run)
+                with launch_cfg():
+                    gpu_us, host_us = gpu_and_host_us(run)
             except Exception as e:  # keep the do_bench figure without them
                 RESULTS["errors"].append(f"{op} {m}x{n} {name} {mode} profiler: {e!r}")
                 gpu_us, host_us = None, None
@@ -565,17 +589,61 @@ def _describe(cfg, n):
     )
 
 
+def _shapes() -> list[tuple[int, int]]:
+    if ARGS.dry_run:
+        return DRY_SHAPES
+    if not ARGS.shapes:
+        return SHAPES
+    return [tuple(int(v) for v in s.lower().replace("×", "x").split("x")) for s in ARGS.shapes.split(",")]
+
+
 def main() -> None:
-    shapes = DRY_SHAPES if ARGS.dry_run else SHAPES
+    shapes = _shapes()
+    methods = [m for m in ARGS.methods.split(",") if m]
+    RESULTS["methods"] = methods
     copy_bandwidth()
     save()
+    if ARGS.checks == "none":
+        log("correctness: skipped (--checks none)")
+    else:
+        checks(shapes)
+    # Timing: everything but torch.compile first; then torch.compile (slow to compile), op by
+    # op, so that a deadline leaves whole ops measured.
+    for m, n in shapes:
+        for op in OPS:
+            if time_left() < 0:
+                RESULTS["skipped"].append(f"{op} {m}x{n}: deadline")
+                continue
+            time_op(op, m, n, methods)
+        log(f"timed {', '.join(methods)} at {m}x{n}")
+        save()
+    if not ARGS.no_compile:
+        for op in OPS:
+            for m, n in shapes:
+                if time_left() < 0:
+                    RESULTS["skipped"].append(f"{op} {m}x{n} compile: deadline")
+                    continue
+                time_op(op, m, n, ["compile"])
+            log(f"timed compile for {op}")
+            save()
 
+    copy_bandwidth()
+    RESULTS["autotune_best"] = {str(k): str(v) for k, v in L.TUNED.items()}
+    RESULTS["wall_s"] = time.perf_counter() - T0
+    save()
+    print_gpu_host_table()
+    print_table()
+
+
+def checks(shapes) -> None:
     log("correctness: every op at every shape (bf16, autotuned config)")
     for m, n in shapes:
         for op in OPS:
             check(op, m, n, torch.bfloat16)
             check_baselines(op, min(m, 512), n)
         save()
+    if ARGS.checks == "shapes":
+        return
     log("correctness: every candidate config on a short batch of each width")
     for _, n in shapes:
         mm = 272 if not ARGS.dry_run else 9
@@ -597,33 +665,6 @@ def main() -> None:
     bad = [c for c in RESULTS["correctness"] if not c["ok"]]
     log(f"correctness: {len(RESULTS['correctness']) - len(bad)} ok, {len(bad)} failed")
 
-    # Timing: everything but torch.compile first; then torch.compile (slow to compile), op by
-    # op, so that a deadline leaves whole ops measured.
-    for m, n in shapes:
-        for op in OPS:
-            if time_left() < 0:
-                RESULTS["skipped"].append(f"{op} {m}x{n}: deadline")
-                continue
-            time_op(op, m, n, ["ours", "torch", "eager", "liger"])
-        log(f"timed ours, torch, eager, liger at {m}x{n}")
-        save()
-    if not ARGS.no_compile:
-        for op in OPS:
-            for m, n in shapes:
-                if time_left() < 0:
-                    RESULTS["skipped"].append(f"{op} {m}x{n} compile: deadline")
-                    continue
-                time_op(op, m, n, ["compile"])
-            log(f"timed compile for {op}")
-            save()
-
-    copy_bandwidth()
-    RESULTS["autotune_best"] = {str(k): str(v) for k, v in L.TUNED.items()}
-    RESULTS["wall_s"] = time.perf_counter() - T0
-    save()
-    print_gpu_host_table()
-    print_table()
-
 
 def print_gpu_host_table() -> None:
     print("\nGPU µs (kernels only, torch.profiler) | host µs per call; * = host-bound (host > GPU)")
@@ -631,11 +672,11 @@ def print_gpu_host_table() -> None:
     for t in RESULTS["timings"]:
         rows.setdefault((t["op"], tuple(t["shape"]), t["method"]), {})[t["mode"]] = t
     print(
-        f"{'op':<19}{'M×N':>12} {'method':<8}"
+        f"{'op':<19}{'M×N':>12} {'method':<12}"
         + "".join(f"{m + ' gpu':>13}{'host':>8}" for m in ("fwd", "bwd", "fwd+bwd"))
     )
     for (op, shape, method), modes in rows.items():
-        line = f"{op:<19}{f'{shape[0]}×{shape[1]}':>12} {method:<8}"
+        line = f"{op:<19}{f'{shape[0]}×{shape[1]}':>12} {method:<12}"
         for mode in ("fwd", "bwd", "fwd+bwd"):
             t = modes.get(mode)
             if t is None or t.get("gpu_us") is None or t.get("host_us") is None:
@@ -661,12 +702,12 @@ def print_table() -> None:
     rows = {}
     for t in RESULTS["timings"]:
         rows.setdefault((t["op"], tuple(t["shape"]), t["method"]), {})[t["mode"]] = t
-    hdr = f"{'op':<19}{'M×N':>12} {'method':<8}" + "".join(
+    hdr = f"{'op':<19}{'M×N':>12} {'method':<12}" + "".join(
         f"{mode + ' µs':>11}{'host':>7}{'GB/s':>7}{'%':>5}" for mode in ("fwd", "bwd", "fwd+bwd")
     )
     print(hdr)
     for (op, shape, method), modes in rows.items():
-        line = f"{op:<19}{f'{shape[0]}×{shape[1]}':>12} {method:<8}"
+        line = f"{op:<19}{f'{shape[0]}×{shape[1]}':>12} {method:<12}"
         for mode in ("fwd", "bwd", "fwd+bwd"):
             t = modes.get(mode)
             if t is None:

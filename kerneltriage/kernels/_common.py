@@ -8,6 +8,7 @@ import torch
 
 from kerneltriage.errors import KernelInputError
 from kerneltriage.kernels import config
+from kerneltriage.kernels.fast_launch import fast_launch
 
 
 def interpreter_mode() -> bool:
@@ -54,9 +55,13 @@ def empty(shape, dtype: torch.dtype, device: torch.device, cfg: config.KernelCon
 
 
 def launch(kernel, grid: tuple[int, ...], args: tuple, kwargs: dict, cfg: config.KernelConfig) -> None:
-    """``kernel[grid](*args, **kwargs)``, or ``cfg.launcher`` with the same arguments."""
+    """``kernel[grid](*args, **kwargs)``, or ``cfg.launcher`` with the same arguments. On a GPU
+    through the cached launcher (``fast_launch.py``); ``kwargs`` should be one dict per
+    configuration, kept by the caller (a launch plan), not built per call."""
     if cfg.launcher is not None:
         cfg.launcher(kernel, grid, args, kwargs)
+    elif cfg.fast_launch and not cfg.interpreter:
+        fast_launch(kernel, grid, args, kwargs)
     else:
         kernel[grid](*args, **kwargs)
 

@@ -28,6 +28,10 @@ def _env_interpreter() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def _env_fast_launch() -> bool:
+    return os.environ.get("KERNELTRIAGE_FAST_LAUNCH", "1") not in ("", "0")
+
+
 def _env_tma() -> str:
     return os.environ.get("KERNELTRIAGE_ATTN_TMA", "auto")
 
@@ -51,6 +55,9 @@ class KernelConfig:
         kernel; a no-op launcher measures the host code alone.
     interpreter: kernels run through Triton's CPU interpreter (CPU tensors allowed). Default:
         $TRITON_INTERPRET.
+    fast_launch: launch compiled kernels directly once Triton has resolved them for an argument
+        class (``fast_launch.py``); off: every launch through ``kernel[grid](...)``. Never used
+        by the interpreter. Default: $KERNELTRIAGE_FAST_LAUNCH, else on.
     """
 
     norm_configs: tuple[tuple[str, Any], ...] = ()
@@ -60,6 +67,7 @@ class KernelConfig:
     poison: bool = False
     launcher: Callable[..., None] | None = None
     interpreter: bool = field(default_factory=_env_interpreter)
+    fast_launch: bool = field(default_factory=_env_fast_launch)
 
     def norm_config(self, kind: str) -> Any | None:
         for k, cfg in self.norm_configs:

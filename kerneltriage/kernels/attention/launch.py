@@ -42,10 +42,13 @@ def tile_config(bm: int, bn: int, warps: int, stages: int) -> triton.Config:
 # pointer loads, no consistent winner), warp specialization of the forward's KV loop (fails
 # to compile with 4 warps, 5-13% slower with 8), and rescaling the accumulator only when the
 # row max grows by 2^8 (the branch in the loop costs the wgmma pipelining: 10-40% slower).
+# The H100 sweep of 2026-11-22 (BENCHMARKS.md) found nothing faster than these forward tiles
+# (the tutorial's Hopper settings, more stages, TMA and warp specialization included); it put
+# 4 stages first for dK/dV and dQ by 1-3% and (32, 128, 4, 3) at a third of the others' speed.
 GPU_CONFIGS = {
     "fwd": [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3)],
-    "dkdv": [(32, 64, 4, 3), (32, 128, 4, 3), (64, 128, 8, 3)],
-    "dq": [(128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3)],
+    "dkdv": [(32, 64, 4, 3), (32, 64, 4, 4), (64, 128, 8, 3)],
+    "dq": [(128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3)],
 }
 # head_dim > 128: smaller tiles and two stages, so that K/V tiles fit in shared memory and
 # the fp32 accumulators in registers
@@ -354,6 +357,12 @@ def flash_fwd(q, k, v, p: Params, cfg=None, use_tma: bool | None = None, ws: boo
     return o, lse
 
 
+@functools.lru_cache(maxsize=64)
+def _preprocess_meta(D: int, interpreter: bool) -> dict:
+    """The delta kernel's constexprs: one dict per head dim (the fast launch path keys on it)."""
+    return {"HEAD_DIM": D, "BLOCK_D": triton.next_power_of_2(D), "BLOCK_M": 32 if interpreter else 128}
+
+
 def flash_bwd(do, q, k, v, o, lse, p: Params, cfgs=None, use_tma: bool | None = None, parts=("dkdv", "dq")):
     """Returns (dq, dk, dv); ``cfgs`` = {"dkdv": cfg, "dq": cfg} skips autotuning; ``parts``
     lets the benchmark time one of the two kernels."""
@@ -361,12 +370,12 @@ def flash_bwd(do, q, k, v, o, lse, p: Params, cfgs=None, use_tma: bool | None = 
     B, H, Sq, D = q.shape
     Hk, Sk = k.shape[1], k.shape[2]
     delta = empty((B, H, Sq), torch.float32, q.device, kc)
-    pre_bm = 32 if kc.interpreter else 128
+    pre = _preprocess_meta(D, kc.interpreter)
     launch(
         K._attn_bwd_preprocess_kernel,
-        (cdiv(Sq, pre_bm), B * H),
+        (cdiv(Sq, pre["BLOCK_M"]), B * H),
         (o, do, delta, *o.stride()[:3], *do.stride()[:3], H, Sq),
-        {"HEAD_DIM": D, "BLOCK_D": triton.next_power_of_2(D), "BLOCK_M": pre_bm},
+        pre,
         kc,
     )
     dq = empty(q.shape, q.dtype, q.device, kc)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch.library import custom_op
 
+from kerneltriage.kernels.norms import fast
 from kerneltriage.kernels.norms.launch import as_rows, like, norm_bwd, norm_fwd, out_dtype
 
 
@@ -40,41 +41,64 @@ class NormFunction(torch.autograd.Function):
     (y, new_residual) when a residual is given."""
 
     @staticmethod
-    def forward(ctx, x, residual, weight, bias, eps, is_rms, w_offset, cast_x):
+    def forward(ctx, x, residual, weight, bias, eps, is_rms, w_offset, cast_x, key=None, run=None):
+        """``key``/``run``: the call's signature and its bound forward (norms/fast.py), if any."""
         shape = x.shape
-        x2 = as_rows(x)
-        r2 = None if residual is None else as_rows(residual)
-        y, h, mean, rstd = norm_fwd(x2, weight, bias, r2, eps, is_rms, w_offset=w_offset, cast_x=cast_x)
+        if run is not None:  # outputs already in x's shape
+            y, h, mean, rstd = run(x, residual, weight, bias)
+            xs = x if h is None else h
+        else:
+            x2 = as_rows(x)
+            r2 = None if residual is None else as_rows(residual)
+            y, h, mean, rstd = norm_fwd(x2, weight, bias, r2, eps, is_rms, w_offset=w_offset, cast_x=cast_x)
+            xs = x2 if h is None else h
+            y = like(y, shape)
+            h = None if h is None else like(h, shape)
+            if key is not None:
+                fast.bind_fwd(key, x, residual, weight, bias, eps, is_rms, w_offset, cast_x, True)
         # Backward needs the normalized input: x, or x + residual, which new_residual holds.
-        ctx.save_for_backward(x2 if h is None else h, weight, mean, rstd)
-        ctx.meta = (shape, h is not None, bias is not None, w_offset, cast_x)
+        ctx.save_for_backward(xs, weight, mean, rstd)
+        ctx.meta = (shape, h is not None, bias is not None, w_offset, cast_x, key)
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None, not zeros
         if h is None:
-            return like(y, shape)
-        return like(y, shape), like(h, shape)
+            return y
+        return y, h
 
     @staticmethod
     def backward(ctx, dy, dnew_residual=None):
-        x2, weight, mean, rstd = ctx.saved_tensors
-        shape, has_res, has_bias, w_offset, cast_x = ctx.meta
+        xs, weight, mean, rstd = ctx.saved_tensors
+        shape, has_res, has_bias, w_offset, cast_x, key = ctx.meta
         if dy is None:
-            dy = torch.zeros_like(x2)
-        dres = None if dnew_residual is None else as_rows(dnew_residual)
+            dy = torch.zeros(shape, dtype=xs.dtype, device=xs.device)
         needs = ctx.needs_input_grad
+        need_dw, need_db = needs[2], has_bias and needs[3]
+        bkey = None
+        if key is not None and fast.usable():
+            try:
+                bkey = fast.bwd_key(key, dy, dnew_residual, need_dw, need_db)
+            except Exception:
+                bkey = None
+            run = None if bkey is None else fast.bwd(bkey)
+            if run is not None:
+                dx, dw, db = run(dy, xs, weight, mean, rstd, dnew_residual)
+                return dx, (dx if has_res else None), dw, db, None, None, None, None, None, None
+        dres = None if dnew_residual is None else as_rows(dnew_residual)
         dx, dw, db = norm_bwd(
             as_rows(dy),
-            x2,
+            as_rows(xs),
             weight,
             mean,
             rstd,
             dresidual=dres,
-            need_dw=needs[2],
-            need_db=has_bias and needs[3],
+            need_dw=need_dw,
+            need_db=need_db,
             w_offset=w_offset,
             cast_x=cast_x,
         )
+        if bkey is not None:
+            fast.bind_bwd(bkey, dy, xs, weight, mean, rstd, dnew_residual, need_dw, need_db, w_offset, cast_x)
         dx = like(dx, shape)
-        return dx, (dx if has_res else None), dw, db, None, None, None, None
+        return dx, (dx if has_res else None), dw, db, None, None, None, None, None, None
 
 
 # --------------------------------------------------------------------------------------------

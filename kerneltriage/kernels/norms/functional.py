@@ -1,16 +1,35 @@
 """The norms' functional API: ``rms_norm``, ``layer_norm``, ``fused_add_rms_norm``.
 
-Each checks its input, then runs the custom op while ``torch.compile`` traces (no graph break),
-the eager ``autograd.Function`` when a gradient is needed, and the host function directly
-otherwise.
+Each runs the custom op while ``torch.compile`` traces (no graph break), the eager
+``autograd.Function`` when a gradient is needed, and the host function directly otherwise. In
+eager mode a call whose input signature was seen before takes its bound launch (``fast.py``);
+any other call checks its input and takes the generic host code, then binds its signature.
 """
 
 from __future__ import annotations
 
 import torch
 
+from kerneltriage.kernels.norms import fast
 from kerneltriage.kernels.norms.autograd import NormFunction, needs_grad
 from kerneltriage.kernels.norms.launch import as_rows, check_inputs, like, norm_fwd
+
+
+def _lookup(kind: str, x, residual, weight, bias, eps, w_offset, cast_x):
+    """(signature, its bound forward or None) of an eager call; (None, None) when the bound
+    path is off or the inputs are not tensors (the generic path checks and rejects them)."""
+    if not fast.usable():
+        return None, None
+    try:
+        grad = needs_grad(x, residual, weight, bias)
+        key = fast.fwd_key(kind, x, residual, weight, bias, eps, w_offset, cast_x, grad)
+        return key, fast.fwd(key)
+    except Exception:  # e.g. an unhashable eps
+        return None, None
+
+
+def _grad(key: tuple | None, *tensors) -> bool:
+    return key[-2] if key is not None else needs_grad(*tensors)
 
 
 def rms_norm(
@@ -30,14 +49,24 @@ def rms_norm(
     before the weight multiplies it, ``weight * normed.to(x.dtype)`` as LlamaRMSNorm (Qwen2,
     Qwen3, Mistral, ...), the output then in the promotion of x's and the weight's dtypes;
     ``weight_offset=1.0`` scales by ``1 + weight`` in fp32 as GemmaRMSNorm."""
-    check_inputs("rms_norm", x, weight)
     if torch.compiler.is_compiling():
+        check_inputs("rms_norm", x, weight)
         return torch.ops.kerneltriage.rms_norm(x, weight, eps, weight_offset, cast_before_weight)[0]
-    if needs_grad(x, weight):
-        return NormFunction.apply(x, None, weight, None, eps, True, weight_offset, cast_before_weight)
+    key, run = _lookup("rms", x, None, weight, None, eps, weight_offset, cast_before_weight)
+    if run is None:
+        check_inputs("rms_norm", x, weight)
+    grad = _grad(key, x, weight)
+    if grad:
+        return NormFunction.apply(
+            x, None, weight, None, eps, True, weight_offset, cast_before_weight, key, run
+        )
+    if run is not None:
+        return run(x, None, weight, None)[0]
     y, _, _, _ = norm_fwd(
         as_rows(x), weight, None, None, eps, True, w_offset=weight_offset, cast_x=cast_before_weight
     )
+    if key is not None:
+        fast.bind_fwd(key, x, None, weight, None, eps, True, weight_offset, cast_before_weight, False)
     return like(y, x.shape)
 
 
@@ -50,12 +79,20 @@ def layer_norm(
     """LayerNorm over the last dim: ``(x - mean) / sqrt(var + eps) * weight + bias``.
 
     ``weight`` and ``bias`` of shape (N,), each optional. Differentiable in all three."""
-    check_inputs("layer_norm", x, weight, bias)
     if torch.compiler.is_compiling():
+        check_inputs("layer_norm", x, weight, bias)
         return torch.ops.kerneltriage.layer_norm(x, weight, bias, float(eps))[0]
-    if needs_grad(x, weight, bias):
-        return NormFunction.apply(x, None, weight, bias, eps, False, 0.0, False)
+    key, run = _lookup("ln", x, None, weight, bias, eps, 0.0, False)
+    if run is None:
+        check_inputs("layer_norm", x, weight, bias)
+    grad = _grad(key, x, weight, bias)
+    if grad:
+        return NormFunction.apply(x, None, weight, bias, eps, False, 0.0, False, key, run)
+    if run is not None:
+        return run(x, None, weight, bias)[0]
     y, _, _, _ = norm_fwd(as_rows(x), weight, bias, None, eps, False)
+    if key is not None:
+        fast.bind_fwd(key, x, None, weight, bias, eps, False, 0.0, False, False)
     return like(y, x.shape)
 
 
@@ -73,14 +110,23 @@ def fused_add_rms_norm(
     ``residual`` has the shape and dtype of ``x``; the sum is rounded to that dtype before it is
     normalized, as an unfused ``h = x + residual; rms_norm(h)`` would. ``weight_offset`` and
     ``cast_before_weight`` as in ``rms_norm``."""
-    check_inputs("fused_add_rms_norm", x, weight, residual=residual)
     if torch.compiler.is_compiling():
+        check_inputs("fused_add_rms_norm", x, weight, residual=residual)
         y, h, _ = torch.ops.kerneltriage.fused_add_rms_norm(
             x, residual, weight, eps, weight_offset, cast_before_weight
         )
         return y, h
-    if needs_grad(x, residual, weight):
-        return NormFunction.apply(x, residual, weight, None, eps, True, weight_offset, cast_before_weight)
+    key, run = _lookup("add", x, residual, weight, None, eps, weight_offset, cast_before_weight)
+    if run is None:
+        check_inputs("fused_add_rms_norm", x, weight, residual=residual)
+    grad = _grad(key, x, residual, weight)
+    if grad:
+        return NormFunction.apply(
+            x, residual, weight, None, eps, True, weight_offset, cast_before_weight, key, run
+        )
+    if run is not None:
+        y, h, _, _ = run(x, residual, weight, None)
+        return y, h
     y, h, _, _ = norm_fwd(
         as_rows(x),
         weight,
@@ -91,4 +137,6 @@ def fused_add_rms_norm(
         w_offset=weight_offset,
         cast_x=cast_before_weight,
     )
+    if key is not None:
+        fast.bind_fwd(key, x, residual, weight, None, eps, True, weight_offset, cast_before_weight, False)
     return like(y, x.shape), like(h, x.shape)

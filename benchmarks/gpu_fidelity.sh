@@ -8,11 +8,13 @@
 #                16 / 4 KV heads, batch 4 × 2048, bf16 weights, random init
 # For each: the plain median step (the script's own step times, CUDA events, steps 7-15 of 15),
 # `kerneltriage profile` with its default options (phase 1 + phase 2), `kerneltriage report
-# RUN --format json`; then one table: plain step, phase-1 step, ratio, torch.compile graph
-# breaks / graphs plain vs phase 1 vs phase 2, phase-2 seconds, hot-kernel counter coverage.
+# RUN --format json`; then one table: plain step, the report's step time, ratio, phase 1's
+# plain / clean / recorded step medians (the clean steps run under the CUDA-only profiler the
+# report's GPU busy time comes from; the recorded steps give ops and modules), torch.compile
+# graph breaks / graphs plain vs phase 1 vs phase 2, phase-2 seconds, hot-kernel counter coverage.
 #
-#   run: command "bash benchmarks/gpu_fidelity.sh", carry [".whl"] (an orjson wheel for the
-#        image's Python; the image lacks orjson), timeout_s 600
+#   run: command "bash benchmarks/gpu_fidelity.sh", carry [".whl"] (orjson and pydantic wheels
+#        for the image's Python; the image lacks both), timeout_s 600
 #   WORKLOADS="llama" bash benchmarks/gpu_fidelity.sh     # a subset, e.g. what a first call skipped
 #
 # $OUT gets (4 files): summary.txt (the table and what failed), results.json, runs.tgz (the
@@ -48,9 +50,10 @@ say "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format
 say "$(python3 -c 'import sys, torch, triton; print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__)' 2>&1 | tail -1)"
 say "$(python3 -c 'import transformers; print("transformers", transformers.__version__)' 2>&1 | tail -1)"
 say "$(ncu --version 2>&1 | tail -1)"
-if ! python3 -c "import orjson" 2>/dev/null; then
-  say "FATAL: orjson is not importable: carry .whl with an orjson wheel for this Python, e.g."
-  say "  pip download orjson --only-binary=:all: --platform manylinux_2_17_x86_64 --python-version 3.12 --no-deps -d .whl"
+if ! python3 -c "import orjson, pydantic" 2>/dev/null; then
+  say "FATAL: orjson or pydantic is not importable: carry .whl with their wheels for this Python, e.g."
+  say "  pip download orjson pydantic pydantic_core annotated-types typing-inspection typing_extensions \\"
+  say "    --only-binary=:all: --platform manylinux_2_17_x86_64 --python-version 3.12 --no-deps -d .whl"
   exit 1
 fi
 
@@ -165,15 +168,21 @@ for w in workloads:
     ncu = m.get("phases", {}).get("ncu", {})
     st = timeline.get("step_time") or {}
     recorded = st.get("recorded_median_ms")
+    reported = rep.get("step_time_ms")
     join = rep.get("join") or {}
     graphs = lambda x: None if x is None else f"{x['graph_breaks']}/{x['unique_graphs']}"  # noqa: E731
     r = {
         "plain_ms": plain_ms,
-        "phase1_recorded_ms": recorded,
-        "ratio": recorded / plain_ms if recorded and plain_ms else None,
+        "report_step_ms": reported,
+        "ratio": reported / plain_ms if reported and plain_ms else None,
         "phase1_plain_ms": st.get("plain_median_ms"),
-        "phase1_overhead": st.get("overhead"),
-        "report_step_ms": rep.get("step_time_ms"),
+        "phase1_clean_ms": st.get("clean_median_ms"),
+        "phase1_recorded_ms": recorded,
+        "clean_overhead": st.get("overhead"),
+        "attribution_overhead": st.get("attribution_overhead"),
+        "clean_gpu_busy_ms": st.get("gpu_busy_ms"),
+        "clean_kernels_per_step": st.get("clean_kernels_per_step"),
+        "report_timing": (rep.get("source") or {}).get("timing"),
         "report_idle_pct": rep.get("idle_pct"),
         "breaks_graphs": {"plain": graphs(plain), "phase1": graphs(phase1), "phase2": [graphs(x) for x in phase2]},
         "phase1_s": timeline.get("seconds"),
@@ -201,23 +210,26 @@ for w in workloads:
         if r["hot_kernels"] is not None and r["hot_time_joined_share"] is not None
         else "—"
     )
+    pct = lambda x: "—" if x is None else f"{x:+.1%}"  # noqa: E731
     rows.append([
-        w, fmt(plain_ms), fmt(recorded), fmt(r["ratio"], ".3f"), fmt(r["phase1_plain_ms"]),
-        fmt(r["report_step_ms"]), fmt(r["report_idle_pct"], ".1f"),
+        w, fmt(plain_ms), fmt(reported), fmt(r["ratio"], ".3f"), fmt(r["phase1_plain_ms"]),
+        f"{fmt(r['phase1_clean_ms'])} ({pct(r['clean_overhead'])})",
+        f"{fmt(recorded)} ({pct(r['attribution_overhead'])})", fmt(r["report_idle_pct"], ".1f"),
         f"{graphs(plain) or '—'} | {graphs(phase1) or '—'} | {','.join(g or '—' for g in r['breaks_graphs']['phase2']) or '—'}",
         fmt(r["phase2_s"], ".1f"), hot, str(len(r["hot_without_counters_join"] or {})),
     ])
 
-head = ["workload", "plain ms", "phase-1 ms", "ratio", "ph1 plain ms", "report ms", "idle %",
+head = ["workload", "plain ms", "report ms", "ratio", "ph1 plain ms", "ph1 clean ms", "ph1 recorded ms", "idle %",
         "breaks/graphs plain | ph1 | ph2", "phase-2 s", "hot with counters", "hot w/o"]
 widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
 print()
 for line in [head, ["-" * n for n in widths], *rows]:
     print("  ".join(str(c).ljust(n) for c, n in zip(line, widths)))
 print()
-print("plain ms: the script alone (median of steps 7-15); phase-1 ms: median recorded step under the")
-print("profiler (CUDA events in the profiled process); ph1 plain ms: that process's plain steps after")
-print("recording; report ms / idle %: what `kerneltriage report` says. ratio = phase-1 / plain (goal ≤ 1.05).")
+print("plain ms: the script alone (median of steps 7-15); report ms / idle %: what `kerneltriage report`")
+print("says; ratio = report / plain (goal ≤ 1.05). Phase 1's own steps (CUDA events in the profiled")
+print("process, medians; in brackets against its plain steps): plain (nothing installed, the report's step")
+print("time), clean (CUDA-only profiler: the report's GPU busy time), recorded (CPU ops + module ranges).")
 for w, r in results.items():
     for key in ("hot_without_counters_join", "hot_without_counters_manifest"):
         for name, why in (r[key] or {}).items():

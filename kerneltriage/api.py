@@ -308,6 +308,7 @@ def report_for(
         step_marker=step_marker,
         source=profile.source_info(),
         hot_kernels=profile.hot_kernels,
+        timing=profile.step_timing(rank),
     )
     result.warnings = profile.warnings + result.warnings
     if spec is None:
@@ -387,6 +388,7 @@ def export_tables(
     import pandas as pd
 
     from kerneltriage.analysis.ranks import summarize
+    from kerneltriage.outputs import atomic_path
 
     check_export_format(fmt)
     out = Path(out_dir)
@@ -422,12 +424,10 @@ def export_tables(
     written = []
     for name, table in tables.items():
         path = out / f"{name}.{fmt}"
-        try:
+        with atomic_path(path) as tmp:  # whole or not at all; a write error names the table
             if fmt == "csv":
-                table.to_csv(path, index=False, lineterminator="\n")
+                table.to_csv(tmp, index=False, lineterminator="\n")
             else:
-                table.to_parquet(path, index=False)
-        except OSError as exc:
-            raise InputError(f"cannot write the table ({exc.strerror or exc})", path=str(path)) from None
+                table.to_parquet(tmp, index=False)
         written.append(path)
     return written

@@ -6,6 +6,7 @@ Core errors (``KernelTriageError``) become a one-line message and their exit cod
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -29,6 +30,19 @@ class _Failure(click.ClickException):
 class _Main(click.Group):
     """The command group; every command's core errors reach click here, and only here."""
 
+    def main(self, *args, **kwargs):
+        try:
+            return super().main(*args, **kwargs)
+        except SystemExit as exc:
+            # Ctrl-C: the message is out; skip the interpreter's teardown of a large analysis
+            # (a second or more) so the shell gets its prompt back at once. Only as the real
+            # program: under click's test runner stderr is not the process's own.
+            if exc.code == 130 and sys.stderr is sys.__stderr__:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(130)
+            raise
+
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
@@ -38,6 +52,26 @@ class _Main(click.Group):
             raise _Failure("interrupted", 130) from None
         except BrokenPipeError:  # `kerneltriage report … | head`
             raise click.exceptions.Exit(0) from None
+        except ModuleNotFoundError as exc:  # an optional package a command needs: exit 3
+            package = (exc.name or "").partition(".")[0]
+            if package not in _OPTIONAL_PACKAGES:
+                raise
+            raise _Failure(
+                f"this command needs the {package} package, which is not installed "
+                f"(pip install {_OPTIONAL_PACKAGES[package]})",
+                3,
+            ) from None
+
+
+# Packages some commands need and the base install lacks -> what to install.
+_OPTIONAL_PACKAGES = {
+    "torch": "torch",
+    "triton": "triton",
+    "pyarrow": "pyarrow",
+    "dask": "'kerneltriage[dask]'",
+    "distributed": "'kerneltriage[dask]'",
+    "fsspec": "'kerneltriage[dask]'",
+}
 
 
 class _Progress:
@@ -98,13 +132,27 @@ def _format_option(schema: str, csv: str = "the candidates table"):
 def _gpu_option(note: str = ""):
     return click.option(
         "--gpu",
+        callback=_not_empty,
         help="GPU table entry to use instead of the trace's device name, e.g. H100-SXM, H200, A100-80GB"
         + (f" ({note})." if note else "."),
     )
 
 
+def _not_empty(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """An empty value (``--gpu ""``, an unset shell variable) is refused, not ignored."""
+    if value is not None and not value.strip():
+        from kerneltriage.errors import InputError
+
+        raise InputError(f"{param.opts[0]} is empty; give a GPU table key, e.g. H100-SXM")
+    return value
+
+
 _output_option = click.option(
-    "-o", "--output", type=click.Path(path_type=Path), help="Write to this file instead of standard output."
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    help="Write to this file instead of standard output. An existing file is overwritten (replaced "
+    "whole once the output is complete); a file the command reads is refused.",
 )
 _rules_option = click.option(
     "--rules",
@@ -146,7 +194,7 @@ def _threshold_option(flag: str, kind, text: str):
 
 
 @main.command()
-@click.argument("run", type=click.Path(path_type=Path))
+@click.argument("run", type=click.Path())  # a str: a URL's "//" must survive
 @_ncu_option
 @_format_option("kerneltriage.report/1")
 @_output_option
@@ -185,6 +233,19 @@ def _threshold_option(flag: str, kind, text: str):
     show_default=True,
     help="File format for --export; parquet needs the pyarrow package.",
 )
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    help="Ranks read at once, each in its own process (default: one per core, at most one per "
+    "rank); 1 reads them one after another in this process. With --scheduler local: the cluster's workers.",
+)
+@click.option(
+    "--scheduler",
+    metavar="ADDRESS",
+    help="Run the per-rank work on Dask distributed: a scheduler's address (tcp://host:8786) or "
+    "'local' for a LocalCluster here. Traces are read where they lie (a shared path or an fsspec "
+    "URL such as s3://bucket/run/). Needs the dask extra.",
+)
 @click.option("--color/--no-color", default=None, help="Force or disable colour in terminal output.")
 def report(
     run,
@@ -202,6 +263,8 @@ def report(
     plot,
     export_dir,
     export_format,
+    workers,
+    scheduler,
     color,
 ):
     """Rank every op and fused region of a profile by whether a custom kernel would pay.
@@ -218,10 +281,16 @@ def report(
       kerneltriage report runs/exp1 --format html -o report.html
       kerneltriage report runs/exp1 --format csv -o candidates.csv
       kerneltriage report runs/exp1 --export tables/      # every table as CSV
+      kerneltriage report traces/ --workers 8              # a folder of rank traces, 8 at once
+      kerneltriage report s3://bucket/traces/ --scheduler tcp://head:8786
     """
     from kerneltriage import api
+    from kerneltriage.errors import InputError
+    from kerneltriage.outputs import check_outputs
     from kerneltriage.report import render
 
+    # Every output is checked before any work, and none may be an input.
+    check_outputs({"-o": output, "--plot": plot}, [run, ncu, rules_file], {"--export": export_dir})
     if plot:
         from kerneltriage.report.plots import check_plot_path
 
@@ -234,18 +303,37 @@ def report(
     )
     interactive = sys.stderr.isatty() and output is None and fmt == "terminal"
     with _Progress(interactive) as progress:
-        profile = api.load(
-            run,
-            ncu=ncu,
-            ranks=list(ranks) or None,
-            rules_file=rules_file,
-            step_marker=step_marker,
-            progress=progress,
-        )
-        reports = profile.reports(rules=rules, gpu=gpu, progress=progress)
-        if export_dir:
-            progress("writing the tables")
-            written = api.export_tables(profile, reports, export_dir, export_format)
+        if export_dir or not (scheduler or "://" in run or Path(run).is_dir()):
+            # --export writes every rank's tables, so they are read here.
+            if scheduler:
+                raise InputError("--export reads the traces in this process; leave out --scheduler")
+            profile = api.load(
+                run,
+                ncu=ncu,
+                ranks=list(ranks) or None,
+                rules_file=rules_file,
+                step_marker=step_marker,
+                progress=progress,
+            )
+            reports = profile.reports(rules=rules, gpu=gpu, progress=progress)
+            if export_dir:
+                progress("writing the tables")
+                written = api.export_tables(profile, reports, export_dir, export_format)
+        else:
+            # Ranks read and reduced to their reports in parallel, or on Dask.
+            from kerneltriage.parallel import report_ranks
+
+            reports = report_ranks(
+                run,
+                rules=rules,
+                ncu=ncu,
+                ranks=list(ranks) or None,
+                gpu=gpu,
+                step_marker=step_marker,
+                workers=workers,
+                scheduler=scheduler,
+                progress=progress,
+            )
     run_ref = str(run)
     color = color if output is None else False
     if len(reports) == 1:
@@ -259,9 +347,11 @@ def report(
         text = render_rank_reports(summarize(reports), reports, fmt, top=top, run_ref=run_ref, color=color)
     _emit(text, output)
     if plot:
+        from kerneltriage.outputs import atomic_path
         from kerneltriage.report.plots import save_roofline
 
-        save_roofline(next(iter(reports.values())), plot)
+        with atomic_path(plot) as tmp:
+            save_roofline(next(iter(reports.values())), tmp)
         click.echo(f"wrote {plot}", err=True)
     if export_dir:
         click.echo(f"wrote {export_dir}/: {', '.join(path.name for path in written)}", err=True)
@@ -303,8 +393,10 @@ def diff(before, after, ncu_before, ncu_after, fmt, output, top, rules_file, gpu
     """
     from kerneltriage.analysis.diff import compare
     from kerneltriage.api import build_reports
+    from kerneltriage.outputs import check_outputs
     from kerneltriage.report.diff_render import render_diff
 
+    check_outputs({"-o": output}, [before, after, ncu_before, ncu_after, rules_file])
     ranks = [rank] if rank is not None else None
     sides = []
     for path, ncu in ((before, ncu_before), (after, ncu_after)):
@@ -317,7 +409,9 @@ def diff(before, after, ncu_before, ncu_after, fmt, output, top, rules_file, gpu
 def _emit(text: str, output: Path | None) -> None:
     """Write a rendered report to ``output``, or to stdout when none was given."""
     if output:
-        output.write_text(text)
+        from kerneltriage.outputs import write_atomic
+
+        write_atomic(output, text)
         click.echo(f"wrote {output}", err=True)
     else:
         click.echo(text, nl=False)
@@ -379,7 +473,10 @@ class _ProfileReporter:
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option(
-    "--out", type=click.Path(path_type=Path), help="Run directory to write (default runs/<script>-<time>)."
+    "--out",
+    "-o",
+    type=click.Path(path_type=Path),
+    help="Run directory to write (default runs/<script>-<time>).",
 )
 @click.option("--force", is_flag=True, help="Replace an existing run directory.")
 @click.option(
@@ -390,6 +487,22 @@ class _ProfileReporter:
     help="Steps to skip first (compilation, autotuning, cudnn benchmarking).",
 )
 @click.option("--steps", type=click.IntRange(min=1), default=3, show_default=True, help="Steps to record.")
+@click.option(
+    "--timing-steps",
+    type=click.IntRange(min=0),
+    default=5,
+    show_default=True,
+    help="After the recorded steps: this many steps under a GPU-only profiler (busy time), then as many "
+    "with nothing installed (the step time the report uses); 0: time the recorded steps.",
+)
+@click.option(
+    "--max-variable-launches",
+    type=click.IntRange(min=1),
+    default=256,
+    show_default=True,
+    help="Launches per step Nsight Compute profiles one by one, for kernels that run several sizes "
+    "under one launch configuration (about 0.3 s each).",
+)
 @click.option("--no-ncu", "no_ncu", is_flag=True, help="Timeline only: skip the Nsight Compute phase.")
 @click.option(
     "--max-kernels",
@@ -454,6 +567,8 @@ def profile(
     force,
     warmup,
     steps,
+    timing_steps,
+    max_variable_launches,
     no_ncu,
     max_kernels,
     coverage,
@@ -490,6 +605,8 @@ def profile(
         force=force,
         warmup=warmup,
         steps=steps,
+        timing_steps=timing_steps,
+        max_variable_launches=max_variable_launches,
         ncu=not no_ncu,
         max_kernels=max_kernels,
         coverage=coverage,
@@ -515,12 +632,21 @@ def profile(
 @click.option("--quick", is_flag=True, help="Smaller problems and fewer repetitions (a few seconds).")
 @click.option("--device", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device index.")
 @click.option("--json", "as_json", is_flag=True, help="Print the measurement as JSON.")
-def calibrate(quick, device, as_json):
+@click.option(
+    "--run",
+    "run_path",
+    type=click.Path(exists=True, path_type=Path),
+    help="Also measure this run's own GEMM shapes (the 8 with the most FLOPs) and record the "
+    "result in the run's manifest when the run was made on this GPU.",
+)
+def calibrate(quick, device, as_json, run_path):
     """Measure this GPU's ceilings: copy bandwidth, bf16/fp16/tf32 matmul and fp32 FMA peaks.
 
-    The result is stored per GPU (~/.cache/kerneltriage/calibration/); `profile` records it
-    in each run's manifest and `report` then prefers it to the datasheet figures. Needs torch
-    with CUDA and a GPU.
+    A matmul peak is the best of several shapes (square 4096 and 8192, a long K, and with
+    --run the run's own GEMMs): one long run of one shape throttles the clock below what a
+    training step's GEMMs reach. The result is stored per GPU
+    (~/.cache/kerneltriage/calibration/); `profile` records it in each run's manifest and
+    `report` then prefers it to the datasheet figures. Needs torch with CUDA and a GPU.
 
     \b
     Examples:
@@ -528,19 +654,30 @@ def calibrate(quick, device, as_json):
       kerneltriage calibrate --quick               # smaller problems, fewer repetitions
       kerneltriage calibrate --device 1 --json     # another GPU, the measurement as JSON
       kerneltriage profile --calibrate -- python train.py   # measure first, record it in the run
+      kerneltriage calibrate --run runs/exp1       # add that run's GEMM shapes, record in the run
     """
     import json
 
     from kerneltriage.profile import calibrate as cal
 
-    result = cal.measure(device, quick)
+    shapes = cal.run_gemm_shapes(run_path) if run_path else None
+    result = cal.measure(device, quick, shapes)
+    if run_path:
+        result["run"] = str(run_path)
     path = cal.save(result)
+    recorded = cal.record_in_run(run_path, result) if run_path else None
     if as_json:
         click.echo(json.dumps(result, indent=2))
-        return
-    peaks = ", ".join(f"{k} {v:g}" for k, v in result["peak_tflops"].items())
-    click.echo(f"{result['gpu']}: copy {result['hbm_gbs']:g} GB/s; peak TFLOP/s: {peaks}")
-    click.echo(f"saved {path}")
+    else:
+        peaks = ", ".join(f"{k} {v:g}" for k, v in result["peak_tflops"].items())
+        click.echo(f"{result['gpu']}: copy {result['hbm_gbs']:g} GB/s; peak TFLOP/s: {peaks}")
+        for precision, best in cal.best_shapes(result).items():
+            click.echo(
+                f"  {precision}: best {best['tflops']:g} TFLOP/s at {best['shape']} ({best['from']} shape)"
+            )
+        click.echo(f"saved {path}")
+    if recorded:
+        click.echo(recorded, err=as_json)
 
 
 # --- scaffold -------------------------------------------------------------------------------
@@ -551,6 +688,7 @@ def calibrate(quick, device, as_json):
 @click.argument("candidate", required=False)
 @click.option(
     "--out",
+    "-o",
     required=True,
     type=click.Path(path_type=Path),
     help="Folder for the package (created; refused when it exists and is not empty, unless --force).",
@@ -594,7 +732,10 @@ def scaffold(run, candidate, out, force, kind, shapes, dtype, gpu, ncu, rules_fi
       cd kernels/c3 && TRITON_INTERPRET=1 pytest -q && python bench.py
     """
     from kerneltriage.errors import InputError
+    from kerneltriage.outputs import check_outputs
     from kerneltriage.scaffold import scaffold_candidate, scaffold_kind
+
+    check_outputs({}, [run, ncu, rules_file], {"--out": out})
 
     if kind:
         if run is not None or candidate is not None:

@@ -49,8 +49,14 @@ class UnknownGPUError(InputError):
     """The GPU named by the trace or ``--gpu`` is not in the GPU table."""
 
 
+class OutputError(InputError):
+    """An output the user named that cannot be written: a missing folder, a directory, a
+    full disk, or a file the same command reads."""
+
+
 class ToolError(KernelTriageError):
-    """An external tool (ncu, nsys, the user's script) failed or is missing."""
+    """An external tool (ncu, nsys, the user's script) failed or is missing, or an optional
+    package a command needs (triton, pyarrow) is not installed."""
 
     exit_code = 3
 

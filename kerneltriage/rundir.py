@@ -101,7 +101,8 @@ class RunDir:
 
 
 def is_run_dir(path: Path) -> bool:
-    return path.is_dir() and (path / MANIFEST).is_file()
+    # exists(), not is_file(): a manifest.json that cannot be read is an error, not a trace folder.
+    return path.is_dir() and (path / MANIFEST).exists()
 
 
 def read_manifest(path: Path) -> Manifest:
@@ -112,6 +113,8 @@ def read_manifest(path: Path) -> Manifest:
         raise RunDirError("no manifest.json: not a kerneltriage run directory", path=str(path)) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RunDirError(f"manifest.json is not valid JSON ({exc})", path=str(path)) from None
+    except OSError as exc:  # a directory, unreadable
+        raise RunDirError(f"cannot read manifest.json ({exc.strerror or exc})", path=str(path)) from None
     if not isinstance(data, dict):
         raise RunDirError("manifest.json is not a JSON object", path=str(path))
     schema = data.get("schema", "")
@@ -122,6 +125,9 @@ def read_manifest(path: Path) -> Manifest:
             f"run directory schema {schema!r} is not supported by this kerneltriage ({SCHEMA})",
             path=str(path),
         )
+    from kerneltriage.ingest.schemas import validate_manifest  # pydantic: only when a run is read
+
+    validate_manifest(data, str(path))
     return Manifest.from_json(data)
 
 

@@ -37,13 +37,13 @@ fi
 # from this checkout already.
 if ! "$PYTHON" - <<'PY' >/dev/null 2>&1
 import importlib.util, pathlib
-for name in ("pyarrow", "pytest", "ruff", "torch", "transformers", "triton"):
+for name in ("dask", "distributed", "fsspec", "hypothesis", "pyarrow", "pydantic", "pytest", "ruff", "torch", "transformers", "triton"):
     assert importlib.util.find_spec(name) is not None, name
 here = importlib.util.find_spec("kerneltriage")
 assert here and pathlib.Path(here.origin).resolve().parents[1] == pathlib.Path.cwd().resolve()
 PY
 then
-  "$PYTHON" -m pip install -q torch==2.13.0 triton==3.6.0 pyarrow -e ".[dev,gpu]"
+  "$PYTHON" -m pip install -q torch==2.13.0 triton==3.6.0 pyarrow -e ".[dev,gpu,dask]"
 fi
 
 if [ "$lint" = 1 ]; then

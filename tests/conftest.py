@@ -23,7 +23,24 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-if not _cuda_available():
+def _cuda_possible() -> bool:
+    """Whether torch could see a GPU, without importing torch (3 s of every run, most of
+    which never touch it): a CUDA build of torch (its version.py names a CUDA) and a device."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    try:
+        version = (Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text()
+    except OSError:
+        return _cuda_available()
+    built_with_cuda = re.search(r"^cuda\b[^=]*=\s*['\"]", version, re.M) is not None
+    return built_with_cuda and any(Path("/dev").glob("nvidia[0-9]*"))
+
+
+if not _cuda_possible():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
@@ -95,7 +112,122 @@ SLOW = (
     "tests/ingest/test_nsys.py::test_report_json_per_device",
     "tests/test_api.py::test_the_notebook_page_runs",
     "tests/test_cli.py::test_several_ranks_as_one_html_document",
+    # Measured (CPU time per test, `-m "not slow"` on the 2-core machine, 2026-11-22): each of
+    # these took 0.5 s or more (a module's first quick test pays its fixtures, so a second
+    # measurement added those), most of it building a report of a shipped run that a faster
+    # test also checks. Together they were five sixths of the subset's 190 s of CPU.
+    "tests/analysis/test_attribution.py::test_active_steps_are_the_two_profiler_steps",
+    "tests/analysis/test_attribution.py::test_kerneltriage_step_ranges",
+    "tests/analysis/test_attribution.py::test_optimizer_steps_when_there_is_no_profiler_step",
+    "tests/analysis/test_attribution.py::test_pytorch_1_9_profiler_steps_are_steps_in_any_category",
+    "tests/analysis/test_attribution.py::test_whole_trace_when_no_step_is_marked",
+    "tests/analysis/test_compiled.py::test_a_gather_does_not_read_its_whole_table",
+    "tests/analysis/test_compiled.py::test_an_eager_run_has_no_compiled_section",
+    "tests/analysis/test_compiled.py::test_an_inductor_kernel_at_its_roof_is_skip_compiled_at_roof",
+    "tests/analysis/test_compiled.py::test_diff_matches_compiled_kernels_with_the_eager_ops_they_replaced",
+    "tests/analysis/test_compiled.py::test_every_inductor_kernel_of_the_compiled_example_is_a_candidate_with_a_ceiling",
+    "tests/analysis/test_diff.py::test_a_run_against_itself_changes_nothing",
+    "tests/analysis/test_diff.py::test_before_and_after_the_fix",
+    "tests/analysis/test_diff.py::test_built_in_kernels_realize_attention_and_norm_savings",
+    "tests/analysis/test_diff.py::test_candidates_match_by_what_they_compute",
+    "tests/analysis/test_diff.py::test_ceilings_from_different_sources_are_flagged",
+    "tests/analysis/test_diff.py::test_naive_attention_replaced_by_sdpa_realizes_the_prediction",
+    "tests/analysis/test_diff.py::test_not_comparable_runs_are_flagged",
+    "tests/analysis/test_gpus.py::test_device_properties_entry_is_the_kernels_device",
+    "tests/analysis/test_gpus.py::test_nameless_mi300x_and_the_unnamed_mi250_gcd",
+    "tests/analysis/test_idle.py::test_profiler_steps_are_never_an_idle_cause",
+    "tests/analysis/test_kernel_classes.py::test_mangled_names_classify_like_their_demangled_spelling",
+    "tests/analysis/test_ranks.py::test_a_missing_rank_trace_reports_the_ranks_present",
+    "tests/analysis/test_ranks.py::test_every_rank_is_reported",
+    "tests/analysis/test_ranks.py::test_stragglers_are_flagged",
+    "tests/analysis/test_roofline.py",
+    "tests/analysis/test_rules.py::test_missing_rules_file",
+    "tests/analysis/test_triage.py::test_naive_attention_region_ranks_first",
+    "tests/analysis/test_triage.py::test_thresholds_come_from_rules",
+    "tests/ingest/test_kineto.py::test_other_json_layouts_read_the_same",
+    "tests/ingest/test_nsys.py::test_report_on_export_without_nvtx",
+    "tests/ingest/test_nsys.py::test_report_separates_communication",
+    "tests/ingest/test_source.py::test_the_rank_is_peeked_from_the_head_of_the_file",
+    "tests/profile/test_nsight_compute.py::test_phase_two_end_to_end_with_a_stand_in_ncu",
+    "tests/profile/test_nsys_timeline.py::test_an_nsys_export_is_the_timeline",
+    "tests/report/test_diff_render.py::test_a_slowdown_reads_as_a_slowdown",
+    "tests/report/test_html.py::test_escapes_trace_text",
+    "tests/report/test_html.py::test_idle_warning_comes_first",
+    "tests/report/test_html.py::test_no_actionable_candidates",
+    "tests/report/test_html.py::test_render_dispatches_html",
+    "tests/report/test_html.py::test_self_contained",
+    "tests/report/test_plots.py::test_degenerate_reports_still_draw",
+    "tests/report/test_plots.py::test_hostile_names_stay_escaped_in_svg",
+    "tests/report/test_plots.py::test_save_png",
+    "tests/report/test_plots.py::test_save_svg",
+    "tests/report/test_ranks_render.py::test_html_is_one_document_with_a_section_per_rank",
+    "tests/report/test_ranks_render.py::test_the_example_numbers_ids_per_rank",
+    "tests/report/test_render.py::test_a_report_without_a_gpu_renders_in_every_format",
+    "tests/report/test_render.py::test_header_says_how_a_nameless_gpu_was_found",
+    "tests/scaffold/test_scaffold.py::test_readme_carries_verdict_conditions_ceiling_and_ladder",
+    "tests/scaffold/test_scaffold_gpu.py::test_no_gpu_is_a_one_line_error_asking_for_gpu",
+    "tests/test_api.py::test_diff",
+    "tests/test_api.py::test_importing_and_reporting_need_no_torch",
+    "tests/test_api.py::test_kernels_table",
+    "tests/test_api.py::test_ops_table",
+    "tests/test_api.py::test_options_are_the_clis_flags",
+    "tests/test_api.py::test_profile_reports_reuse_what_was_read",
+    "tests/test_api.py::test_report_is_the_clis_report",
+    "tests/test_api.py::test_several_ranks",
+    "tests/test_cli.py::test_a_slowdown_reads_as_a_slowdown",
+    "tests/test_cli.py::test_export_as_parquet",
+    "tests/test_cli.py::test_export_writes_every_table",
+    "tests/test_cli.py::test_one_rank_picked_names_its_rank_in_scaffold_commands",
+    "tests/test_cli.py::test_report_as_csv_is_the_candidates_table",
+    "tests/test_cli.py::test_report_on_a_trace_with_counters_as_json",
+    "tests/test_cli.py::test_report_on_the_shipped_example",
+    "tests/test_cli.py::test_scaffold_a_rank",
+    "tests/test_cli.py::test_thresholds_from_flags",
+    "tests/test_layers.py::test_the_graph_is_read",
+    "tests/test_parallel.py::test_cli_scheduler",
+    "tests/test_parallel.py::test_cli_without_the_dask_extra",
+    "tests/test_parallel.py::test_workers_make_the_reports_one_process_makes",
+    "tests/test_robustness.py::test_a_full_disk_is_one_line",
+    "tests/test_robustness.py::test_bad_input",
+    "tests/test_robustness.py::test_duplicated_events_are_dropped",
+    "tests/test_robustness.py::test_outputs_are_written_whole",
+    "tests/test_robustness.py::test_the_ncu_rank_warning_names_the_cause",
+    "tests/test_robustness.py::test_ncu_report_without_ncu_is_one_line_exit_3",
+    "tests/test_parallel.py::test_an_hta_rank_folder",
+    "tests/analysis/test_compiled.py::test_diff_checks_the_predictions_of_the_eager_report",
+    "tests/analysis/test_compiled.py::test_library_kernels_inside_compiled_code_keep_their_kinds",
+    "tests/report/test_diff_render.py::test_html_is_styled_like_the_report_and_charts_the_savings",
+    "tests/analysis/test_attribution.py::test_pytorch_1_9_backward_and_optimizer_phases",
+    "tests/report/test_ranks_render.py::test_terminal_summary_is_rich_tables",
+    "tests/scaffold/test_scaffold.py::test_attention_constants_and_builtin",
+    "tests/analysis/test_ranks.py::test_summary_across_ranks",
+    "tests/report/test_render.py::test_plot_without_a_gpu",
+    "tests/scaffold/test_scaffold.py::test_cross_entropy_constants_from_concrete_inputs",
+    "tests/analysis/test_compiled.py::test_diff_renders_the_compiled_table",
+    "tests/analysis/test_compiled.py::test_graph_breaks_recompiles_and_the_launch_bound_graph_of_the_compiled_example",
+    "tests/analysis/test_ranks.py::test_ranks_with_different_step_counts_are_flagged",
+    "tests/report/test_diff_render.py::test_html_marks_a_slowdown",
+    "tests/report/test_ranks_render.py::test_markdown_has_tables_and_a_section_per_rank",
 )
+
+
+def _quick_only(config) -> bool:
+    return (config.option.markexpr or "").strip() == "not slow"
+
+
+def pytest_ignore_collect(collection_path, config):
+    """With ``-m "not slow"``, folders and files that are slow as a whole are not even
+    imported (their modules import torch and the kernels: seconds of a quick run)."""
+    if not _quick_only(config):
+        return None
+    try:
+        path = Path(collection_path).resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        return None
+    whole = [slow for slow in SLOW if "::" not in slow]
+    if any(path == slow.rstrip("/") or path.startswith(slow) for slow in whole):
+        return True
+    return None
 
 
 def pytest_collection_modifyitems(config, items):

@@ -50,6 +50,9 @@ class Diff:
     new_hot_spots: list[dict[str, Any]]
     regressions: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
+    # eager → torch.compile: each compiled kernel against the eager ops it replaced (None when
+    # the run after has no compiled code)
+    compiled: dict[str, Any] | None = None
     schema: str = SCHEMA
 
     def to_json(self) -> dict[str, Any]:
@@ -95,9 +98,12 @@ def compare(before: Report, after: Report, names: tuple[str, str] = ("before", "
         predicted = sum(c.expected_saving_share for c in b_list)
         ceiling = sum(c.roofline.ceiling_ms or 0.0 for c in b_list) or None
         lead = max(b_list, key=lambda c: c.time_ms_per_step)
+        name = lead.name
+        if how == "kind total (compiled)" and len(b_list) > 1:
+            name = f"all {lead.kind} ({len(b_list)} eager candidates, the largest {lead.name})"
         out.append(
             Match(
-                name=lead.name,
+                name=name,
                 kind=lead.kind,
                 ids={"before": [c.id for c in b_list], "after": [c.id for c in a_list]},
                 time_ms_per_step={"before": t_b, "after": t_a},
@@ -142,7 +148,73 @@ def compare(before: Report, after: Report, names: tuple[str, str] = ("before", "
         new_hot_spots=new_hot,
         regressions=regressions,
         warnings=warnings,
+        compiled=_compiled_section(before, after, out)
+        if _compiled(after) and not _compiled(before)
+        else None,
     )
+
+
+def _compiled(report: Report) -> bool:
+    return any(c.attrs.get("compiled") for c in report.candidates)
+
+
+_COMPILED_HOWS = ("fused ops (Inductor)", "kind total (compiled)")
+
+
+def _compiled_section(before: Report, after: Report, matches: list[Match]) -> dict[str, Any]:
+    """Did compile pay, op by op: every match that involves compiled kernels (eager time →
+    compiled time, and the speed-up), and the `compile` verdicts of the run before checked
+    against what compiling realized."""
+    by_id = {c.id: c for c in after.candidates}
+    rows = []
+    for m in matches:
+        after_c = [by_id[i] for i in m.ids["after"] if i in by_id]
+        if not any(c.attrs.get("compiled") for c in after_c) and m.how not in _COMPILED_HOWS:
+            continue
+        t = m.time_ms_per_step
+        rows.append(
+            {
+                "eager": m.name,
+                "kind": m.kind,
+                "eager_ids": m.ids["before"],
+                "compiled_ids": m.ids["after"],
+                "compiled_kernels": [c.kernels[0].name if c.kernels else c.name for c in after_c][:12],
+                "eager_ms_per_step": t["before"],
+                "compiled_ms_per_step": t["after"],
+                "speedup": t["before"] / t["after"] if t["after"] else None,
+                "verdict_before": m.verdict_before,
+                "predicted_saving_share": m.predicted_saving_share,
+                "realized_saving_share": m.realized_saving_share,
+                "how": m.how,
+            }
+        )
+    rows.sort(key=lambda r: -r["eager_ms_per_step"])
+    # Every actionable verdict before (compile first): did compiling realize its prediction?
+    checks = []
+    for m in matches:
+        if m.verdict_before.startswith("skip") or not m.predicted_saving_share:
+            continue
+        checks.append(
+            {
+                "name": m.name,
+                "verdict_before": m.verdict_before,
+                "predicted_saving_share": m.predicted_saving_share,
+                "realized_saving_share": m.realized_saving_share,
+                "held": m.realized_saving_share >= 0.5 * m.predicted_saving_share,
+                "compiled": any(i in by_id and by_id[i].attrs.get("compiled") for i in m.ids["after"]),
+            }
+        )
+    checks.sort(key=lambda c: (not c["verdict_before"].startswith("compile"), -c["predicted_saving_share"]))
+    compiled_after = sum(c.time_ms_per_step for c in after.candidates if c.attrs.get("compiled"))
+    matched_after = {i for r in rows for i in r["compiled_ids"]}
+    unmatched = [c for c in after.candidates if c.attrs.get("compiled") and c.id not in matched_after]
+    return {
+        "rows": rows,
+        "compile_predictions": checks,
+        "compiled_ms_per_step": compiled_after,
+        "unmatched_compiled_ms_per_step": sum(c.time_ms_per_step for c in unmatched),
+        "unmatched_compiled_ids": [c.id for c in unmatched],
+    }
 
 
 def _match(before: Report, after: Report) -> list[tuple[list[Candidate], list[Candidate], str]]:
@@ -153,12 +225,24 @@ def _match(before: Report, after: Report) -> list[tuple[list[Candidate], list[Ca
     largest before candidate takes them and the rest have no counterpart.
     """
     pairs: list[tuple[list[Candidate], list[Candidate], str]] = []
+    # Eager → compiled: a compiled kernel is named by itself, its module is the whole model and
+    # its shapes are its arguments; it is matched by the ops it fuses instead (below).
+    to_compiled = _compiled(after) and not _compiled(before)
+
+    def plain(key):
+        return lambda c: None if to_compiled and c.attrs.get("compiled") else key(c)
+
     keys = (
         (lambda c: c.name, "same name"),
-        (lambda c: (_place(c), main_shape(c)) if _place(c) or main_shape(c) else None, "module and shape"),
-        (lambda c: _place(c), "module"),
-        (lambda c: main_shape(c), "shape"),
+        (
+            plain(lambda c: (_place(c), main_shape(c)) if _place(c) or main_shape(c) else None),
+            "module and shape",
+        ),
+        (plain(_place), "module"),
+        (plain(main_shape), "shape"),
     )
+    left_b: list[Candidate] = []
+    left_a: list[Candidate] = []
     kinds = {c.kind for c in before.candidates} | {c.kind for c in after.candidates}
     for kind in sorted(kinds):
         bs = [c for c in before.candidates if c.kind == kind]
@@ -187,11 +271,125 @@ def _match(before: Report, after: Report) -> list[tuple[list[Candidate], list[Ca
                     bs.remove(c)
                 for c in a_group:
                     as_.remove(c)
+        if to_compiled:
+            left_b += bs
+            left_a += as_
+            continue
         if bs and as_ and len(bs) == 1:
             pairs.append((bs, as_, "kind (one candidate of this kind before)"))
             bs, as_ = [], []
         for c in bs:  # gone after the change: all of its time was saved
             pairs.append(([c], [], "no counterpart after"))
+    if to_compiled:
+        pairs += _match_compiled(left_b, left_a)
+    return pairs
+
+
+_LIBRARY_KINDS = {"gemm", "convolution", "attention", "communication"}
+_LAYOUT = {
+    "view",
+    "unsafe_view",
+    "to",
+    "to_copy",
+    "t",
+    "permute",
+    "expand",
+    "clone",
+    "reshape",
+    "unbind",
+    "select",
+    "slice",
+    "transpose",
+    "contiguous",
+    "copy",
+}
+
+
+def _bare(op: str) -> str:
+    """``aten::native_layer_norm_backward`` → ``layer_norm``: one spelling for eager op names
+    and the ops in Inductor's kernel names (backward kernels match their forward op)."""
+    name = op.split("::")[-1].strip("_")
+    for suffix in ("_backward_data", "_backward"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    if name.startswith("native_"):
+        name = name[len("native_") :]
+    if name.endswith("_") and len(name) > 1:
+        name = name[:-1]
+    return {"embedding_dense": "embedding", "nll_loss_forward": "nll_loss"}.get(name, name)
+
+
+def _numels(c: Candidate) -> set[int]:
+    out = set()
+    for op in c.example:
+        for d, _ in tensor_inputs(op.get("dims"), op.get("types")):
+            n = 1
+            for x in d:
+                n *= int(x)
+            if n >= 4096:  # a weight of one row or a scalar says nothing
+                out.add(n)
+    return out
+
+
+def _match_compiled(
+    bs: list[Candidate], as_: list[Candidate]
+) -> list[tuple[list[Candidate], list[Candidate], str]]:
+    """Compiled candidates against the eager ones left after the exact keys.
+
+    An Inductor kernel goes to the eager candidate whose ops it fuses (its name's ops against
+    the candidate's ops, backward ops as their forward op) and whose tensors have its largest
+    argument's size, the most shared ops first; a kernel that only moves data (casts,
+    transposes) needs the size. Library kernels in compiled code (GEMMs, attention) and
+    kernels no eager candidate claims are matched kind by kind, as totals."""
+    pairs: list[tuple[list[Candidate], list[Candidate], str]] = []
+    eager_ops = {id(b): {_bare(o) for o in b.ops} - _LAYOUT for b in bs}
+    eager_sizes = {id(b): _numels(b) for b in bs}
+    taken: dict[tuple[int, ...], list[Candidate]] = {}
+    rest_a: list[tuple[str, Candidate]] = []  # (kind it counts under, candidate)
+    for a in as_:
+        fused = a.attrs.get("fused_ops") if a.attrs.get("inductor") else None
+        if not fused:
+            rest_a.append((a.kind, a))
+            continue
+        ops = {_bare(o) for o in fused} - _LAYOUT
+        size = max(_numels(a), default=None)
+        scored = []
+        for b in bs:
+            shared = len(ops & eager_ops[id(b)])
+            sized = size is not None and size in eager_sizes[id(b)]
+            layout_only = not ops or not eager_ops[id(b)]
+            if (shared and sized) or shared >= 2 or (layout_only and sized):
+                scored.append(((shared, sized), b))
+        if not scored:
+            rest_a.append((a.kind, a))
+            continue
+        top = max(k for k, _ in scored)
+        best = sorted((b for k, b in scored if k == top), key=lambda b: -b.time_ms_per_step)
+        if best[0].kind in _LIBRARY_KINDS:
+            # A cast or transpose around a library GEMM or attention: compiled code runs the
+            # library kernel too, so it joins that kind's total.
+            rest_a.append((best[0].kind, a))
+            continue
+        # Eager candidates the kernel fits equally well (the same norm in two places) share it.
+        group = tuple(sorted(id(b) for b in best if b.kind == best[0].kind))
+        taken.setdefault(group, []).append(a)
+    by_id = {id(b): b for b in bs}
+    claimed = set()
+    for group, kernels in taken.items():
+        members = [by_id[i] for i in group if i not in claimed]
+        if not members:
+            rest_a += [(k.kind, k) for k in kernels]
+            continue
+        claimed.update(id(b) for b in members)
+        pairs.append((sorted(members, key=lambda b: -b.time_ms_per_step), kernels, "fused ops (Inductor)"))
+    rest_b = [b for b in bs if id(b) not in claimed]
+    for kind in sorted({c.kind for c in rest_b} | {k for k, _ in rest_a}):
+        kb = [c for c in rest_b if c.kind == kind]
+        ka = [c for k, c in rest_a if k == kind]
+        if kb and ka:
+            pairs.append((kb, ka, "kind total (compiled)"))
+        else:
+            pairs.extend(([c], [], "no counterpart after") for c in kb)
     return pairs
 
 
@@ -202,7 +400,10 @@ def _comparability(before: Report, after: Report) -> list[str]:
         warnings.append(f"different GPUs (or none known): {names[0]} vs {names[1]}")
     if before.gpu is not None and after.gpu is not None and names[0] == names[1]:
         bw = [r.gpu.bandwidth for r in (before, after)]
-        if before.gpu.resolved_by != after.gpu.resolved_by or before.gpu.source != after.gpu.source:
+        # A ceiling raised by a run's own measured kernels (roofline.py) differs run by run by a
+        # few percent: the bandwidth check below judges that; the base source must agree.
+        base = [str(r.gpu.source).split("; raised by ")[0] for r in (before, after)]
+        if before.gpu.resolved_by != after.gpu.resolved_by or base[0] != base[1]:
             warnings.append(
                 f"the ceilings come from different sources (before: {before.gpu.resolved_by}, {before.gpu.source}; "
                 f"after: {after.gpu.resolved_by}, {after.gpu.source}): 'of ceiling' figures are not comparable"
@@ -213,6 +414,13 @@ def _comparability(before: Report, after: Report) -> list[str]:
                 f"the calibrated bandwidths differ by {abs(bw[0] - bw[1]) / bw[0]:.0%} "
                 f"({bw[0] / 1e9:.0f} vs {bw[1] / 1e9:.0f} GB/s): 'of ceiling' figures are not comparable"
             )
+    timed = [bool(r.source.get("timing")) for r in (before, after)]
+    if timed[0] != timed[1]:
+        how = {True: "its plain steps (profile's step timing)", False: "its recorded steps"}
+        warnings.append(
+            f"step times measured differently: before from {how[timed[0]]}, after from {how[timed[1]]}: "
+            "the step saving mixes profiler overhead into one side"
+        )
     if before.steps != after.steps:
         warnings.append(f"different numbers of recorded steps: {before.steps} vs {after.steps}")
     vb, va = before.source.get("versions") or {}, after.source.get("versions") or {}

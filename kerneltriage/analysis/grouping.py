@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kerneltriage.analysis.attribution import Attribution
+from kerneltriage.analysis.compiled import FLAVOURS, decode_inductor, inductor_work
 from kerneltriage.analysis.estimate import tensor_inputs
 from kerneltriage.analysis.regions import OpInfo, Segment, segment
 from kerneltriage.analysis.rules import Rules
@@ -166,7 +167,8 @@ def group_candidates(timeline: Timeline, attr: Attribution, rules: Rules) -> dic
     # The rest: optimizer ops, backward ops with no forward op, annotated or bare kernels.
     seen_roots: set[tuple[int, int]] = set()
     rest = in_step[~fwd_mask]
-    for index, step, phase, root, fwd_root, name, region, module, activity in zip(
+    launches: dict[tuple, list[tuple[int, int]]] = {}  # compiled group -> (step, launch op row)
+    for index, step, phase, root, fwd_root, name, region, module, activity, launch_op in zip(
         rest.index,
         rest["step"].tolist(),
         rest["phase"].tolist(),
@@ -176,6 +178,7 @@ def group_candidates(timeline: Timeline, attr: Attribution, rules: Rules) -> dic
         rest["region"].tolist(),
         rest["module"].tolist(),
         rest["kind"].tolist(),
+        rest["op"].tolist(),
     ):
         if name in comm_names and activity == "kernel":
             kind, label = "communication", base_name(name)
@@ -183,7 +186,9 @@ def group_candidates(timeline: Timeline, attr: Attribution, rules: Rules) -> dic
         elif int(fwd_root) in compiled_roots or (root >= 0 and rules.match(names[root], "compiled_ops")):
             # A kernel of a compiled graph: one candidate per distinct kernel.
             kind = rules.kernel_kind(name, activity)
-            label = compiled_kernel_label(kernel_label(name))
+            label = compiled_kernel_label(
+                kernel_label(name), tuple(rules.regions.get("inductor_op_names") or ())
+            )
             key, level = ("compiled", kind, base_name(name)), "kernel"
         elif root >= 0:
             label = names[root]
@@ -207,13 +212,83 @@ def group_candidates(timeline: Timeline, attr: Attribution, rules: Rules) -> dic
             g.library = level == "op" and rules.is_library_op(label)
             if key[0] == "compiled":
                 g.attrs["compiled"] = True
+                if rules.kernel_class(name, activity).library == "Inductor":
+                    g.attrs["inductor"] = True
+        if key[0] == "compiled":
+            launches.setdefault(key, []).append((step, int(launch_op)))
         if level == "op" and (step, root) not in seen_roots:
             # The op itself is the instance (optimizer ops, backward ops with no forward).
             seen_roots.add((step, root))
             g.segments.append((step, Segment("op", kind, None, [op_info(root, label, kind)])))
         g.kernel_index.append(index)
+    for key, rows in launches.items():
+        if groups[key].attrs.get("inductor"):
+            _inductor_segments(groups[key], rows, timeline, rules, names)
     _dominant_first(groups, fwd)
     return {key: g for key, g in groups.items() if g.kernel_index}
+
+
+def _inductor_segments(
+    g: Group, launches: list[tuple[int, int]], timeline: Timeline, rules: Rules, names
+) -> None:
+    """One instance per launch of an Inductor kernel, with the work its arguments imply.
+
+    Inductor's launch record (a profiler range named after the kernel) carries the kernel's
+    arguments: the fused ops' external inputs and outputs. Launches recorded without them
+    (a trace whose shapes step ran fewer ops) borrow the arguments of the kernel's most
+    frequent recorded launch: one generated kernel serves one set of static shapes. With no
+    recorded launch at all, the estimate is unavailable and ``attrs["estimate"]`` says why."""
+    cpu = timeline.cpu
+    label = base_name(g.key[2])
+    vocab = tuple(rules.regions.get("inductor_op_names") or ())
+    decoded = decode_inductor(label, vocab)
+    if decoded is not None:
+        g.attrs["inductor_flavour"] = FLAVOURS[decoded[0]]
+        g.attrs["fused_ops"] = decoded[1]
+    recorded: dict[tuple, tuple[Any, Any, Any, Any]] = {}
+    per_launch: list[tuple[int, int, tuple | None]] = []
+    for step, row in launches:
+        sig = None
+        if row >= 0 and names[row] == label:
+            dims = timeline.arg(int(cpu["dims"].iat[row]))
+            types = timeline.arg(int(cpu["types"].iat[row]))
+            if isinstance(dims, list) and dims:
+                strides = timeline.arg(int(cpu["strides"].iat[row]))
+                concrete = timeline.arg(int(cpu["concrete"].iat[row]))
+                sig = (repr(dims), repr(types), repr(strides))
+                recorded.setdefault(sig, (dims, types, strides, concrete))
+        per_launch.append((step, row, sig))
+    if not recorded:
+        g.attrs["estimate"] = (
+            "the trace records no arguments for this kernel's launches"
+            if decoded is not None
+            else "the kernel's name does not say which ops it fuses (an Inductor name of PyTorch 2.0: "
+            "triton__0d1d2d…) and the trace records no arguments for its launches"
+        )
+        return
+    counts: dict[tuple, int] = {}
+    for _, _, sig in per_launch:
+        if sig is not None:
+            counts[sig] = counts.get(sig, 0) + 1
+    common = max(counts, key=counts.get)
+    works: dict[tuple, Any] = {}
+    why = ""
+    for sig, (dims, types, strides, _) in recorded.items():
+        works[sig], why = inductor_work(label, dims, types, strides, vocab)
+    if any(w is None for w in works.values()):
+        g.attrs["estimate"] = why
+        return
+    borrowed = 0
+    for step, row, sig in per_launch:
+        if row < 0:
+            continue  # no launch op in the trace: nothing to anchor the instance to
+        if sig is None:
+            sig, borrowed = common, borrowed + 1
+        dims, types, _, concrete = recorded[sig]
+        op = OpInfo(row, label, g.kind, dims, types, concrete)
+        g.segments.append((step, Segment("region", g.kind, None, [op], {}, works[sig])))
+    if borrowed:
+        g.attrs["arguments_borrowed"] = borrowed
 
 
 def _dominant_first(groups: dict[tuple, Group], fwd) -> None:
@@ -267,16 +342,15 @@ def kernel_label(name: str) -> str:
     return f"{base}<{m[1]}>" if m else base
 
 
-def compiled_kernel_label(name: str) -> str:
+def compiled_kernel_label(name: str, vocabulary: tuple[str, ...] = ()) -> str:
     """``triton_poi_fused_add_mul_0`` → ``triton_poi_fused_add_mul_0 (Inductor pointwise: add, mul)``.
 
-    Inductor names a kernel after the ops it fuses, joined by ``_``; op names contain ``_`` too,
-    so the list is a reading aid, not a parse."""
-    m = re.match(r"^triton_(poi|red|per|tem)_fused_(.+?)(?:_\d+)?$", name)
-    if not m:
+    Inductor names a kernel after the ops it fuses, sorted by name and joined by ``_``; the
+    rules' ``inductor_op_names`` tell the op names that hold ``_`` themselves."""
+    decoded = decode_inductor(name, vocabulary)
+    if decoded is None:
         return name
-    what = {"poi": "pointwise", "red": "reduction", "per": "persistent reduction", "tem": "template"}[m[1]]
-    return f"{name} (Inductor {what}: {m[2].strip('_').replace('__', '_')})"
+    return f"{name} (Inductor {FLAVOURS[decoded[0]]}: {', '.join(decoded[1])})"
 
 
 def _segments_with_regions(ops: list[OpInfo], region_of: list[str | None], rules: Rules) -> list[Segment]:

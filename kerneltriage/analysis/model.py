@@ -147,6 +147,8 @@ class Report:
     communication_ms_per_step: float = 0.0
     exposed_communication_ms_per_step: float = 0.0  # not overlapped by any compute kernel
     rank: int | None = None
+    # torch.compile: compiled regions, graph breaks, recompiles, launch-bound graphs (None: none)
+    compiled: dict[str, Any] | None = None
     schema: str = SCHEMA
 
     @property

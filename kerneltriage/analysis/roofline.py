@@ -8,9 +8,15 @@ No kernel runs faster than a launch: the ceiling is never below launches × the 
 per-launch floor (one launch per fused instance for a region, the kernels it launches for an
 op). A candidate whose floor exceeds its work ceiling is launch-bound: fewer launches pay,
 a faster kernel does not. Without a GPU spec there is no ceiling at all.
+
+A point measured above its roof means the roof is wrong, not the kernel: ``raised_roofs``
+lifts the run's ceiling of that precision (or its bandwidth) to the best measured and says so.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -20,6 +26,7 @@ from kerneltriage.analysis.estimate import Work, tensor_inputs
 from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.analysis.grouping import Group
 from kerneltriage.analysis.model import Roofline
+from kerneltriage.ingest.kernel_names import base_name
 from kerneltriage.ingest.ncu_csv import Counters
 
 
@@ -157,4 +164,142 @@ def place_on_roofline(
         launch_floor_ms=floor_ns / n_steps / 1e6,
         work_ceiling_ms=work_ceiling / n_steps / 1e6 if work_ceiling else None,
         launch_bound=launch_bound,
+    )
+
+
+# A headroom below this is at the roof: ceilings are measured to a few percent, so nothing
+# closer to one than this is "below its roof" (verdict.py never passes the condition there).
+AT_ROOF = 1.1
+
+# A point above its roof is a kernel that ran faster than the ceiling allows: the FLOPs (or
+# DRAM bytes) Nsight Compute counted for a launch over the time the trace measured for it.
+# Shape estimates (a causal mask skips half the FLOPs they count) and fused ceilings are not
+# measurements and never move a roof. Launches of one kernel with the same counts are one
+# shape; their summed counts over their summed time is its rate.
+#
+# DRAM bytes come from ncu, which flushes the caches before each kernel; in the run a kernel
+# whose data fits in L2 beats the HBM roof without HBM being faster. Only launches moving
+# this many times the L2 size say anything about the memory roof, and only those that read
+# and write (the roof is a copy's: a write-only fill streams faster than anything that reads).
+_L2_MULTIPLE = 2.0
+_MIN_DIRECTION_SHARE = 0.1
+_PIPES = ("flops_fp32", "flops_fp64", "flops_fp16")
+
+
+@dataclasses.dataclass(frozen=True)
+class RaisedRoof:
+    """One ceiling a run measured above: which, from what to what, and the kernel."""
+
+    ceiling: str  # a precision ("bf16") or "bandwidth"
+    old: float  # TFLOP/s, or GB/s for bandwidth
+    new: float
+    kernel: str  # the kernel that ran above it (base name)
+    launch: int = -1  # the kernel table's index of one of its launches
+
+    @property
+    def unit(self) -> str:
+        return "GB/s" if self.ceiling == "bandwidth" else "TFLOP/s"
+
+    def warning(self, candidate: str = "") -> str:
+        """What the report says: the kernel (in ``candidate``, the op or region holding it)."""
+        what = "memory roof" if self.ceiling == "bandwidth" else f"{self.ceiling} ceiling"
+        where = f" in {candidate}" if candidate else ""
+        hint = (
+            ""
+            if self.ceiling == "bandwidth"
+            else " (isolated products, as kerneltriage calibrate times them, run slower than GEMMs inside a step)"
+        )
+        return (
+            f"kernel {self.kernel}{where} ran at {self.new:.4g} {self.unit}, above the {what} of "
+            f"{self.old:.4g} {self.unit}: that roof was too low, so this report raises it to "
+            f"{self.new:.4g} {self.unit}{hint}"
+        )
+
+
+def _round_up(value: float) -> float:
+    """One decimal, up: a kernel at the raised roof never draws above it."""
+    return float(np.ceil(value * 10.0) / 10.0)
+
+
+def raised_roofs(
+    kernels: pd.DataFrame, rows: pd.Series, counters: Counters | None, gpu: GPUSpec | None
+) -> list[RaisedRoof]:
+    """The ceilings of ``gpu`` that a kernel measured with counters ran above: per precision
+    (and bandwidth), the best such rate. ``kernels``: the step kernels (``name``, ``dur``);
+    ``rows``: their ncu rows (-1 where not joined)."""
+    if gpu is None or counters is None or kernels.empty:
+        return []
+    joined = (rows.reindex(kernels.index).fillna(-1).to_numpy() >= 0) & (kernels["dur"].to_numpy() > 0)
+    if not joined.any():
+        return []
+    k = kernels.loc[joined, ["name", "dur"]]
+    c = counters.rows.iloc[rows.reindex(kernels.index).to_numpy()[joined].astype(int)]
+    fallback = "bf16"
+    frame = pd.DataFrame(
+        {
+            "launch": k.index.to_numpy(),
+            "name": k["name"].astype(str).to_numpy(),
+            "dur": k["dur"].to_numpy(dtype=float),
+            "tensor": np.nan_to_num(c["flops_tensor"].to_numpy(dtype=float)),
+            "precision": [gpu.unit(p or fallback) for p in c["tensor_precision"]],
+            "bytes": np.nan_to_num(c["dram_bytes"].to_numpy(dtype=float)),
+            "mixed": _reads_and_writes(c),
+            **{pipe: np.nan_to_num(c[pipe].to_numpy(dtype=float)) for pipe in _PIPES},
+        }
+    )
+    best: dict[str, RaisedRoof] = {}
+
+    def consider(ceiling: str, old: float, rate: float, kernel: str, launch: int) -> None:
+        # Above the datasheet no counter or join can be trusted: such a rate moves nothing.
+        datasheet = gpu.peak_bandwidth_gbs if ceiling == "bandwidth" else gpu.peak_tflops.get(ceiling)
+        if datasheet and rate > datasheet:
+            return
+        new = _round_up(rate)
+        if rate > old and (ceiling not in best or new > best[ceiling].new):
+            best[ceiling] = RaisedRoof(ceiling, old, new, base_name(kernel), launch)
+
+    keys = ["name", "precision", "tensor", "bytes", *_PIPES]
+    for key, g in frame.groupby(keys, sort=False):
+        name, precision, tensor, bytes_ = key[0], key[1], key[2], key[3]
+        seconds = float(g["dur"].sum()) * 1e-9
+        launches = len(g)
+        first = int(g["launch"].iloc[0])
+        if tensor > 0:
+            consider(precision, gpu.ceiling_tflop(precision), tensor * launches / seconds / 1e12, name, first)
+        for pipe, flops in zip(_PIPES, key[4:]):
+            unit = gpu.unit(pipe.removeprefix("flops_"))
+            if flops > 0:
+                consider(unit, gpu.ceiling_tflop(unit), flops * launches / seconds / 1e12, name, first)
+        if bytes_ >= gpu.l2_mb * 1e6 * _L2_MULTIPLE and g["mixed"].all():
+            consider("bandwidth", gpu.ceiling_bandwidth_gbs, bytes_ * launches / seconds / 1e9, name, first)
+    return sorted(best.values(), key=lambda r: r.ceiling)
+
+
+def _reads_and_writes(c: pd.DataFrame) -> np.ndarray:
+    """Rows whose DRAM traffic is both reads and writes (each a tenth of it or more)."""
+    total = np.nan_to_num(c["dram_bytes"].to_numpy(dtype=float))
+    shares = [np.nan_to_num(c[col].to_numpy(dtype=float)) for col in ("dram_read_bytes", "dram_write_bytes")]
+    floor = _MIN_DIRECTION_SHARE * total
+    return (total > 0) & (shares[0] >= floor) & (shares[1] >= floor)
+
+
+def with_raised_roofs(gpu: GPUSpec, raised: Sequence[RaisedRoof]) -> GPUSpec:
+    """``gpu`` with the raised ceilings in place of its own; its source says which and why."""
+    tflops = dict(gpu.measured_tflops)
+    bandwidth = gpu.measured_bandwidth_gbs
+    for r in raised:
+        if r.ceiling == "bandwidth":
+            bandwidth = r.new
+        else:
+            tflops[r.ceiling] = r.new
+    said = ", ".join(f"{r.ceiling} {r.old:.4g} → {r.new:.4g} {r.unit}" for r in raised)
+    return dataclasses.replace(
+        gpu,
+        measured_tflops=tflops,
+        measured_bandwidth_gbs=bandwidth,
+        measured={
+            **gpu.measured,
+            "raised": {r.ceiling: {"from": r.old, "to": r.new, "kernel": r.kernel} for r in raised},
+        },
+        source=f"{gpu.source}; raised by this run's own kernels: {said}",
     )

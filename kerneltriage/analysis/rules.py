@@ -8,6 +8,7 @@ with ``re.search``; nothing from a rules file is evaluated as code.
 from __future__ import annotations
 
 import copy
+import math
 import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any, get_type_hints
 import yaml
 
 from kerneltriage.analysis.kernel_classes import KernelClass, classify_kernel
+from kerneltriage.analysis.rules_schema import check_rules_file
 from kerneltriage.errors import RulesError
 from kerneltriage.resources import data_path
 
@@ -193,6 +195,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     schema = data.get("schema", SCHEMA)
     if schema != SCHEMA:
         raise RulesError(f"schema {schema!r} is not {SCHEMA!r}", path=str(path))
+    check_rules_file(data, str(path))
     return data
 
 
@@ -227,9 +230,13 @@ def _thresholds(given: dict[str, Any], where: str, overridden: set[str]) -> Thre
         if name not in given:
             raise RulesError(f"threshold {name!r} is missing", path=path)
         try:
+            if isinstance(given[name], bool) or not math.isfinite(float(given[name])):
+                raise ValueError
             value = kind(given[name])
-        except (TypeError, ValueError):
-            raise RulesError(f"threshold {name!r} must be a number, got {given[name]!r}", path=path) from None
+        except (TypeError, ValueError, OverflowError):
+            raise RulesError(
+                f"threshold {name!r} must be a number (finite), got {given[name]!r}", path=path
+            ) from None
         if value < 0:
             raise RulesError(f"threshold {name!r} must not be negative", path=path)
         if name == "min_headroom" and value < 1.0:
@@ -283,6 +290,16 @@ def _validate(raw: dict[str, Any], sources: list[str], overridden: set[str]) -> 
         raise RulesError("op_classes is empty", path=where)
 
     recommendations = raw.get("recommendations") or {}
+    # A kind is known by its recommendation ("norm", or "norm/rmsnorm" for a variant): a class
+    # of another kind would be ranked with no verdict behind it (a misspelt kind, say).
+    kinds = {key.split("/")[0] for key in recommendations}
+    for i, c in enumerate(classes):
+        if c.kind not in kinds:
+            raise RulesError(
+                f"op_classes[{i}].kind {c.kind!r} is not a known kind (one of {', '.join(sorted(kinds))}; "
+                f"a new kind needs recommendations.{c.kind})",
+                path=where,
+            )
     for key, rec in recommendations.items():
         if not isinstance(rec, dict) or rec.get("verdict") not in VERDICTS:
             raise RulesError(

@@ -30,8 +30,12 @@ def candidate_shapes(g: Group, k: pd.DataFrame) -> Shapes:
         config_columns = [
             k[c].tolist() for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
         ]
-        for step, fr, root, dur, *cfg in zip(k["step"], k["fwd_root"], k["root"], k["dur"], *config_columns):
-            anchor = int(fr) if fr >= 0 else int(root)
+        # An Inductor kernel's instance is its launch (anchored on its launch record).
+        compiled = bool(g.attrs.get("inductor"))
+        for step, fr, root, op, dur, *cfg in zip(
+            k["step"], k["fwd_root"], k["root"], k["op"], k["dur"], *config_columns
+        ):
+            anchor = int(op) if compiled else int(fr) if fr >= 0 else int(root)
             seg_time[(int(step), anchor)] += float(dur)
             if cfg[0] >= 0:
                 launches[(int(step), anchor)].append(tuple(int(c) for c in cfg))

@@ -19,13 +19,16 @@ import numpy as np
 
 from kerneltriage.analysis.attribution import Attribution, attribute
 from kerneltriage.analysis.candidates import build_candidate
+from kerneltriage.analysis.compiled import compiled_graphs
 from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.analysis.grouping import group_candidates
 from kerneltriage.analysis.idle import communication_overlap, idle_gaps, unlaunched_busy_ns
+from kerneltriage.analysis.invariants import check_report, clean_timeline
 from kerneltriage.analysis.join import JoinResult, join_counters
 from kerneltriage.analysis.model import Report
+from kerneltriage.analysis.roofline import raised_roofs, with_raised_roofs
 from kerneltriage.analysis.rules import Rules
-from kerneltriage.analysis.verdict import decide
+from kerneltriage.analysis.verdict import compiled_graph_advice, decide
 from kerneltriage.errors import TraceFormatError
 from kerneltriage.ingest.ncu_csv import Counters
 from kerneltriage.ingest.tables import Timeline
@@ -40,13 +43,17 @@ def triage(
     step_marker: str | None = None,
     source: dict[str, Any] | None = None,
     hot_kernels: list[str] | None = None,
+    timing: dict[str, Any] | None = None,
 ) -> Report:
     """Analyse one timeline (one process/rank) and return the ranked report.
 
     ``hot_kernels``: base names the ncu phase targeted; the join then also says how much of
-    their time has counters.
+    their time has counters. ``timing``: ``profile``'s step timing (``Profile.step_timing``):
+    the step time is then its plain steps' and the GPU busy time its clean steps', not the
+    recorded steps' (which ran under the CPU-op profiler and module ranges).
     """
     require_gpu_activity(timeline)
+    timeline = clean_timeline(timeline)  # duplicated events dropped, with a warning
     attr = attribute(timeline, step_marker)
     kernels = attr.kernels
     in_step = kernels[kernels["step"] >= 0]
@@ -70,6 +77,9 @@ def triage(
     step_ms = float(np.mean(step_walls(attr))) / 1e6
     busy_ns, gaps = idle_gaps(attr, timeline, rules.thresholds.gap_us * 1000)
     busy_ms = busy_ns / n_steps / 1e6
+    source = dict(source or {"trace": timeline.source})
+    if timing:
+        step_ms, busy_ms, gaps = _timed_as_run(timing, step_ms, busy_ms, gaps, source)
     comm_ns, exposed_ns = communication_overlap(attr, lambda n: rules.classify(None, n) == "communication")
     idle_pct = max(0.0, 100.0 * (1.0 - busy_ms / step_ms)) if step_ms else 0.0
 
@@ -78,7 +88,20 @@ def triage(
         build_candidate(g, attr, join, counters, gpu, n_steps, step_ms, busy_ms, rules)
         for g in groups.values()
     ]
+    raised = raised_roofs(in_step, join.row, counters, gpu) if join is not None else []
+    if gpu is not None and raised:
+        # A kernel measured above its roof: the roof was wrong. Raise it and place again.
+        gpu = with_raised_roofs(gpu, raised)
+        holders = {i: c.name for g, c in zip(groups.values(), candidates) for i in g.kernel_index}
+        warnings += [r.warning(holders.get(r.launch, "")) for r in raised]
+        candidates = [
+            build_candidate(g, attr, join, counters, gpu, n_steps, step_ms, busy_ms, rules)
+            for g in groups.values()
+        ]
     decide(candidates, rules, gpu)
+    idle_scale = float((source.get("timing") or {}).get("idle_scale", 1.0))
+    compiled = compiled_graphs(timeline, attr, rules, n_steps, step_ms, idle_scale=idle_scale)
+    compiled_graph_advice(compiled, rules)
     candidates.sort(key=lambda c: (c.verdict != "skip", c.expected_saving_share, c.time_share), reverse=True)
     for i, c in enumerate(candidates, 1):
         c.rank = i
@@ -93,9 +116,9 @@ def triage(
         # op of the trace launched it, so no candidate holds it.
         breakdown["launched before the window"] = early_ms
     breakdown["idle"] = max(0.0, step_ms - busy_ms)
-    return Report(
+    report = Report(
         gpu=gpu,
-        source=dict(source or {"trace": timeline.source}),
+        source=source,
         steps=n_steps,
         step_source=attr.step_source,
         step_time_ms=step_ms,
@@ -110,10 +133,47 @@ def triage(
         communication_ms_per_step=comm_ns / n_steps / 1e6,
         exposed_communication_ms_per_step=exposed_ns / n_steps / 1e6,
         rank=timeline.rank,
+        compiled=compiled,
         candidates=candidates,
         thresholds=rules.thresholds,
         warnings=warnings,
     )
+    return check_report(report, timeline, attr.steps)  # nothing impossible is rendered
+
+
+def _timed_as_run(
+    timing: dict[str, Any], step_ms: float, busy_ms: float, gaps: list, source: dict[str, Any]
+) -> tuple[float, float, list]:
+    """Step and busy time from ``profile``'s plain and clean steps. The idle causes are found
+    in the recorded steps; their sizes are scaled to the idle time of the program as run."""
+    plain = float(timing["plain_median_ms"])
+    busy = min(plain, float(timing.get("gpu_busy_ms") or busy_ms))
+    recorded_idle, idle = step_ms - busy_ms, plain - busy
+    scale = idle / recorded_idle if recorded_idle > 0 else 0.0
+    for g in gaps:
+        g.ms_per_step *= scale
+    source["timing"] = {
+        "step_ms": plain,
+        "gpu_busy_from": "clean steps" if timing.get("gpu_busy_ms") else "recorded steps",
+        "recorded_step_ms": step_ms,
+        # What the recorded steps' idle causes (``gaps``) were multiplied by.
+        "idle_scale": scale,
+        "steps": {k: len(timing.get(f"{k}_ms") or []) for k in ("plain", "clean", "recorded")},
+        **{k: timing.get(k) for k in _TIMING_KEYS},
+    }
+    return plain, busy, gaps
+
+
+_TIMING_KEYS = (
+    "clock",
+    "clean_profiler",
+    "plain_median_ms",
+    "clean_median_ms",
+    "recorded_median_ms",
+    "overhead",
+    "attribution_overhead",
+    "gpu_busy_ms",
+)
 
 
 def step_walls(attr: Attribution) -> list[int]:

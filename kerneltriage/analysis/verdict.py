@@ -10,7 +10,12 @@ Expected saving = share × (1 − 1/headroom) (Amdahl). Beyond the three conditi
 - a launch-bound candidate (its launches × the per-launch floor exceed what its bytes and
   FLOPs need) is told to launch less (`compile`), never to write a faster kernel;
 - a headroom estimated from shapes above ``max_estimated_headroom`` on a candidate that
-  matters is a failed estimate, reported as such, with no verdict built on it.
+  matters is a failed estimate, reported as such, with no verdict built on it;
+- a kernel Inductor generated is never told to `compile` (it is compiled): at its roof
+  `skip (compiled-at-roof)`, launch-bound `compile` with mode="reduce-overhead", hot and below
+  its roof `write` with a fix that tries Inductor's own search first (the rules'
+  ``recommendations.compiled``); a launch-bound compiled graph gets the same CUDA-graphs advice
+  (``compiled_graph_advice``).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from kerneltriage.analysis.attention_rates import BACKENDS, HOW, attention_rates
 from kerneltriage.analysis.estimate import attention_work, tensor_inputs
 from kerneltriage.analysis.gpus import GPUSpec, attention_perf
 from kerneltriage.analysis.model import Candidate, Condition
+from kerneltriage.analysis.roofline import AT_ROOF
 from kerneltriage.analysis.rules import Rules
 
 # Where each SDPA entry point takes is_causal (aten's argument order).
@@ -53,7 +59,8 @@ def decide(candidates: list[Candidate], rules: Rules, gpu: GPUSpec | None) -> No
         c.conditions["headroom"] = Condition(
             value=h,
             threshold=t.min_headroom,
-            passed=None if h is None else h >= t.min_headroom,
+            # Within AT_ROOF of the ceiling is at the roof whatever --min-headroom says.
+            passed=None if h is None else h >= max(t.min_headroom, AT_ROOF),
             detail=_headroom_detail(c),
         )
         hot = c.time_share >= t.min_share or (id(c) in top and c.time_share >= t.min_share_floor)
@@ -132,6 +139,9 @@ def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
     if c.kind == "attention" and c.attrs.get("written") != "naive":
         _library_attention(c, rules, gpu)
         return
+    if c.attrs.get("inductor"):
+        _inductor_verdict(c, rules, gpu)
+        return
     if not cond["hotness"].passed:
         c.verdict, c.reason, c.note = "skip", "cold", ""
         return
@@ -206,6 +216,65 @@ def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
         c.note = "torch.compile generates one kernel for it and its neighbouring ops; write one only if that stays below the roof"
 
 
+def _inductor_verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
+    """A kernel Inductor generated: torch.compile already runs it, so `compile` is no advice.
+    At its roof: `skip (compiled-at-roof)`; launch-bound: CUDA graphs; hot and below its roof:
+    `write`, after what Inductor could try first (the fix)."""
+    rec = rules.recommendation("compiled")
+    cond = c.conditions
+    c.builtin, c.note = None, ""
+    why = c.attrs.get("estimate")
+    if cond["headroom"].passed is None and why and gpu is not None:
+        cond["headroom"].detail = f"estimate unavailable: {why}"
+    if not cond["hotness"].passed:
+        c.verdict, c.reason = "skip", "cold"
+        return
+    if cond["headroom"].passed is None:
+        c.verdict, c.reason = "skip", "no-ceiling"
+        if gpu is None:
+            c.note = "no GPU spec: pass --gpu to place it on the roofline"
+        elif why:
+            c.note = str(rec.get("estimate_unavailable", "{why}")).format(why=why)
+        else:
+            c.note = "run with Nsight Compute counters (kerneltriage profile) to place it on the roofline"
+        return
+    if _failed_estimate(c, rules):
+        c.verdict, c.reason = "skip", "estimate-failed"
+        c.expected_saving_share = 0.0
+        c.note = (
+            f"the estimate from its arguments puts the ceiling at 1/{c.headroom:.0f} of the measured time: "
+            "a buffer it reads or writes more than once, or a gather; run kerneltriage profile for counters"
+        )
+        return
+    if c.roofline.launch_bound:
+        if cond["headroom"].passed:
+            c.verdict, c.reason = "compile", "launch-bound"
+            c.builtin = 'torch.compile(mode="reduce-overhead")'
+            c.note = (
+                f"{c.roofline.launches_per_step:.3g} launches per step doing almost no work each: "
+                "CUDA graphs launch the compiled graph at once"
+            )
+        else:
+            c.verdict, c.reason = "skip", "launch-bound"
+            c.note = "each launch already runs near the GPU's per-launch floor"
+        return
+    if not cond["headroom"].passed:
+        c.verdict, c.reason = "skip", "compiled-at-roof"
+        h = f"{c.headroom:.2g}×" if c.headroom is not None else "?"
+        c.note = str(rec.get("at_roof_note", "")).format(headroom=h)
+        return
+    if not cond["stability"].passed:
+        c.verdict, c.reason = "skip", "unstable-shapes"
+        c.note = "Inductor recompiles or runs dynamic-shape kernels for these shapes: mark_dynamic, or pad to a few sizes"
+        return
+    bound = c.roofline.bound or "memory"
+    c.verdict = "write"
+    achieved = f"{1.0 / c.headroom:.0%}" if c.headroom else "?"
+    c.reason = str(rec.get("reason", "all three conditions hold")).format(achieved=achieved, bound=bound)
+    rung = (rec.get("rungs") or {}).get(bound, "")
+    c.note = str(rec.get("note", "{rung}")).format(rung=rung)
+
+
 _FP32_SIMT = re.compile(r"(^|[_:\s])(sgemm|scudnn|sgemv)", re.IGNORECASE)
 # cuDNN's generic engines say their type in the template: dgrad_engine<float, …>.
 _FP32_TEMPLATE = re.compile(r"<float\s*,")
@@ -273,8 +342,9 @@ class _Blank(dict):
 
 
 def _fix(c: Candidate, rules: Rules) -> str | None:
-    """Code the user can paste for a use-builtin or compile verdict (the rules' ``fixes``)."""
-    if c.verdict not in ("use-builtin", "compile"):
+    """Code the user can paste for a use-builtin or compile verdict (the rules' ``fixes``), and
+    for a `write` on an Inductor kernel: what Inductor could try first."""
+    if c.verdict not in ("use-builtin", "compile") and not (c.verdict == "write" and c.attrs.get("inductor")):
         return None
     path, _, cls = (c.module or "").partition(" (")
     cls = cls.rstrip(")")
@@ -305,6 +375,7 @@ def _fix(c: Candidate, rules: Rules) -> str | None:
                     if backend
                     else ""
                 ),
+                kernels=f"{c.roofline.launches_per_step:.0f}",
             )
             return template.format_map(values)
     return None
@@ -446,3 +517,31 @@ def _attention_choice(c: Candidate, rec: dict[str, Any], gpu: GPUSpec) -> tuple[
         library,
         f"all three conditions hold; SDPA measured faster than the built-in here ({sdpa:.0f} vs {built:.0f} TFLOP/s)",
     )
+
+
+def compiled_graph_advice(compiled: dict[str, Any] | None, rules: Rules) -> None:
+    """A launch-bound compiled graph (many small kernels, the GPU idle between them) gets
+    `compile (launch-bound)`: mode="reduce-overhead" (CUDA graphs), with its fix and note."""
+    if not compiled:
+        return
+    lb = rules.regions.get("compiled_launch_bound") or {}
+    for g in compiled.get("graphs", []):
+        if not g.get("launch_bound"):
+            continue
+        fields = {
+            "verdict": "compile",
+            "reason": "launch-bound",
+            "builtin": 'torch.compile(mode="reduce-overhead")',
+        }
+        g.update(verdict="compile", reason="launch-bound", builtin=fields["builtin"])
+        idle = f"{g['host_launch_idle_ms_per_step']:.2f} ms per step"
+        g["note"] = str(lb.get("note", "")).format(
+            kernels=g["kernels_per_step"],
+            median_us=g["median_kernel_us"],
+            idle=idle,
+            idle_share=g["idle_share_of_span"],
+        )
+        for when, template in rules.fixes:
+            if all(p.search(fields.get(k, "")) for k, p in when.items()):
+                g["fix"] = template.format_map(_Blank(fields, kernels=f"{g['kernels_per_step']:.0f}"))
+                break

@@ -30,6 +30,7 @@ import orjson
 import pandas as pd
 
 from kerneltriage.errors import TraceFormatError
+from kerneltriage.ingest.schemas import OP_ARGUMENTS, validate_trace_meta
 from kerneltriage.ingest.tables import (
     CPU_COLUMNS,
     GPU_ANNOTATION_COLUMNS,
@@ -661,17 +662,18 @@ class _Builder:
     def __init__(self) -> None:
         self.events = 0
         self.parts: dict[str, list[dict[str, Any]]] = {"kernels": [], "runtime": [], "cpu": [], "gpu_ann": []}
-        self.arg_index: dict[bytes, int] = {}
+        self.arg_index: dict[tuple[str, bytes], int] = {}  # (column, JSON) -> id, -1: malformed
         self.args: list[Any] = []
-        self.skipped = 0
+        self.skipped: dict[str, int] = dict.fromkeys(SKIPPED_KINDS, 0)
 
     def merge(
-        self, parts: dict[str, list[dict[str, Any]]], args: list[Any], events: int, skipped: int
+        self, parts: dict[str, list[dict[str, Any]]], args: list[Any], events: int, skipped: dict[str, int]
     ) -> None:
         """Take over another builder's columns, re-numbering its interned arguments."""
         self.events += events
-        self.skipped += skipped
-        remap = self._arg_ids(args)
+        for kind, count in skipped.items():
+            self.skipped[kind] += count
+        remap = self._arg_ids(args, "")  # validated by the worker
         for table, chunks in parts.items():
             for cols in chunks:
                 for column in _INTERNED:
@@ -680,18 +682,26 @@ class _Builder:
                         cols[column] = np.where(ids >= 0, remap[np.maximum(ids, 0)], -1)
                 self.parts[table].append(cols)
 
-    def _arg_ids(self, values: list[Any]) -> np.ndarray:
+    def _arg_ids(self, values: list[Any], column: str) -> np.ndarray:
+        """Interned ids of an argument column; each distinct value is checked against its
+        schema once (``schemas.OP_ARGUMENTS``), and one of the wrong shape counts as not
+        recorded (-1)."""
         index, args, dumps = self.arg_index, self.args, orjson.dumps
+        valid = OP_ARGUMENTS[column]
         out = np.empty(len(values), dtype=np.int64)
         for i, value in enumerate(values):
             if value is None:
                 out[i] = -1
                 continue
-            key = dumps(value)
+            key = (column, dumps(value))
             j = index.get(key)
             if j is None:
-                j = index[key] = len(args)
-                args.append(value)
+                if valid(value):
+                    j = index[key] = len(args)
+                    args.append(value)
+                else:
+                    j = index[key] = -1
+                    self.skipped["arguments"] += 1
             out[i] = j
         return out
 
@@ -708,15 +718,27 @@ class _Builder:
         cpu: list[tuple[dict[str, Any], str]] = []
         runtime: list[dict[str, Any]] = []
         gpu_ann: list[dict[str, Any]] = []
+        skipped = self.skipped
         for e in events:
             if type(e) is not dict or e.get("ph") != "X":
                 continue
             cat = e.get("cat")
-            cat = _CATEGORY_ALIASES.get(cat) or _CATEGORY_ALIASES.get(str(cat).lower())
+            if type(cat) is not str:  # a list, a number: not a category anyone wrote
+                if cat is not None:
+                    skipped["other"] += 1
+                continue
+            cat = _CATEGORY_ALIASES.get(cat) or _CATEGORY_ALIASES.get(cat.lower())
             if cat is None:
                 continue
-            if "ts" not in e or "name" not in e:
-                self.skipped += 1
+            # The schema of the fields read (types only; values are checked per column):
+            # ts and dur numbers, name a string, args a mapping when present.
+            if (
+                type(e.get("ts")) not in _NUMBER
+                or type(e.get("dur", 0)) not in _NUMBER
+                or type(e.get("name")) is not str
+                or type(e.get("args")) not in _ARGS
+            ):
+                skipped[_TABLE_OF.get(cat, "other")] += 1
             elif cat in _GPU_KINDS:
                 gpu.append((e, _GPU_KINDS[cat]))
             elif cat == "cpu_op" or cat == "user_annotation":
@@ -733,10 +755,32 @@ class _Builder:
         ):
             if not rows:
                 continue
-            try:
-                self.parts[table].append(make(rows))
-            except (TypeError, ValueError):
-                self.skipped += len(rows)
+            rows = self._plausible(table, rows)
+            if rows:
+                self.parts[table].extend(self._make(table, make, rows))
+
+    def _plausible(self, table: str, rows: list[Any]) -> list[Any]:
+        """The rows whose ts and dur are finite, in range, and dur >= 0 (one vector test)."""
+        events = [r[0] for r in rows] if type(rows[0]) is tuple else rows
+        ts = np.array([e["ts"] for e in events], dtype=np.float64)
+        dur = np.array([e.get("dur", 0) for e in events], dtype=np.float64)
+        ok = (np.abs(ts) < MAX_TS_US) & (dur >= 0) & (dur <= MAX_DUR_US)  # NaN fails both
+        if ok.all():
+            return rows
+        self.skipped[table] += int(len(ok) - ok.sum())
+        return [r for r, good in zip(rows, ok) if good]
+
+    def _make(self, table: str, make: Any, rows: list[Any]) -> list[dict[str, Any]]:
+        """Columns of ``rows``; a batch holding an argument of the wrong type (a grid that is
+        a number, an id that is a list) is halved until the bad events are found and skipped."""
+        try:
+            return [make(rows)]
+        except _ROW_ERRORS:
+            if len(rows) == 1:
+                self.skipped[table] += 1
+                return []
+            mid = len(rows) // 2
+            return self._make(table, make, rows[:mid]) + self._make(table, make, rows[mid:])
 
     @staticmethod
     def _common(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -776,10 +820,10 @@ class _Builder:
             tid=_int_array([e.get("tid") for e in rows]),
             ext_id=_int_array([a.get("External id") for a in args]),
             seq=_int_array([a.get("Sequence number") for a in args]),
-            dims=self._arg_ids([a.get("Input Dims") for a in args]),
-            types=self._arg_ids([a.get("Input type") for a in args]),
-            strides=self._arg_ids([a.get("Input Strides") for a in args]),
-            concrete=self._arg_ids([a.get("Concrete Inputs") for a in args]),
+            dims=self._arg_ids([a.get("Input Dims") for a in args], "dims"),
+            types=self._arg_ids([a.get("Input type") for a in args], "types"),
+            strides=self._arg_ids([a.get("Input Strides") for a in args], "strides"),
+            concrete=self._arg_ids([a.get("Concrete Inputs") for a in args], "concrete"),
             # Kineto marks a range still open when the profiler stopped; its duration is not real.
             finished=np.array([a.get("finished", True) is not False for a in args], dtype=bool),
         )
@@ -805,10 +849,20 @@ class _Builder:
 
     def build(self, source: str, meta: dict[str, Any]) -> Timeline:
         meta = {k: v for k, v in meta.items() if k != "traceEvents"}
+        meta, warnings = validate_trace_meta(meta)
         props = meta.get("deviceProperties") or []
-        warnings = []
-        if self.skipped:
-            warnings.append(f"{self.skipped} malformed trace events were skipped")
+        kept = {table: sum(len(c["start"]) for c in chunks) for table, chunks in self.parts.items()}
+        for table in ("kernels", "cpu"):
+            bad = self.skipped[table]
+            total = bad + kept[table]
+            if total and bad > MAX_MALFORMED_SHARE * total:
+                raise TraceFormatError(
+                    f"{bad} of {total} {_SKIPPED_TEXT[table].replace('(s)', 's')} "
+                    f"({bad / total:.0%}, more than {MAX_MALFORMED_SHARE:.0%}): a report without "
+                    "them would mislead",
+                    path=source,
+                )
+        warnings += [f"skipped {n} {_SKIPPED_TEXT[kind]}" for kind, n in self.skipped.items() if n]
         # The pieces' columns are let go table by table, column by column, as the tables are
         # built, so they and the tables are never all in memory at once.
         parts, self.parts = self.parts, {}
@@ -825,12 +879,39 @@ class _Builder:
             warnings=warnings,
         )
         rank = (meta.get("distributedInfo") or {}).get("rank")
-        timeline.rank = _int(rank) if rank is not None else None
+        timeline.rank = rank
         return timeline
 
 
 _NO_DIM = (-1, -1, -1)
 _INTERNED = ("dims", "types", "strides", "concrete")
+_NUMBER = frozenset({int, float})
+_ARGS = frozenset({dict, type(None)})
+_ROW_ERRORS = (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError)
+_TABLE_OF = {
+    **dict.fromkeys(_GPU_KINDS, "kernels"),
+    "cpu_op": "cpu",
+    "user_annotation": "cpu",
+    "cuda_runtime": "runtime",
+    "cuda_driver": "runtime",
+    "gpu_user_annotation": "gpu_ann",
+}
+#: What a skipped event was (the warning names it): a table, an event of no known category,
+#: or a distinct op argument (Input Dims, Input type …) of the wrong shape.
+SKIPPED_KINDS = ("kernels", "cpu", "runtime", "gpu_ann", "other", "arguments")
+_SKIPPED_TEXT = {
+    "kernels": "malformed kernel event(s)",
+    "cpu": "malformed CPU op event(s)",
+    "runtime": "malformed CUDA runtime event(s)",
+    "gpu_ann": "malformed GPU annotation event(s)",
+    "other": "malformed event(s) of no known category",
+    "arguments": "malformed op argument(s) (Input Dims, Input type … of the wrong shape; those ops count as unrecorded)",
+}
+# Timestamps past this (µs) overflow nanoseconds in int64; a duration past a day is no kernel's.
+MAX_TS_US = 9.0e15
+MAX_DUR_US = 86_400e6
+#: Above this share of malformed kernel (or CPU op) events the report would mislead: refused.
+MAX_MALFORMED_SHARE = 0.10
 
 
 def _ns_array(values: list[Any]) -> np.ndarray:

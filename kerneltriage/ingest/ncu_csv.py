@@ -32,9 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+from pydantic import ValidationError
 
 from kerneltriage.errors import CountersFormatError, ToolError
 from kerneltriage.ingest.kernel_names import base_name
+from kerneltriage.ingest.schemas import NcuRow
 
 _NAME_COLUMNS = ("Kernel Name", "Function Name", "Name")
 
@@ -207,12 +209,20 @@ def parse_counters(text: str, source: str = "<csv>") -> Counters:
             path=source,
         )
     warnings: list[str] = []
+    _refuse_decimal_commas(body, header, source)
+    body = _valid_rows(body, index, name_col, source, warnings)
     unknown: set[str] = set()
+    impossible: list[str] = []
     raw = {
-        name: _column(body, index[name], units[index[name]], name, unknown)
+        name: _column(body, index[name], units[index[name]], name, unknown, impossible)
         for name in header
         if _is_metric(name)
     }
+    if impossible:
+        warnings.append(
+            f"{source}: {len(impossible)} counter value(s) negative or infinite, left unmeasured "
+            f"(first: {impossible[0]})"
+        )
     rows = _derive(body, index, name_col, raw, unknown, warnings)
     if rows["duration_ns"].isna().all():
         raise CountersFormatError(
@@ -274,12 +284,80 @@ def _parse_number(cell: str) -> float:
         return math.nan
 
 
-def _column(body: list[list[str]], i: int, unit: str, name: str, unknown: set[str]) -> list[float]:
+def _column(
+    body: list[list[str]], i: int, unit: str, name: str, unknown: set[str], impossible: list[str]
+) -> list[float]:
     factor = _scale(unit)
     if factor is None:  # a unit we do not know: keep the printed values, warn if it is used
         factor = 1.0
         unknown.add(f"{name} [{unit}]")
-    return [_parse_number(r[i]) * factor for r in body]
+    values = [_parse_number(r[i]) * factor for r in body]
+    # Every ncu metric is a count, a time, a rate or a percentage: never negative or infinite.
+    for j, v in enumerate(values):
+        if v < 0 or v == math.inf:
+            impossible.append(f"{name} = {body[j][i].strip()!r}")
+            values[j] = math.nan
+    return values
+
+
+#: Above this share of malformed rows the counters would mislead: refused.
+MAX_MALFORMED_ROWS = 0.10
+# A number only a decimal-comma locale writes: "0,52", "12,3456", "1.980.000", "1.234,5".
+_DECIMAL_COMMA = re.compile(
+    r"^-?\d+,(\d{1,2}|\d{4,})$|^-?\d{1,3}(\.\d{3}){2,}(,\d+)?$|^-?\d{1,3}(\.\d{3})+,\d+$"
+)
+
+
+def _refuse_decimal_commas(body: list[list[str]], header: list[str], source: str) -> None:
+    """ncu run under a locale with decimal commas writes "0,52" for 0.52; read as thousands
+    separators those would be a hundred times off, so such an export is refused by name."""
+    for i, name in enumerate(header):
+        if not _is_metric(name):
+            continue
+        for r in body:
+            cell = r[i].strip()
+            if _DECIMAL_COMMA.match(cell):
+                raise CountersFormatError(
+                    f"numbers are written with a decimal comma ({name} = {cell!r}): the export was "
+                    "made under a locale that writes 0,5 for 0.5",
+                    path=source,
+                    hint="export again with LC_ALL=C: LC_ALL=C ncu --import REPORT --csv --page raw",
+                )
+
+
+def _valid_rows(
+    body: list[list[str]], index: dict[str, int], name_col: str, source: str, warnings: list[str]
+) -> list[list[str]]:
+    """The rows whose ID, Device, Stream and kernel name follow ``NcuRow``; the others are
+    skipped and counted (their cells are rewritten as plain integers for ``_derive``)."""
+    columns = {"id": "ID", "device": "Device", "stream": "Stream", "kernel_name": name_col}
+    defaults = {"device": "0"}
+    kept, bad = [], []
+    for n, r in enumerate(body):
+        cells = {key: r[index[col]] if col in index else defaults.get(key) for key, col in columns.items()}
+        try:
+            row = NcuRow.model_validate({k: v for k, v in cells.items() if v is not None})
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            column = columns.get(str(first["loc"][0]), str(first["loc"][0]))
+            bad.append(f"row {n + 3}: {column} = {cells.get(str(first['loc'][0]))!r}")
+            continue
+        r = list(r)
+        for key in ("id", "device", "stream"):
+            if columns[key] in index:
+                value = getattr(row, key)
+                r[index[columns[key]]] = "" if value is None else str(value)
+        kept.append(r)
+    if bad:
+        share = len(bad) / len(body)
+        if share > MAX_MALFORMED_ROWS:
+            raise CountersFormatError(
+                f"{len(bad)} of {len(body)} rows ({share:.0%}, more than {MAX_MALFORMED_ROWS:.0%}) lack "
+                f"a launch ID, device or kernel name ({bad[0]}): counters joined from the rest would mislead",
+                path=source,
+            )
+        warnings.append(f"{source}: skipped {len(bad)} malformed row(s) ({bad[0]})")
+    return kept
 
 
 def _derive(body, index, name_col, raw, unknown, warnings) -> pd.DataFrame:

@@ -29,6 +29,7 @@ from kerneltriage import rundir
 from kerneltriage.errors import InputError, RunDirError, TraceFormatError
 from kerneltriage.ingest.kineto import read_trace
 from kerneltriage.ingest.ncu_csv import Counters, merge_counters, read_counters
+from kerneltriage.ingest.schemas import read_regions
 from kerneltriage.ingest.tables import Timeline
 
 
@@ -42,6 +43,8 @@ class Profile:
     run_dir: Path | None
     regions: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # rank -> its trace file, for every rank asked for (read or not: ``read_traces=False``)
+    trace_files: dict[int, Path] = field(default_factory=dict)
 
     @property
     def timeline(self) -> Timeline:
@@ -52,7 +55,7 @@ class Profile:
         """The rank ncu profiled (``--ncu-rank``; the first rank when the manifest does not say)."""
         if self.manifest and self.manifest.schedule.get("ncu_rank") is not None:
             return int(self.manifest.schedule["ncu_rank"])
-        return min(self.timelines)
+        return min(self.timelines or self.trace_files)
 
     @property
     def hot_kernels(self) -> list[str] | None:
@@ -61,6 +64,17 @@ class Profile:
             return None
         names = self.manifest.phases.get("ncu", {}).get("kernels")
         return list(names) if names else None
+
+    def step_timing(self, rank: int) -> dict[str, Any] | None:
+        """``profile``'s timing of ``rank`` (``phases.timeline.step_time``: plain, clean and
+        recorded steps) when it has plain steps and clean steps; else None (older runs, and
+        runs stopped before them: the report then times the recorded steps)."""
+        if self.manifest is None:
+            return None
+        timing = self.manifest.phases.get("timeline", {}).get("step_time") or {}
+        if not timing.get("plain_median_ms") or "clean_ms" not in timing or timing.get("rank", 0) != rank:
+            return None
+        return dict(timing)
 
     def source_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {
@@ -100,14 +114,18 @@ def load_profile(
     ncu: str | Path | None = None,
     ranks: list[int] | None = None,
     progress: Callable[[str], None] | None = None,
+    *,
+    read_traces: bool = True,
 ) -> Profile:
-    """Read a run directory or a trace file (and counters) from disk."""
+    """Read a run directory or a trace file (and counters) from disk. ``read_traces=False``
+    (run directories and folders of Kineto traces): everything but the timelines, which stay
+    empty, with ``trace_files`` naming each rank's file (``kerneltriage.parallel`` reads them)."""
     path = Path(path)
     say = progress or (lambda _msg: None)
     if not path.exists():
         raise InputError("no such file or directory", path=str(path))
     if path.is_dir() and not rundir.is_run_dir(path):
-        return _load_trace_folder(path, ncu, ranks, say)
+        return _load_trace_folder(path, ncu, ranks, say, read_traces)
     if path.is_dir():
         run = rundir.open_run(path)
         if run.trace.suffix == ".sqlite":
@@ -129,7 +147,7 @@ def load_profile(
                 path=str(path),
             )
         timelines = {}
-        for r in wanted:
+        for r in wanted if read_traces or preloaded else []:
             if r in preloaded:
                 timelines[r] = preloaded[r]
                 continue
@@ -146,10 +164,19 @@ def load_profile(
                 parts.append(read_counters(counters_path))
             counters = merge_counters(parts)
         profile = Profile(timelines, counters, run.manifest, path)
+        profile.trace_files = {r: run.traces[r] for r in wanted}
         # What profile measured about itself (overhead above 5%, counters it could not take).
         profile.warnings.extend(getattr(run.manifest, "warnings", None) or [])
         if run.regions:
-            profile.regions = _read_regions(run.regions, profile.warnings)
+            profile.regions = read_regions(run.regions, profile.warnings)
+        ncu_rank = run.manifest.schedule.get("ncu_rank")
+        if ncu_rank is not None and ncu_rank not in run.traces:
+            run.manifest.schedule["ncu_rank"] = None  # this copy: the counters go to the first rank
+            profile.warnings.append(
+                f"the manifest's ncu_rank {ncu_rank} names no trace of the run (it has rank(s) "
+                f"{', '.join(map(str, sorted(run.traces)))}): its counters are joined to rank "
+                f"{min(run.traces)} instead"
+            )
         expected = run.manifest.ranks
         if expected and sorted(run.traces) != sorted(expected):
             absent = sorted(set(expected) - set(run.traces))
@@ -216,11 +243,12 @@ def _rank_from_name(name: str) -> int | None:
     return int(found[-1]) if found else None
 
 
-def _peek_rank(path: Path) -> tuple[int | None, bool]:
+def _peek_rank(path: Path | str, opener: Callable[..., Any] = open) -> tuple[int | None, bool]:
     """(``distributedInfo.rank``, whether the head of the file looks like a Kineto trace), read
-    from the file's first MiB only. Kineto writes its metadata before ``traceEvents``."""
+    from the file's first MiB only. Kineto writes its metadata before ``traceEvents``.
+    ``opener``: ``fsspec.open`` for a URL."""
     try:
-        with open(path, "rb") as raw:
+        with opener(path, "rb") as raw:
             magic = raw.read(2)
             raw.seek(0)
             stream = gzip.GzipFile(fileobj=raw) if magic == b"\x1f\x8b" else raw
@@ -244,28 +272,54 @@ def _peek_rank(path: Path) -> tuple[int | None, bool]:
 
 
 def _load_trace_folder(
-    path: Path, ncu: str | Path | None, ranks: list[int] | None, say: Callable[[str], None]
+    path: Path,
+    ncu: str | Path | None,
+    ranks: list[int] | None,
+    say: Callable[[str], None],
+    read_traces: bool = True,
 ) -> Profile:
     """A folder of Kineto traces, one per rank, without a manifest."""
     files = sorted(f for f in path.iterdir() if f.is_file() and _is_trace_name(f.name))
+    traces, warnings = assign_ranks(files, _peek_rank, str(path))
+    wanted = sorted(traces) if ranks is None else list(ranks)
+    _check_ranks(wanted, list(traces), path, "the folder")
+    timelines: dict[int, Timeline] = {}
+    for r in wanted if read_traces else []:
+        say(f"reading {traces[r].name}")
+        timelines[r] = read_timeline(traces[r])
+        timelines[r].rank = r
+    counters = None
+    if ncu:
+        say(f"reading {Path(ncu).name}")
+        counters = read_counters(ncu)
+    profile = Profile(timelines, counters, None, path, warnings=warnings)
+    profile.trace_files = {r: traces[r] for r in wanted}
+    return profile
+
+
+def assign_ranks(
+    files: list[Any], peek: Callable[[Any], tuple[int | None, bool]], where: str
+) -> tuple[dict[int, Any], list[str]]:
+    """The rank of each trace of a folder (paths, or URLs with ``peek`` reading through fsspec):
+    ``({rank: file}, warnings)``, as the module's docstring says."""
     warnings: list[str] = []
-    claims: dict[Path, tuple[int | None, str]] = {}
+    claims: dict[Any, tuple[int | None, str]] = {}
     for f in files:
-        rank, looks_like_trace = _peek_rank(f)
+        rank, looks_like_trace = peek(f)
         if rank is not None:
             claims[f] = (rank, "distributedInfo")
         elif looks_like_trace or len(files) == 1:
-            named = _rank_from_name(f.name)
+            named = _rank_from_name(_name(f))
             claims[f] = (named, "file name") if named is not None else (None, "")
         else:
-            warnings.append(f"{f.name}: not a PyTorch profiler trace (no traceEvents); skipped")
+            warnings.append(f"{_name(f)}: not a PyTorch profiler trace (no traceEvents); skipped")
     if not claims:
         raise RunDirError(
             "neither a run directory (no manifest.json) nor a folder of traces "
             "(no .json, .json.gz or .pt.trace.json.gz file)",
-            path=str(path),
+            path=where,
         )
-    by_rank: dict[int, list[Path]] = {}
+    by_rank: dict[int, list[Any]] = {}
     for f, (rank, _) in claims.items():
         if rank is not None:
             by_rank.setdefault(rank, []).append(f)
@@ -279,9 +333,9 @@ def _load_trace_folder(
         why = claims[fs[0]][1]
         raise InputError(
             f"{len(fs)} traces claim rank {rank} (from their {why}): "
-            f"{', '.join(f.name for f in fs)}; they are separate captures, not one trace per rank: "
+            f"{', '.join(_name(f) for f in fs)}; they are separate captures, not one trace per rank: "
             f"report one file at a time, e.g. kerneltriage report {fs[0]}",
-            path=str(path),
+            path=where,
         )
     if unnamed:
         free = (r for r in itertools.count() if r not in by_rank)
@@ -290,21 +344,14 @@ def _load_trace_folder(
             by_rank[r] = [f]
         warnings.append(
             f"{len(unnamed)} trace(s) name no rank (no distributedInfo, no rank in the file name); "
-            "numbered in file-name order: " + ", ".join(f"{f.name} → rank {r}" for f, r in numbered)
+            "numbered in file-name order: " + ", ".join(f"{_name(f)} → rank {r}" for f, r in numbered)
         )
-    traces = {r: fs[0] for r, fs in sorted(by_rank.items())}
-    wanted = sorted(traces) if ranks is None else list(ranks)
-    _check_ranks(wanted, list(traces), path, "the folder")
-    timelines: dict[int, Timeline] = {}
-    for r in wanted:
-        say(f"reading {traces[r].name}")
-        timelines[r] = read_timeline(traces[r])
-        timelines[r].rank = r
-    counters = None
-    if ncu:
-        say(f"reading {Path(ncu).name}")
-        counters = read_counters(ncu)
-    return Profile(timelines, counters, None, path, warnings=warnings)
+    return {r: fs[0] for r, fs in sorted(by_rank.items())}, warnings
+
+
+def _name(file: Any) -> str:
+    """A path's or URL's last part."""
+    return str(file).rstrip("/").rsplit("/", 1)[-1]
 
 
 def _read_nsys_ranks(path: Path, ranks: list[int] | None) -> dict[int, Timeline]:
@@ -322,15 +369,3 @@ def _read_nsys_ranks(path: Path, ranks: list[int] | None) -> dict[int, Timeline]
             f"rank(s) {', '.join(map(str, missing))} not in the export (it has {have})", path=str(path)
         )
     return {r: timelines[r] for r in ranks}
-
-
-def _read_regions(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
-    out = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            warnings.append(f"{path}: line {i} is not JSON; skipped")
-    return out

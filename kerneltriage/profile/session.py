@@ -34,8 +34,9 @@ from kerneltriage.profile.command import Command, parse_command
 from kerneltriage.profile.hooks import CAPTURE_RANGE, EXIT_NO_GPU, Plan
 from kerneltriage.profile.runner import CONFIG_ENV
 
-#: Phase 1 warns when its recorded steps run this much slower than the same process's plain
-#: steps: beyond it, step and idle time in the report are the profiler's as much as the program's.
+#: Phase 1 warns when the clean steps (GPU busy time) run this much slower than the same
+#: process's plain steps (step time): kernel time barely moves with host time, but a profiler
+#: that costs this much may have changed more than the host's pace.
 OVERHEAD_WARN = 0.05
 
 TIMED_OUT = -999
@@ -69,9 +70,10 @@ class Options:
     calibrate: bool = False
     ncu_timeout: float = 900.0  # seconds for each ncu pass
     rules_file: Path | None = None  # --rules: merged over the shipped rules (hot-kernel selection)
-    # Plain steps after the recorded ones (nothing installed): the first pays for the trace
-    # export, the others give the plain step time the recorded steps are measured against.
-    timing_steps: int = 6
+    # Clean steps (CUDA-only profiler) and as many plain steps (nothing installed) after the
+    # recorded ones (``hooks.Plan``): the plain steps give the step time the report uses, the
+    # clean steps the GPU's busy time.
+    timing_steps: int = 5
     # Launches per step the every-launch ncu pass may profile (about 0.32 s each on an H200
     # with the roofline metric set: 256 launches ≈ 80 s).
     max_variable_launches: int = 256
@@ -252,7 +254,8 @@ def _phase_timeline(
         module_calls_per_step=round(first.get("module_calls", 0) / hooked_steps, 1),
         traces=[t.name for t in traces],
     )
-    _step_time(first.get("step_times") or {}, plan, manifest, warnings)
+    clean = _clean_summary(out, first, plan, warnings)
+    _step_time(first.get("step_times") or {}, plan, manifest, warnings, clean, rank=first.get("rank", 0))
     manifest.ranks = sorted(s.get("rank", 0) for s in statuses if s.get("trace")) or [0]
     say.phase_done(
         "timeline",
@@ -286,32 +289,80 @@ def _finish_traces(out: Path, statuses: list[dict[str, Any]], manifest, warnings
     manifest.phases["timeline"]["trace_fixup"] = done
 
 
-def _step_time(times: dict[str, Any], plan: Plan, manifest, warnings: list[str]) -> None:
-    """The recorded steps against the same process's plain steps: the profiler's overhead."""
+def _clean_summary(out: Path, status: dict[str, Any], plan: Plan, warnings: list[str]) -> dict[str, Any]:
+    """The GPU's busy share and kernels per step in the clean steps' trace (empty without one)."""
+    from kerneltriage.profile.trace_fixup import summarize_clean
+
+    name = status.get("clean_trace")
+    path = out / rundir.LOGS / name if name else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        return summarize_clean(path, plan.timing)
+    except Exception as exc:  # the report then takes busy time from the recorded steps
+        warnings.append(f"could not read the clean steps' trace {name}: {exc}")
+        return {}
+
+
+def _step_time(
+    times: dict[str, Any],
+    plan: Plan,
+    manifest,
+    warnings: list[str],
+    clean: dict[str, Any] | None = None,
+    rank: int = 0,
+) -> None:
+    """The step time the report uses and what each pass of phase 1 cost.
+
+    The plain steps (nothing installed) time the program as the user runs it; the report takes
+    their median as the step time and the GPU's busy time from the clean steps' trace (the
+    busy share there × the clean step). The recorded steps give the attribution, and their
+    overhead is stated, not used. The clean steps' overhead is warned about above 5%.
+    """
     phase = manifest.phases["timeline"]
     if plan.whole_run:
         return
+    clean = clean or {}
     recorded, plain = times.get("recorded_median_ms"), times.get("plain_median_ms")
-    phase["step_time"] = {
+    clean_ms = times.get("clean_median_ms")
+
+    def overhead(ms: float | None) -> float | None:
+        return round(ms / plain - 1.0, 4) if ms and plain else None
+
+    step = {
+        "rank": rank,
         "clock": times.get("clock"),
+        "clean_profiler": times.get("clean_profiler"),
         "recorded_ms": times.get("recorded_ms", []),
+        "clean_ms": times.get("clean_ms", []),
         "plain_ms": times.get("plain_ms", []),
         "recorded_median_ms": recorded,
+        "clean_median_ms": clean_ms,
         "plain_median_ms": plain,
-        "overhead": round(recorded / plain - 1.0, 4) if recorded and plain else None,
+        # The clean steps against the plain ones: what the GPU busy time was measured under
+        # (None when no clean profiler ran: no GPU, the clean steps ran bare).
+        "overhead": overhead(clean_ms) if times.get("clean_profiler") else None,
+        # The recorded steps (CPU ops, module ranges) against the plain ones: stated only.
+        "attribution_overhead": overhead(recorded),
     }
-    if not (recorded and plain):
+    if clean.get("gpu_busy_share") is not None and clean_ms:
+        step["gpu_busy_ms"] = round(clean["gpu_busy_share"] * clean_ms, 4)
+        step.update({f"clean_{k}": v for k, v in clean.items()})
+    phase["step_time"] = step
+    if not plain:
+        if not plan.timing:
+            return  # --timing-steps 0: the recorded steps are timed, as asked
         warnings.append(
-            f"the profiler's overhead was not measured: the script ended before the {plan.timing} "
-            f"plain steps that follow the recorded ones (it needs {plan.stop_after} steps)"
+            f"the plain step time was not measured: the script ended before the {plan.timing} clean and "
+            f"{plan.timing} plain steps that follow the recorded ones (it needs {plan.stop_after} steps); "
+            "step and idle time in the report are those of the recorded steps, profiler included"
         )
         return
-    overhead = recorded / plain - 1.0
-    if overhead > OVERHEAD_WARN:
+    if clean_ms and step["overhead"] is not None and step["overhead"] > OVERHEAD_WARN:
         message = (
-            f"the profiler slowed the recorded steps by {overhead:.0%} ({recorded:.2f} ms against "
-            f"{plain:.2f} ms for the same steps unprofiled): step and idle time in this report are "
-            "inflated by the profiler's host time; kernel durations are not"
+            f"the clean timing steps (CUDA-only profiler) ran {step['overhead']:.0%} slower than plain steps "
+            f"({clean_ms:.2f} ms against {plain:.2f} ms): the report's step time is the plain steps', but its "
+            "GPU busy time is the kernels' in these steps, and idle time is their difference"
         )
         warnings.append(message)
         manifest.warnings.append(message)

@@ -128,6 +128,51 @@ def _resync(a: list[str], b: list[str], i: int, j: int, lookahead: int) -> tuple
     return None
 
 
+#: GPU activity that keeps the device busy, as Kineto files it.
+_GPU_BUSY = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def summarize_clean(path: Path, steps: int) -> dict[str, Any]:
+    """The clean steps' trace (CUDA activity only, ``steps`` steps): the GPU's busy share of
+    the window from its first activity's start to its last one's end, and kernels per step.
+
+    The trace has no step boundaries (they are CPU events), so the share is taken over the
+    whole window: work of the step before it that still runs at its start, or launched in its
+    last step after it closed, moves the share only at the window's edges.
+    """
+    events = _load(path).get("traceEvents") or []
+    by_device: dict[Any, list[tuple[float, float]]] = {}
+    kernels: dict[Any, int] = {}
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") not in _GPU_BUSY or "ts" not in e:
+            continue
+        start = float(e["ts"])
+        by_device.setdefault(e.get("pid"), []).append((start, start + float(e.get("dur", 0.0))))
+        if e.get("cat") == "kernel":
+            kernels[e.get("pid")] = kernels.get(e.get("pid"), 0) + 1
+    if not by_device:
+        raise ValueError("no GPU activity in the clean steps' trace")
+    device = max(by_device, key=lambda d: len(by_device[d]))
+    spans = sorted(by_device[device])
+    busy = 0.0
+    cur_start, cur_end = spans[0]
+    window_end = cur_end
+    for start, end in spans[1:]:
+        window_end = max(window_end, end)
+        if start > cur_end:
+            busy += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    busy += cur_end - cur_start
+    window = window_end - spans[0][0]
+    return {
+        "gpu_busy_share": round(busy / window, 4) if window > 0 else None,
+        "window_ms": round(window / 1000.0, 4),
+        "kernels_per_step": round(kernels.get(device, 0) / max(1, steps), 1),
+    }
+
+
 def _load(path: Path) -> dict[str, Any]:
     raw = path.read_bytes()
     if raw[:2] == b"\x1f\x8b":

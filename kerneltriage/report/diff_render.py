@@ -73,6 +73,11 @@ def render_diff(d: Diff, fmt: str, top: int | None = None) -> str:
         out += [f"- {line}" for line in _summary(d)] + [""]
         out += ["| " + " | ".join(_HEAD) + " |", "|" + "---|" * len(_HEAD)]
         out += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
+        if d.compiled:
+            out += ["", "Eager → compiled, op by op:", ""]
+            out += ["| " + " | ".join(_COMPILED_HEAD) + " |", "|" + "---|" * len(_COMPILED_HEAD)]
+            out += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in _compiled_rows(d)]
+            out += _compiled_lines(d, "- ")
         out += ["", "| kind | before | after |", "|---|---:|---:|"]
         out += [f"| {k} | {ms(v['before'])} | {ms(v['after'])} |" for k, v in d.kinds.items()]
         out += _lists(d, "- ")
@@ -80,6 +85,55 @@ def render_diff(d: Diff, fmt: str, top: int | None = None) -> str:
     if fmt == "html":
         return _page(d, matches, rows)
     return _terminal(d, rows)
+
+
+_COMPILED_HEAD = ["eager ops", "kind", "eager", "compiled", "speed-up", "compiled kernels", "matched by"]
+
+
+def _compiled_rows(d: Diff) -> list[list[str]]:
+    """Eager → torch.compile, op by op: eager time, compiled time, speed-up, the kernels."""
+    rows = []
+    for r in (d.compiled or {}).get("rows", []):
+        kernels = r["compiled_kernels"]
+        names = ", ".join(kernels[:3]) + (f" (+{len(kernels) - 3})" if len(kernels) > 3 else "")
+        rows.append(
+            [
+                r["eager"],
+                r["kind"],
+                ms(r["eager_ms_per_step"]),
+                ms(r["compiled_ms_per_step"]),
+                f"{r['speedup']:.2f}×" if r.get("speedup") else "—",
+                names,
+                r["how"],
+            ]
+        )
+    return rows
+
+
+def _compiled_lines(d: Diff, bullet: str) -> list[str]:
+    """The compiled section's totals and the predictions of the run before, checked."""
+    c = d.compiled
+    if not c:
+        return []
+    out = [
+        "",
+        f"Compiled kernels: {ms(c['compiled_ms_per_step'])} per step; "
+        f"{ms(c['unmatched_compiled_ms_per_step'])} of it matched no eager candidate "
+        f"({', '.join(c['unmatched_compiled_ids']) or 'none'})",
+    ]
+    checks = c.get("compile_predictions") or []
+    if checks:
+        out.append("Predictions of the run before, against what compiling realized:")
+        for p in checks:
+            mark = "held" if p["held"] else "did not hold"
+            where = "" if p["compiled"] else " (not compiled after: outside the compiled graphs)"
+            out.append(
+                f"{bullet}{p['name']} — {p['verdict_before']}: predicted {pct(p['predicted_saving_share'])}, "
+                f"realized {saving_text(p['realized_saving_share'])}: {mark}{where}"
+            )
+    else:
+        out.append("The run before predicted no saving to check (no actionable verdict).")
+    return out
 
 
 def _hot_spot(h: dict[str, Any]) -> str:
@@ -125,6 +179,22 @@ def _terminal(d: Diff, rows: list[list[str]], width: int = 160) -> str:
     for r in rows:
         table.add_row(*(wrap_name(cell, widths.get(i)) for i, cell in enumerate(r)))
     console.print(table)
+    if d.compiled:
+        comp = Table(title="Eager → compiled, op by op (did compile pay?)", title_justify="left")
+        crow = _compiled_rows(d)
+        cw = name_widths(console.width, _COMPILED_HEAD, crow, {0: 48, 5: 40, 6: 22})
+        for i, col in enumerate(_COMPILED_HEAD):
+            comp.add_column(
+                col,
+                justify="right" if col in ("eager", "compiled", "speed-up") else "left",
+                width=cw.get(i),
+                overflow="ellipsis",
+            )
+        for r in crow:
+            comp.add_row(*(wrap_name(cell, cw.get(i)) for i, cell in enumerate(r)))
+        console.print(comp)
+        for line in _compiled_lines(d, "  "):
+            console.print(line)
     kinds = Table(title="Time per step by kind", title_justify="left")
     for col in ("kind", "before", "after"):
         kinds.add_column(col, justify="left" if col == "kind" else "right")

@@ -19,6 +19,7 @@ from kerneltriage.report.gpu_text import NO_CEILINGS, tflops_text, unresolved_te
 from kerneltriage.report.shared import RANK_HEAD, offers_scaffold, rank_rows, scaffold_command
 from kerneltriage.report.text import (
     bytes_,
+    compiled_lines,
     condition_line,
     counters_text,
     flops,
@@ -143,6 +144,7 @@ def _body(
     return {
         "header": _header(report),
         "idle": idle_lines(report) if report.idle_bound else None,
+        "compiled": compiled_lines(report) if report.compiled else None,
         "warnings": list(report.warnings),
         "notes": list(report.notes),
         "summary": _summary(report, candidates),

@@ -6,6 +6,12 @@ intensity and achieved FLOP/s; its arrow ends at its ceiling, achieved × headro
 would reach at its ceiling time). For a single kernel that point is on the roof; for an op of
 several kernels with different intensities the ceiling is the sum of theirs and can sit below.
 
+A fused region is drawn where it runs today: at the intensity of the DRAM traffic Nsight
+Compute measured (when counters cover it), its arrow going to the fused ceiling at the fused
+intensity (only external inputs and outputs cross HBM). The axes span the hot candidates;
+a cold one far outside (a 0.0% optimizer call at 1e-5 TFLOP/s) is drawn clamped at the edge
+with a triangle pointing its way, and the key says where it really is.
+
 matplotlib is imported inside the functions (Agg canvas, no pyplot) so that importing
 ``kerneltriage.report`` stays light.
 """
@@ -53,6 +59,9 @@ KIND_COLORS = {
 }
 KIND_LABELS = {"gemm": "GEMM"}
 MAX_LABELS = 8
+# The axes span the hottest candidates that together hold this share of the placed time (and
+# every actionable one); the rest fit in, or are drawn at the edge.
+HOT_COVERAGE = 0.9
 _INK = "#222222"
 _ROOF = "#3b3b3b"
 _FONT = {
@@ -74,9 +83,13 @@ class Point:
     intensity: float
     achieved: float
     ceiling: float | None  # achieved × headroom; None without a headroom
-    roof: float | None  # the roof here: min(ceiling(precision), intensity × bandwidth); None without a GPU
+    roof: float | None  # the roof at the ceiling: min(ceiling(precision), ceiling_intensity × bandwidth)
     precision: str
     fused: bool
+    ceiling_intensity: float = 0.0  # where the arrow ends: the fused intensity for a region
+    measured: bool = False  # a fused region drawn at its ncu-measured DRAM bytes
+    at: tuple[float, float] | None = None  # where the chart draws it (clamped into the axes)
+    off_chart: str = ""  # "below", "left", "below-left", …: drawn at that edge
 
     @property
     def id(self) -> str:
@@ -96,6 +109,9 @@ class RooflineData:
 def _ceilings_kind(spec: GPUSpec | None) -> str:
     if spec is None:
         return "no ceilings (unknown GPU)"
+    raised = spec.measured.get("raised") or {}
+    if raised:
+        return "measured ceilings, " + ", ".join(raised) + " raised to this run's fastest kernel"
     if spec.is_measured:
         return "measured ceilings"
     return "ceilings: datasheet × achievable"
@@ -127,13 +143,19 @@ def roofline_data(report: Report, candidates: list[Candidate] | None = None) -> 
             continue
         r = c.roofline
         x, y = float(r.intensity), float(r.achieved_tflops)
+        fused = r.source == "fused estimate"
+        ceiling_x = x
+        # Today's position of a fused region: the same FLOPs over the DRAM bytes ncu measured.
+        measured = bool(fused and r.measured_dram_bytes and r.flops)
+        if measured:
+            x = float(r.flops) / float(r.measured_dram_bytes)
         if spec is None or bw is None:
             precision, roof = r.precision or "fp32", None
         else:
             precision = spec.unit(r.precision)
-            roof = min(spec.ceiling_tflop(precision), x * bw)
+            roof = min(spec.ceiling_tflop(precision), ceiling_x * bw)
         ceiling = y * c.headroom if c.headroom else None
-        points.append(Point(c, x, y, ceiling, roof, precision, r.source == "fused estimate"))
+        points.append(Point(c, x, y, ceiling, roof, precision, fused, ceiling_x, measured))
     roofs: dict[str, float] = {}
     if spec is not None:
         roofs = {p.precision: spec.ceiling_tflop(p.precision) for p in points}
@@ -151,9 +173,23 @@ def point_title(p: Point) -> str:
         f"{c.id}  {c.name}",
         f"→ {verdict_text(c)}",
         f"{pct(c.time_share)} of step · {ms(c.time_ms_per_step)} per step · {c.kind}",
-        f"intensity {p.intensity:.3g} FLOP/B · achieved {p.achieved:.3g} TFLOP/s"
-        + (f" · {r.achieved_gbs:.0f} GB/s" if r.achieved_gbs else ""),
     ]
+    if p.measured:
+        gbs = (
+            (r.measured_dram_bytes or 0.0) / (c.time_ms_per_step * 1e-3) / 1e9 if c.time_ms_per_step else 0.0
+        )
+        lines += [
+            f"today: intensity {p.intensity:.3g} FLOP/B · achieved {p.achieved:.3g} TFLOP/s · {gbs:.0f} GB/s "
+            "(DRAM bytes measured by ncu)",
+            f"fused: intensity {p.ceiling_intensity:.3g} FLOP/B (external inputs and outputs only)",
+        ]
+    else:
+        lines.append(
+            f"intensity {p.intensity:.3g} FLOP/B · achieved {p.achieved:.3g} TFLOP/s"
+            + (f" · {r.achieved_gbs:.0f} GB/s" if r.achieved_gbs else "")
+        )
+    if p.off_chart:
+        lines.append(f"off the chart ({p.off_chart}): drawn at the edge")
     if p.ceiling is not None:
         lines.append(
             f"ceiling {p.ceiling:.3g} TFLOP/s · headroom {times(c.headroom)} · {r.bound}-bound, {p.precision}"
@@ -219,6 +255,14 @@ def _key_lines(data: RooflineData, labelled: list[Point]) -> list[str]:
         head = f"headroom {times(c.headroom)}" if c.headroom else "no headroom"
         verdict = _short(verdict_text(c, short=True), 46)
         lines.append(f"{c.id}  {_short(c.name, 52)} — {pct(c.time_share)} of step, {head} → {verdict}")
+    off = [p for p in data.points if p.off_chart]
+    if off:
+        parts = [
+            f"{p.candidate.id} ({pct(p.candidate.time_share)} of step, {p.achieved:.2g} TFLOP/s at "
+            f"{p.intensity:.2g} FLOP/B)"
+            for p in off
+        ]
+        lines.append(_short("Off the chart, drawn at its edge: " + "; ".join(parts), 126))
     reasons: dict[str, list[str]] = {}
     for c, why in data.not_placed:
         reasons.setdefault(why, []).append(c.id)
@@ -226,6 +270,68 @@ def _key_lines(data: RooflineData, labelled: list[Point]) -> list[str]:
         parts = [f"{_short(', '.join(ids), 40)} ({why})" for why, ids in reasons.items()]
         lines.append("Not placed: " + "; ".join(parts))
     return lines
+
+
+_OFF_MARKERS = {"below": "v", "above": "^", "left": "<", "right": ">"}
+
+
+def hot_points(points: list[Point]) -> list[Point]:
+    """The points the axes span: the hottest covering ``HOT_COVERAGE`` of the placed time,
+    and every actionable one."""
+    total = sum(p.candidate.time_share for p in points)
+    hot, covered = [], 0.0
+    for p in sorted(points, key=lambda p: -p.candidate.time_share):
+        if covered < HOT_COVERAGE * total or p.candidate.verdict != "skip":
+            hot.append(p)
+        covered += p.candidate.time_share
+    return hot or points
+
+
+def _limits(data: RooflineData) -> tuple[float, float, float, float]:
+    """Axis limits (x_lo, x_hi, y_lo, y_hi) spanning the hot points, their ceilings and the
+    roofs: a cold point decades away from the rest is clamped to the edge, not given decades."""
+    hot = hot_points(data.points)
+    bw = data.bandwidth_tbs
+    peaks = list(data.roofs.values())
+    xs = [p.intensity for p in hot] + [p.ceiling_intensity or p.intensity for p in hot] or [1.0]
+    ys = [p.achieved for p in hot] or [1.0]
+    tops = [p.ceiling for p in hot if p.ceiling]
+    ridges = [peak / bw for peak in peaks] if bw else []
+    x_lo = 10 ** math.floor(math.log10(min(xs) / 1.5))
+    x_hi = 10 ** math.ceil(math.log10(max(xs + ridges) * 1.5))
+    if bw and peaks:
+        y_lo = 10 ** math.floor(math.log10(min(*ys, x_lo * bw * 2) / 1.5))
+        y_hi = max(max(peaks) * 2.5, max(ys + tops) * 2)  # room for the roof labels (and noisy points)
+    else:
+        y_lo = 10 ** math.floor(math.log10(min(ys) / 1.5))
+        y_hi = 10 ** math.ceil(math.log10(max(ys + tops) * 4))
+    return x_lo, x_hi, y_lo, y_hi
+
+
+def _clamp(points: list[Point], x_lo: float, x_hi: float, y_lo: float, y_hi: float) -> None:
+    """Where each point is drawn (``at``): its place, or the nearest spot just inside the edge
+    it lies beyond (``off_chart`` names the edges)."""
+    fx, fy = (x_hi / x_lo) ** 0.015, (y_hi / y_lo) ** 0.015
+    for p in points:
+        x, y, where = p.intensity, p.achieved, []
+        if y < y_lo:
+            y, where = y_lo * fy, [*where, "below"]
+        elif y > y_hi:
+            y, where = y_hi / fy, [*where, "above"]
+        if x < x_lo:
+            x, where = x_lo * fx, [*where, "left"]
+        elif x > x_hi:
+            x, where = x_hi / fx, [*where, "right"]
+        p.at, p.off_chart = (x, y), "-".join(where)
+
+
+def _has_arrow(p: Point) -> bool:
+    """An arrow from the point to its ceiling: one that is well above it, or a fused region's
+    today position away from its fused intensity; none for a point drawn at the edge."""
+    if p.ceiling is None or p.off_chart:
+        return False
+    across = p.measured and abs(math.log(p.ceiling_intensity / p.intensity)) > 0.05
+    return p.ceiling > p.achieved * 1.02 or across
 
 
 def roofline_figure(report: Report, *, candidates: list[Candidate] | None = None, key: bool = True) -> Figure:
@@ -239,6 +345,8 @@ def roofline_figure(report: Report, *, candidates: list[Candidate] | None = None
 
     data = roofline_data(report, candidates)
     labelled = _labelled(data.points)
+    x_lo, x_hi, y_lo, y_hi = _limits(data)
+    _clamp(data.points, x_lo, x_hi, y_lo, y_hi)
     key_lines = _key_lines(data, labelled) if key else []
     top_in, axes_in, bottom_in = 0.75, 5.4, 0.65
     key_in = 0.2 * len(key_lines) + (0.15 if key_lines else 0.0)
@@ -254,17 +362,7 @@ def roofline_figure(report: Report, *, candidates: list[Candidate] | None = None
 
         bw = data.bandwidth_tbs
         peaks = list(data.roofs.values())
-        xs = [p.intensity for p in data.points] or [1.0]
-        ys = [p.achieved for p in data.points] or [1.0]
         ridges = [peak / bw for peak in peaks] if bw else []
-        x_lo = 10 ** math.floor(math.log10(min(xs) / 1.5))
-        x_hi = 10 ** math.ceil(math.log10(max(xs + ridges) * 1.5))
-        if bw and peaks:
-            y_lo = 10 ** math.floor(math.log10(min(*ys, x_lo * bw * 2) / 1.5))
-            y_hi = max(max(peaks) * 2.5, max(ys) * 2)  # room for the roof labels (and noisy points)
-        else:
-            y_lo = 10 ** math.floor(math.log10(min(ys) / 1.5))
-            y_hi = 10 ** math.ceil(math.log10(max(ys) * 4))
         ax.set_xlim(x_lo, x_hi)
         ax.set_ylim(y_lo, y_hi)
 
@@ -284,16 +382,17 @@ def roofline_figure(report: Report, *, candidates: list[Candidate] | None = None
             )
         else:
             _draw_roofs(ax, data, bw, top_ridge, x_lo, x_hi, y_lo, peaks)
-        # Points, biggest first so that small ones stay on top; arrows up to the ceiling.
+        # Points, biggest first so that small ones stay on top; arrows up to the ceiling (for
+        # a fused region drawn at its measured bytes, across to its fused intensity too).
         for p in sorted(data.points, key=lambda p: -p.candidate.time_share):
             c = p.candidate
             color = VERDICT_COLORS.get(c.verdict, VERDICT_COLORS["skip"])
             radius = _marker_radius_pt(c.time_share)
-            if p.ceiling is not None and p.ceiling > p.achieved * 1.02:
+            if _has_arrow(p):
                 arrow = ax.annotate(
                     "",
-                    xy=(p.intensity, p.ceiling),
-                    xytext=(p.intensity, p.achieved),
+                    xy=(p.ceiling_intensity, p.ceiling),
+                    xytext=p.at,
                     arrowprops={
                         "arrowstyle": "-|>,head_length=0.5,head_width=0.22",
                         "color": color,
@@ -307,12 +406,14 @@ def roofline_figure(report: Report, *, candidates: list[Candidate] | None = None
                 )
                 arrow.arrow_patch.set_gid(f"kt-arrow-{c.id}")
                 if p.roof and abs(math.log(p.ceiling / p.roof)) > 0.15:  # ceiling well off the roof: mark it
-                    ax.plot([p.intensity], [p.ceiling], marker="_", ms=9, mew=1.6, color=color, zorder=2)
+                    ax.plot(
+                        [p.ceiling_intensity], [p.ceiling], marker="_", ms=9, mew=1.6, color=color, zorder=2
+                    )
             sc = ax.scatter(
-                [p.intensity],
-                [p.achieved],
-                s=_marker_area(c.time_share) * (0.8 if p.fused else 1.0),
-                marker="D" if p.fused else "o",
+                [p.at[0]],
+                [p.at[1]],
+                s=max(_marker_area(c.time_share) * (0.8 if p.fused else 1.0), 60.0 if p.off_chart else 0.0),
+                marker=_OFF_MARKERS[p.off_chart.split("-")[0]] if p.off_chart else ("D" if p.fused else "o"),
                 color=color,
                 alpha=0.88,
                 edgecolors="white",
@@ -346,7 +447,7 @@ def roofline_figure(report: Report, *, candidates: list[Candidate] | None = None
             color=_INK,
             va="baseline",
         )
-        fig.text(
+        sub = fig.text(
             0.075,
             1 - 0.52 / height,
             f"{data.ceilings} · {report.source.get('path', '')} · step {ms(report.step_time_ms)}"
@@ -355,6 +456,14 @@ def roofline_figure(report: Report, *, candidates: list[Candidate] | None = None
             color="#555555",
             va="baseline",
         )
+        # Never past the figure's right edge: drop the explanations, then the path.
+        for shorter in (
+            f"{data.ceilings} · {report.source.get('path', '')} · step {ms(report.step_time_ms)}",
+            f"{data.ceilings} · step {ms(report.step_time_ms)}",
+        ):
+            if sub.get_window_extent(fig.canvas.get_renderer()).x1 <= fig.bbox.width * 0.98:
+                break
+            sub.set_text(shorter)
 
         # Legend: verdicts present, then the marker shapes.
         verdicts = [v for v in VERDICT_COLORS if any(p.candidate.verdict == v for p in data.points)]
@@ -372,7 +481,7 @@ def roofline_figure(report: Report, *, candidates: list[Candidate] | None = None
                 ms=7,
                 mfc="none",
                 mec=_ROOF,
-                label="fused region (estimated ceiling)",
+                label="fused region: today → its fused ceiling",
             ),
         ]
         legend = ax.legend(
@@ -386,6 +495,19 @@ def roofline_figure(report: Report, *, candidates: list[Candidate] | None = None
         )
         legend.set_zorder(6)
 
+        if any(p.off_chart for p in data.points) and not key_lines:  # no key: say it on the chart
+            off = ", ".join(p.id for p in data.points if p.off_chart)
+            ax.text(
+                0.99,
+                0.01,
+                f"{off}: off the chart, drawn at the edge",
+                transform=ax.transAxes,
+                ha="right",
+                va="bottom",
+                fontsize=8,
+                color="#666666",
+                gid="kt-off-chart",
+            )
         _place_labels(fig, ax, data, labelled, legend, top_ridge)
 
         if key_lines:
@@ -458,28 +580,55 @@ def _place_labels(
     # label may cover part of a point or an arrow sooner than any text.
     texts: list[Bbox] = [t.get_window_extent(renderer) for t in ax.texts if t.get_text()]
     for p in data.points:
-        cx, cy = trans.transform((p.intensity, p.achieved))
+        cx, cy = trans.transform(p.at)
         r = _marker_radius_pt(p.candidate.time_share) * to_px
         obstacles.append(Bbox.from_extents(cx - r, cy - r, cx + r, cy + r))
-        if p.ceiling is not None and p.ceiling > p.achieved * 1.02:
-            _, ty = trans.transform((p.intensity, p.ceiling))
-            obstacles.append(Bbox.from_extents(cx - 3, cy + r, cx + 3, ty))
+        if _has_arrow(p):
+            tx, ty = trans.transform((p.ceiling_intensity, p.ceiling))
+            if abs(tx - cx) < 1:
+                obstacles.append(Bbox.from_extents(cx - 3, cy + r, cx + 3, ty))
+            else:  # a slanting arrow: small boxes along it
+                n = max(2, int(math.hypot(tx - cx, ty - cy) / 4))
+                obstacles += [
+                    Bbox.from_extents(x - 2, y - 2, x + 2, y + 2)
+                    for x, y in ((cx + (tx - cx) * i / n, cy + (ty - cy) * i / n) for i in range(n + 1))
+                ]
     axbox = ax.get_window_extent(renderer)
+    fixed = _extents(obstacles)
+    frame = _extents([axbox])
 
-    def overlap(a: Bbox, b: Bbox) -> float:
-        w = min(a.x1, b.x1) - max(a.x0, b.x0)
-        h = min(a.y1, b.y1) - max(a.y0, b.y0)
-        return w * h if w > 0 and h > 0 else 0.0
-
-    def cost(box: Bbox) -> float:
-        total = sum(overlap(box, other) for other in obstacles)
-        total += 100 * sum(overlap(box, other) for other in texts)
-        outside = box.width * box.height - overlap(box, axbox)
-        return total + 4 * outside
+    def cost(box: Bbox | list[Bbox]) -> float:
+        """Area covered: of points, arrows and the legend, 100 × of texts, 4 × outside the axes
+        (one box or the sum over several, such as the pieces of a leader line)."""
+        boxes = _extents(box if isinstance(box, list) else [box])
+        if not len(boxes):
+            return 0.0
+        area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+        outside = area - _overlap_area(boxes, frame).sum(axis=1)
+        total = _overlap_area(boxes, fixed).sum() + 4 * outside.sum()
+        if texts:
+            total += 100 * _overlap_area(boxes, _extents(texts)).sum()
+        return float(total)
 
     if data.bandwidth_tbs is not None and top_ridge is not None:
         texts.append(_memory_roof_label(ax, data.bandwidth_tbs, top_ridge, renderer, cost))
     _place_id_labels(ax, labelled, renderer, cost, texts, to_px)
+
+
+def _extents(boxes: list[Any]) -> Any:
+    """Boxes as an (n, 4) array of x0, y0, x1, y1."""
+    import numpy as np
+
+    return np.array([[b.x0, b.y0, b.x1, b.y1] for b in boxes], dtype=float).reshape(-1, 4)
+
+
+def _overlap_area(a: Any, b: Any) -> Any:
+    """(len(a), len(b)) areas of the overlap of every box of ``a`` with every box of ``b``."""
+    import numpy as np
+
+    w = np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0])
+    h = np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1])
+    return np.clip(w, 0, None) * np.clip(h, 0, None)
 
 
 def _memory_roof_label(ax: Any, bw: float, top_ridge: float, renderer: Any, cost: Any) -> Any:
@@ -527,7 +676,7 @@ def _place_id_labels(
     def annotate(text, p, dx, dy, ha, va, arrowprops):
         return ax.annotate(
             text,
-            (p.intensity, p.achieved),
+            p.at,
             xytext=(dx, dy),
             textcoords="offset points",
             ha=ha,
@@ -541,7 +690,7 @@ def _place_id_labels(
 
     def leader_boxes(p: Point, box: Bbox, r_px: float) -> list[Bbox]:
         """Small boxes every 3 px along the leader line, from the point's rim to the label."""
-        cx, cy = trans.transform((p.intensity, p.achieved))
+        cx, cy = trans.transform(p.at)
         tx, ty = min(max(cx, box.x0), box.x1), min(max(cy, box.y0), box.y1)
         length = math.hypot(tx - cx, ty - cy)
         if length <= r_px:
@@ -557,25 +706,35 @@ def _place_id_labels(
         c = p.candidate
         r = _marker_radius_pt(c.time_share)
         text = f"{c.id} {times(c.headroom)}" if c.headroom and c.verdict != "skip" else c.id
+        probe = annotate(text, p, 0, 0, "left", "bottom", None)  # its size, wherever it goes
+        size = probe.get_window_extent(renderer)
+        probe.remove()
+        anchor = trans.transform(p.at)
         best = None
-        for dist in (r + 2.5, r + 12, r + 24, r + 40, r + 60, r + 85):
+        # Nearest first; the far rings only when nothing nearer stays clear of every text.
+        for dist in (r + 2.5, r + 12, r + 24, r + 40, r + 60, r + 85, r + 120, r + 170, r + 240):
+            if dist > r + 85 and best is not None and best[7]:
+                break
             for deg in (0, 180, 30, -30, 150, -150, 90, -90, 60, -60, 120, -120):
                 dx = dist * math.cos(math.radians(deg))
                 dy = dist * math.sin(math.radians(deg))
                 ha = "left" if dx > 1 else ("right" if dx < -1 else "center")
                 va = "bottom" if dy > 1 else ("top" if dy < -1 else "center")
-                ann = annotate(text, p, dx, dy, ha, va, None)
-                box = ann.get_window_extent(renderer).padded(1.5)
-                ann.remove()
+                x0 = anchor[0] + dx * to_px - {"left": 0.0, "center": 0.5, "right": 1.0}[ha] * size.width
+                y0 = anchor[1] + dy * to_px - {"bottom": 0.0, "center": 0.5, "top": 1.0}[va] * size.height
+                box = Bbox.from_bounds(x0, y0, size.width, size.height).padded(1.5)
                 score = cost(box) + dist * 0.5
                 if dist > r + 10:  # a far label gets a leader line: it must not cross text either
-                    score += sum(cost(b) for b in leader_boxes(p, box, r * to_px))
-                if best is None or score < best[0]:
-                    best = (score, dx, dy, ha, va, dist, box)
-            if best is not None and best[0] <= best[5] * 0.5 + 1e-9:
+                    score += cost(leader_boxes(p, box, r * to_px))
+                clear = not any(box.overlaps(t) for t in texts)
+                if best is None or (clear, -score) > (best[7], -best[0]):
+                    best = (score, dx, dy, ha, va, dist, box, clear)
+            if best is not None and best[7] and best[0] <= best[5] * 0.5 + 1e-9:
                 break
         assert best is not None
-        _, dx, dy, ha, va, dist, box = best
+        _, dx, dy, ha, va, dist, box, clear = best
+        if not clear:  # no place clear of the other texts: the key and the hover text name it
+            continue
         ann = annotate(text, p, dx, dy, ha, va, _leader(r) if dist > r + 10 else None)
         ann.set_gid(f"kt-label-{c.id}")
         texts.append(box)

@@ -8,7 +8,8 @@
   ``kerneltriage.ranks/1`` summary), "ranks": {rank: kerneltriage.report/1}}``.
 
 Candidate ids are numbered per rank (C3 of rank 0 need not be C3 of rank 1), so the summary
-names each candidate's id on every rank and scaffold commands carry ``--rank N``.
+names each candidate's id on every rank and scaffold commands carry ``--rank N``. Ranks that
+share an id or a verdict are one entry (``0–4, 6–63: C1; 5: C2``), so 64 ranks stay readable.
 """
 
 from __future__ import annotations
@@ -103,8 +104,9 @@ def _rule(title: str, color: bool | None, width: int | None) -> str:
     return buffer.getvalue()
 
 
-def candidate_rows(summary: RankSummary, top: int, sep: str = ", ") -> list[list[str]]:
-    """The candidates across ranks, formatted; ``sep`` between the ranks' ids and verdicts."""
+def candidate_rows(summary: RankSummary, top: int, sep: str = "; ") -> list[list[str]]:
+    """The candidates across ranks, formatted; ``sep`` between groups of ranks that share an
+    id or a verdict (``0–4, 6–63: skip; 5: write``: one entry per rank would make 64 lines)."""
     return [
         [
             c.name,
@@ -112,11 +114,31 @@ def candidate_rows(summary: RankSummary, top: int, sep: str = ", ") -> list[list
             pct(c.mean_share),
             pct(c.max_share),
             f"{c.skew:.2f}",
-            sep.join(f"{r}: {i}" for r, i in sorted(c.ids.items())),
-            sep.join(f"{r}: {v}" for r, v in sorted(c.verdicts.items())),
+            by_rank(c.ids, sep),
+            by_rank(c.verdicts, sep),
         ]
         for c in summary.candidates[:top]
     ]
+
+
+def by_rank(values: dict[int, str], sep: str = "; ") -> str:
+    """``{rank: value}`` as groups of ranks with one value, in the order of their first rank."""
+    groups: dict[str, list[int]] = {}
+    for rank in sorted(values):
+        groups.setdefault(values[rank], []).append(rank)
+    ordered = sorted(groups.items(), key=lambda item: item[1][0])
+    return sep.join(f"{rank_spans(ranks)}: {value}" for value, ranks in ordered)
+
+
+def rank_spans(ranks: list[int]) -> str:
+    """Sorted ranks as runs: ``[0, 1, 2, 3, 5]`` → ``0–3, 5``."""
+    spans: list[list[int]] = []
+    for rank in ranks:
+        if spans and rank == spans[-1][1] + 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    return ", ".join(str(a) if a == b else f"{a}, {b}" if b == a + 1 else f"{a}–{b}" for a, b in spans)
 
 
 def render_ranks(

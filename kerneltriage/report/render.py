@@ -15,6 +15,7 @@ from kerneltriage.analysis.model import Candidate, Report
 from kerneltriage.report.gpu_text import gpu_lines
 from kerneltriage.report.shared import name_widths, offers_scaffold, scaffold_command, wrap_name
 from kerneltriage.report.text import (
+    compiled_lines,
     condition_line,
     counters_text,
     headroom_text,
@@ -71,12 +72,33 @@ def csv_text(frame) -> str:
     return frame.to_csv(index=False, lineterminator="\n")
 
 
+def _timing_line(t: dict) -> str:
+    """How ``profile`` timed the step: plain steps, GPU busy from clean steps, and what the
+    clean and the recorded (attribution) steps cost against the plain ones."""
+
+    def cost(key: str) -> str:
+        return "" if t.get(key) is None else f", {t[key]:+.0%} against plain"
+
+    n = t.get("steps") or {}
+    parts = [f"Timing: step time from {n.get('plain', '?')} plain steps (nothing installed)"]
+    if t.get("gpu_busy_from") == "clean steps":
+        parts.append(f"GPU busy from {n.get('clean', '?')} clean steps (GPU-only profiler{cost('overhead')})")
+    if t.get("recorded_median_ms"):
+        parts.append(
+            f"ops and modules from {n.get('recorded', '?')} recorded steps "
+            f"({ms(t['recorded_median_ms'])}{cost('attribution_overhead')})"
+        )
+    return " · ".join(parts)
+
+
 def _header_lines(report: Report) -> list[str]:
     lines = [
         *gpu_lines(report),
         f"Steps: {report.steps} ({report.step_source}) · step time {ms(report.step_time_ms)} · "
         f"GPU busy {report.gpu_busy_pct:.1f}% · idle {report.idle_pct:.1f}%",
     ]
+    if report.source.get("timing"):
+        lines.append(_timing_line(report.source["timing"]))
     if report.join:
         lines.append(f"Counters: {counters_text(report.join)}")
     else:
@@ -124,6 +146,8 @@ def terminal(
         console.print(line)
     if report.idle_bound:
         console.print(Panel("\n".join(idle_lines(report)), title="GPU idle", border_style="red"))
+    if report.compiled:
+        console.print(Text("\n".join(compiled_lines(report))))
     candidates = report.candidates[:top] if top else report.candidates
     table = Table(
         title="Candidates (actionable first, by expected saving)", title_justify="left", expand=False
@@ -213,6 +237,8 @@ def markdown(report: Report, *, top: int | None, run_ref: str, rank: int | None 
         out += ["> **" + idle_lines(report)[0] + "**", ">"]
         out += [f"> - {line.strip()}" for line in idle_lines(report)[1:]]
         out.append("")
+    if report.compiled:
+        out += ["```", *compiled_lines(report), "```", ""]
     candidates = report.candidates[:top] if top else report.candidates
     out += [
         "| # | id | candidate | kind | share | headroom | bound | shapes | verdict | saving |",

@@ -136,3 +136,56 @@ def headroom_text(c) -> str:
         "launch" if c.roofline.launch_bound else _HEADROOM_SOURCE.get(c.roofline.source, c.roofline.source)
     )
     return f"{times(c.headroom)} {source}"
+
+
+def compiled_lines(report: Report) -> list[str]:
+    """torch.compile in the trace: compiled regions, graph breaks and recompiles with where
+    they happen, and the launch-bound graphs with their fix (empty without compiled code)."""
+    comp = report.compiled
+    if not comp:
+        return []
+    parts = []
+    if comp.get("regions_per_step"):
+        frames = ", ".join(map(str, comp.get("frames") or []))
+        parts.append(f"{comp['regions_per_step']:g} compiled region(s) per step (Dynamo frames {frames})")
+    if comp.get("compiled_functions_per_step"):
+        parts.append(f"{comp['compiled_functions_per_step']:g} AOT graph(s) (CompiledFunction) per step")
+    if comp.get("fx_graph_calls_per_step") and not comp.get("regions_per_step"):
+        parts.append(f"{comp['fx_graph_calls_per_step']:g} compiled FX graph call(s) per step")
+    recompiles = comp.get("recompiles") or []
+    parts.append(
+        "recompiles: "
+        + (
+            ", ".join(
+                f"frame {r['frame']} compiled {r['compilations']}× (in {r['where']})" for r in recompiles
+            )
+            if recompiles
+            else "none seen"
+        )
+    )
+    if comp.get("regions_per_step") or comp.get("compiled_functions_per_step"):
+        parts.append(f"graph breaks: {comp.get('graph_breaks_per_step', 0):g} per step")
+    else:
+        parts.append("graph breaks: not visible (no Dynamo region or CompiledFunction in the trace)")
+    lines = ["torch.compile: " + " · ".join(parts)]
+    orphan = comp.get("inductor_launch_records_without_kernel_per_step") or 0
+    if orphan:
+        lines.append(
+            f"  {orphan:g} Inductor launch record(s) per step launch no GPU kernel in the trace (captured into "
+            "a CUDA graph, or run outside the profiled window): no GPU time is counted for them"
+        )
+    for b in comp.get("graph_breaks") or []:
+        text = f"  break in {b['where']}: {b['graphs_per_call']} graphs per call"
+        if b.get("empty_per_call"):
+            text += f", {b['empty_per_call']:g} of them launch no GPU work (a wrapper or a break's stub)"
+        if b.get("eager_ops_between"):
+            text += "; eager between them: " + ", ".join(b["eager_ops_between"][:5])
+        lines.append(text)
+    for g in comp.get("launch_bound") or []:
+        lines.append(
+            f"  {g['graph']} → compile: {g['builtin']} (launch-bound): {g['note']}; "
+            f"saving up to {pct(g.get('expected_saving_share'))} of step time"
+        )
+        if g.get("fix"):
+            lines.append("    fix  " + g["fix"].replace("\n", "\n         "))
+    return lines

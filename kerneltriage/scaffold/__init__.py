@@ -17,7 +17,7 @@ from pathlib import Path
 
 from kerneltriage.analysis.gpus import GPUSpec, resolve_gpu
 from kerneltriage.errors import InputError
-from kerneltriage.scaffold import classes
+from kerneltriage.scaffold import classes, inductor
 from kerneltriage.scaffold.common import Origin
 from kerneltriage.scaffold.identifiers import comment_text, parse_dtype, parse_shape
 from kerneltriage.scaffold.writer import FILES, check_out, render, write
@@ -106,6 +106,22 @@ def plan_candidate(
         candidate=cand,
     )
     messages: list[str] = []
+    if cand.attrs.get("inductor"):
+        # A kernel Inductor generated: the eager ops it fuses are the reference.
+        planned = inductor.plan(cand)
+        if planned is not None:
+            template, kind, dims, dtype, notes = planned
+            origin.notes.extend(notes[1:])
+            context = _build(template, origin, report.gpu, kind=kind, shapes=[dims], dtype=dtype)
+            context["inductor"] = notes[0]
+            messages.append(
+                f"{cand.id}: Inductor kernel; reference = the eager ops it fuses ({kind or 'copy'} at "
+                f"{'x'.join(map(str, dims))}, {dtype}), template {template}"
+            )
+            return template, context, messages
+        messages.append(
+            f"{cand.id}: Inductor kernel without a decoded name or recorded arguments; the template of its kind"
+        )
     template = KIND_TEMPLATES.get(cand.kind)
     context = _build(template, origin, report.gpu) if template else None
     if context is None:

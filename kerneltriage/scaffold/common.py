@@ -286,6 +286,7 @@ def base_context(origin: Origin, gpu: GPUSpec | None) -> dict[str, Any]:
         "bench_imports": [],
         "builtin_label": None,
         "dtype_configs_note": "",
+        "inductor": None,  # an Inductor kernel's provenance: the eager ops it fuses
     }
     ctx.update(report_context(origin))
     return ctx

@@ -128,6 +128,10 @@ def test_library_gemm_convolution_and_attention_are_never_written_at_a_guess(pat
 def test_write_only_where_neither_a_library_nor_compile_covers(path):
     for rep in _reports(path):
         for c in rep["candidates"]:
+            if c["verdict"] == "write" and c["attrs"].get("inductor"):
+                # torch.compile already generated it: write only after Inductor's own search.
+                assert "coordinate_descent_tuning" in c["fix"] and "max-autotune" in c["fix"], c["name"]
+                continue
             if c["verdict"] == "write":
                 assert c["kind"] not in (
                     "norm",

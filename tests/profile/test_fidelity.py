@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -18,11 +19,12 @@ import pytest
 from click.testing import CliRunner
 
 from kerneltriage import rundir
+from kerneltriage.analysis.attribution import attribute
 from kerneltriage.cli import main
 from kerneltriage.ingest.kineto import read_trace
 from kerneltriage.profile import session
 from kerneltriage.profile.hooks import Plan, Session
-from kerneltriage.profile.trace_fixup import align, copy_shapes
+from kerneltriage.profile.trace_fixup import align, copy_shapes, summarize_clean
 
 ROOT = Path(__file__).resolve().parents[2]
 GPT = ROOT / "examples" / "train_gpt.py"
@@ -47,11 +49,15 @@ def profile(*args):
 
 
 def test_the_plan_keeps_the_first_step_and_the_recorded_steps_free():
-    plan = Plan(warmup=3, steps=3, timing=6)
+    plan = Plan(warmup=3, steps=3, timing=5)
     assert plan.shapes_step == 2  # shapes in the warm-up, after the first (compiling) step
     assert (plan.first_recorded, plan.last_recorded) == (4, 6)
-    assert plan.hooks_from == 2 and plan.stop_after == 12
-    assert plan.plain_marks == (7, 12)  # step 7 pays for the export: 5 plain steps, 8..12
+    assert plan.hooks_from == 2 and plan.stop_after == 18
+    # Step 7 pays for the trace export (and is the clean profiler's warm-up), step 13 for the
+    # clean trace's export.
+    assert list(plan.clean_steps) == [8, 9, 10, 11, 12]
+    assert list(plan.plain_steps) == [14, 15, 16, 17, 18]
+    assert Plan(warmup=3, steps=3, timing=0).stop_after == 6
     # No room for a separate shapes step: the timed profiler records shapes; hooks still keep
     # off the first step when it is not recorded.
     assert Plan(warmup=1, steps=2, timing=6).shapes_step is None
@@ -95,8 +101,8 @@ def test_an_eager_model_gets_module_ranges_and_shapes_in_its_timed_steps(tmp_pat
     m = json.loads((out / rundir.MANIFEST).read_text())
     phase = m["phases"]["timeline"]
     # Steps 1-2 warm-up (2 under the shapes profiler), 3 the profiler's own warm-up, 4-5
-    # recorded, 6-11 plain; then the script is stopped.
-    assert phase["steps_seen"] == 11
+    # recorded, 6 export, 7-11 clean, 12 export, 13-17 plain; then the script is stopped.
+    assert phase["steps_seen"] == 17
     assert (out / "logs" / "shapes.rank0.json.gz").is_file()
     # The timed steps were recorded without shapes; every op got them from the shapes step.
     raw = json.loads(gzip.decompress((out / "logs" / "shapes.rank0.json.gz").read_bytes()))
@@ -113,10 +119,12 @@ def test_an_eager_model_gets_module_ranges_and_shapes_in_its_timed_steps(tmp_pat
     # 2 blocks × (block, 2 norms, attention + qkv + proj, up, down) + embedding, norm, head, model.
     assert phase["module_calls_per_step"] == 20.0
     times = phase["step_time"]
-    assert len(times["recorded_ms"]) == 2 and len(times["plain_ms"]) == 5
-    assert times["overhead"] == pytest.approx(
+    assert len(times["recorded_ms"]) == 2 and len(times["clean_ms"]) == 5 and len(times["plain_ms"]) == 5
+    assert times["attribution_overhead"] == pytest.approx(
         times["recorded_median_ms"] / times["plain_median_ms"] - 1, abs=1e-3
     )
+    # Without a GPU no clean profiler runs (the clean steps run bare): no overhead to state.
+    assert times["clean_profiler"] is None and times["overhead"] is None
     # The regions of the module signatures come from one hooked step, each signature once.
     regions = [json.loads(line) for line in (out / rundir.REGIONS).read_text().splitlines()]
     attn = next(r for r in regions if r["path"] == "blocks.0.attn")
@@ -203,24 +211,108 @@ def test_shapes_are_copied_onto_every_recorded_step():
     assert "Input Dims" not in timed[6]["args"]
 
 
-def test_the_overhead_is_reported_above_five_percent():
-    plan = Plan(warmup=3, steps=3, timing=6)
-    manifest = rundir.Manifest(phases={"timeline": {}})
-    warnings: list[str] = []
-    times = {"clock": "cuda events", "recorded_ms": [86.1, 86.0, 86.3], "plain_ms": [23.5] * 5}
-    session._step_time(
-        {**times, "recorded_median_ms": 86.1, "plain_median_ms": 23.5}, plan, manifest, warnings
-    )
-    assert manifest.phases["timeline"]["step_time"]["overhead"] == pytest.approx(86.1 / 23.5 - 1, abs=1e-4)
-    (message,) = manifest.warnings
-    assert "266%" in message and "86.10 ms against 23.50 ms" in message and message in warnings
+def test_the_step_time_is_the_plain_steps_and_the_clean_overhead_is_warned_above_five_percent():
+    plan = Plan(warmup=3, steps=3, timing=5)
+    times = {
+        "clock": "cuda events",
+        "clean_profiler": "cuda activity",
+        "recorded_ms": [55.4, 49.1, 55.5],
+        "clean_ms": [36.2] * 5,
+        "plain_ms": [35.0] * 5,
+        "recorded_median_ms": 55.4,
+        "plain_median_ms": 35.0,
+    }
+    clean = {"gpu_busy_share": 0.8, "window_ms": 181.0, "kernels_per_step": 1510.0}
     quiet = rundir.Manifest(phases={"timeline": {}})
-    session._step_time({**times, "recorded_median_ms": 24.1, "plain_median_ms": 23.5}, plan, quiet, [])
-    assert quiet.warnings == [] and quiet.phases["timeline"]["step_time"]["overhead"] == pytest.approx(
-        0.0255, abs=1e-4
+    session._step_time({**times, "clean_median_ms": 36.2}, plan, quiet, [], clean)
+    step = quiet.phases["timeline"]["step_time"]
+    # The recorded steps' cost is stated, not warned about: the report does not time them.
+    assert quiet.warnings == [] and step["attribution_overhead"] == pytest.approx(55.4 / 35.0 - 1, abs=1e-4)
+    assert step["overhead"] == pytest.approx(36.2 / 35.0 - 1, abs=1e-4)
+    assert (
+        step["gpu_busy_ms"] == pytest.approx(0.8 * 36.2, abs=1e-3)
+        and step["clean_kernels_per_step"] == 1510.0
     )
+    slow = rundir.Manifest(phases={"timeline": {}})
+    warnings: list[str] = []
+    session._step_time({**times, "clean_median_ms": 40.0}, plan, slow, warnings, clean)
+    (message,) = slow.warnings
+    assert "14%" in message and "40.00 ms against 35.00 ms" in message and message in warnings
+    assert "step time is the plain steps'" in message
     unmeasured = rundir.Manifest(phases={"timeline": {}})
     notes: list[str] = []
     session._step_time({"recorded_median_ms": 24.1, "recorded_ms": [24.1]}, plan, unmeasured, notes)
     assert unmeasured.phases["timeline"]["step_time"]["overhead"] is None
     assert any("not measured" in n for n in notes)
+    asked = rundir.Manifest(phases={"timeline": {}})
+    notes = []
+    session._step_time({"recorded_median_ms": 24.1}, Plan(3, 3, 0), asked, notes)
+    assert notes == []  # --timing-steps 0: nothing missing
+
+
+def test_the_clean_trace_gives_the_gpu_busy_share_of_its_window():
+    # The clean steps of GPT-2 124M eager on an H100: a CUDA-only profiler's trace.
+    run = ROOT / "examples" / "runs" / "gpt2-eager-h100"
+    path = run / "logs" / "clean.rank0.json.gz"
+    summary = summarize_clean(path, 5)
+    raw = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    assert not any(e.get("cat") == "cpu_op" for e in raw)  # no CPU ops were recorded
+    gpu = sorted(
+        (e["ts"], e["ts"] + e["dur"]) for e in raw if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+    )
+    busy, reach = 0.0, gpu[0][0]
+    for s, e in gpu:  # the union of the GPU's busy intervals
+        busy += max(0.0, e - max(s, reach))
+        reach = max(reach, e)
+    window = max(e for _, e in gpu) - gpu[0][0]
+    assert summary["gpu_busy_share"] == pytest.approx(busy / window, abs=2e-4)
+    assert summary["window_ms"] == pytest.approx(window / 1000, rel=1e-4)
+    step = json.loads((run / rundir.MANIFEST).read_text())["phases"]["timeline"]["step_time"]
+    assert step["clean_gpu_busy_share"] == summary["gpu_busy_share"]
+    # The clean steps ran the recorded steps' kernels (978 a step): as many per step.
+    attr = attribute(read_trace(run / rundir.TRACE))
+    k = attr.kernels[(attr.kernels["step"] >= 0) & (attr.kernels["kind"] == "kernel")]
+    assert len(attr.steps) == 3
+    assert summary["kernels_per_step"] == pytest.approx(len(k) / 3, rel=0.01)
+
+
+def test_the_report_times_the_plain_steps_and_says_how(tmp_path):
+    from kerneltriage.api import build_report
+    from kerneltriage.report.render import render
+
+    # GPT-2 124M eager on an H100 (benchmarks/gpu_fidelity.sh): the recorded steps ran at
+    # 71.5 ms under the CPU-op profiler, the plain ones at 34.7 ms, as the script alone.
+    src = ROOT / "examples" / "runs" / "gpt2-eager-h100"
+    step = json.loads((src / rundir.MANIFEST).read_text())["phases"]["timeline"]["step_time"]
+    after = build_report(src)
+    # The same run read as an older one, timed on its recorded steps.
+    run = tmp_path / "run"
+    shutil.copytree(src, run)
+    m = json.loads((run / rundir.MANIFEST).read_text())
+    del m["phases"]["timeline"]["step_time"]["clean_ms"]
+    (run / rundir.MANIFEST).write_text(json.dumps(m))
+    before = build_report(run)
+    assert "timing" not in before.source and before.step_time_ms > 1.5 * after.step_time_ms
+    plain, busy = step["plain_median_ms"], step["gpu_busy_ms"]
+    assert after.step_time_ms == pytest.approx(plain) and after.gpu_busy_ms == pytest.approx(busy)
+    assert after.idle_pct == pytest.approx(100 * (1 - busy / plain), abs=1e-6) and after.idle_pct < 5
+    # The idle causes found in the recorded steps keep their order, scaled to the idle time as run.
+    scale = (plain - busy) / (before.step_time_ms - before.gpu_busy_ms)
+    assert [g.cause for g in after.gaps] == [g.cause for g in before.gaps]
+    for a, b in zip(after.gaps, before.gaps):
+        assert a.ms_per_step == pytest.approx(b.ms_per_step * scale)
+    # Candidates' shares of the step use the plain step.
+    top = max(after.candidates, key=lambda c: c.time_ms_per_step)
+    assert top.time_share == pytest.approx(top.time_ms_per_step / plain, rel=1e-6)
+    timing = after.source["timing"]
+    assert timing["gpu_busy_from"] == "clean steps" and timing["idle_scale"] == pytest.approx(scale)
+    assert timing["steps"] == {"plain": 5, "clean": 5, "recorded": 3}
+    text = render(after, "terminal", width=300)
+    assert "Timing: step time from 5 plain steps (nothing installed)" in text
+    clean, recorded = step["overhead"], step["attribution_overhead"]
+    assert f"GPU busy from 5 clean steps (GPU-only profiler, {clean:+.0%} against plain)" in text
+    assert (
+        f"ops and modules from 3 recorded steps ({step['recorded_median_ms']:.2f} ms, {recorded:+.0%}" in text
+    )
+    # An older run keeps its own timing.
+    assert "timing" not in build_report(ROOT / "examples" / "runs" / "gpt-naive-h200").source

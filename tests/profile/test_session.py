@@ -63,9 +63,11 @@ def test_steps_are_recorded_and_the_script_stops_early(gpt_run):
     assert m["schema"] == "kerneltriage.run/1" and m["status"] == "ok"
     t = m["phases"]["timeline"]
     assert t["step_source"] == "optimizer"
-    assert t["steps_seen"] == 9  # 1 warm-up + 2 recorded + 6 plain (timing), of the script's 50
+    # 1 warm-up + 2 recorded + 1 export + 5 clean + 1 export + 5 plain, of the script's 50.
+    assert t["steps_seen"] == 15
     assert t["module_calls_per_step"] == 20.0  # hooked: the two recorded steps
-    assert len(t["step_time"]["recorded_ms"]) == 2 and len(t["step_time"]["plain_ms"]) == 5
+    times = t["step_time"]
+    assert len(times["recorded_ms"]) == 2 and len(times["clean_ms"]) == 5 and len(times["plain_ms"]) == 5
     assert m["versions"]["torch"].startswith("2.")
     assert m["schedule"] == {"warmup": 1, "steps": 2, "step_marker": None, "run_to_end": False, "ncu_rank": 0}
 
@@ -227,3 +229,34 @@ def test_ctrl_c_leaves_a_consistent_run_directory(tmp_path):
     assert "interrupted" in output and "Traceback" not in output
     m = json.loads((out / rundir.MANIFEST).read_text())
     assert m["status"] == "interrupted"
+
+
+def test_timing_steps_and_the_every_launch_budget_are_cli_flags(tmp_path, monkeypatch):
+    from kerneltriage.profile import session
+
+    seen = {}
+
+    def fake_run_profile(argv, options, reporter):
+        seen["options"] = options
+        raise SystemExit(0)
+
+    monkeypatch.setattr(session, "run_profile", fake_run_profile)
+    args = ["--timing-steps", "2", "--max-variable-launches", "40", "--", "python", "t.py"]
+    CliRunner().invoke(main, ["profile", *args])
+    assert seen["options"].timing_steps == 2 and seen["options"].max_variable_launches == 40
+    CliRunner().invoke(main, ["profile", "--", "python", "t.py"])
+    assert seen["options"].timing_steps == 5 and seen["options"].max_variable_launches == 256
+
+
+def test_timing_steps_0_stops_after_the_recorded_steps(tmp_path):
+    out = tmp_path / "run"
+    result = profile(
+        "--cpu", "--out", out, "--warmup", "1", "--steps", "2", "--timing-steps", "0", "--",
+        sys.executable, GPT, "--tiny", "--device", "cpu", "--steps", "20",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    m = json.loads((out / rundir.MANIFEST).read_text())
+    t = m["phases"]["timeline"]
+    assert t["steps_seen"] == 3 and t["step_time"]["plain_ms"] == [] and t["step_time"]["clean_ms"] == []
+    assert not any("not measured" in n for n in m["notes"])
+    assert json.loads((out / "logs" / "config.timeline.json").read_text())["timing_steps"] == 0

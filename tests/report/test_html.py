@@ -245,3 +245,14 @@ def test_cli_writes_html(tmp_path):
     assert text.startswith("<!DOCTYPE html>")
     assert '<g id="kt-point-C1">' in text
     assert f"kerneltriage scaffold {EXAMPLE} C1" in text
+
+
+def test_a_compiled_run_shows_its_graph_breaks_and_an_eager_run_no_compiled_section(page):
+    from kerneltriage.api import report as build
+
+    compiled = html(build(ROOT / "examples" / "runs" / "gpt2-compile-h100"))
+    section = compiled[compiled.index('id="compiled"') :]
+    section = section[: section.index("</div>")]
+    assert "3 compiled region(s) per step" in section and "graph breaks: 2 per step" in section
+    assert "break in GPT (GPT): 3 graphs per call" in section
+    assert 'id="compiled"' not in page  # the eager example has no compiled code

@@ -71,24 +71,44 @@ def test_roofline_data(report):
         assert peak == report.gpu.ceiling_tflops[precision]
     for p in data.points:
         c = p.candidate
-        assert (p.intensity, p.achieved) == (c.roofline.intensity, c.roofline.achieved_tflops)
-        assert p.ceiling == pytest.approx(c.roofline.achieved_tflops * c.headroom)
-        roof = min(report.gpu.ceiling_tflops[c.roofline.precision], c.roofline.intensity * bw)
+        r = c.roofline
+        # A fused region with counters sits where it runs today (its FLOPs over the DRAM bytes
+        # ncu measured); its arrow ends at the fused intensity. Anything else: at its intensity.
+        today = r.flops / r.measured_dram_bytes if p.measured else r.intensity
+        assert (p.intensity, p.achieved) == pytest.approx((today, r.achieved_tflops))
+        assert p.ceiling_intensity == r.intensity
+        assert p.measured == bool(p.fused and r.measured_dram_bytes)
+        assert p.ceiling == pytest.approx(r.achieved_tflops * c.headroom)
+        roof = min(report.gpu.ceiling_tflops[r.precision], r.intensity * bw)
         assert p.roof == pytest.approx(roof)
         assert p.ceiling <= roof * 1.001  # a ceiling is never above the roof
-        assert p.fused == (c.roofline.source == "fused estimate")
+        assert p.fused == (r.source == "fused estimate")
+        if r.source in ("ncu", "ncu+estimate"):  # a measured point is never above its roof
+            assert p.achieved <= min(report.gpu.ceiling_tflops[p.precision], p.intensity * bw) * 1.001, p.id
     c1 = next(p for p in data.points if p.id == "C1")
     peak = report.gpu.ceiling_tflops[c1.precision]
     assert c1.fused and c1.ceiling == pytest.approx(peak, rel=1e-3)  # up to its compute roof
+    # Naive attention today: ncu measured ~95 GB of DRAM traffic per step, so it sits near the
+    # memory roof at a few FLOP/B, not at the ~590 FLOP/B of one fused kernel.
+    assert c1.measured and 3 < c1.intensity < 8 and c1.ceiling_intensity > 500
+    assert c1.achieved / (c1.intensity * bw) > 0.5
 
 
 def test_roofline_figure(report, figure):
     ax = figure.axes[0]
     assert (ax.get_xscale(), ax.get_yscale()) == ("log", "log")
     data = plots.roofline_data(report)
+    at = {p.id: p for p in data.points}
     x0, x1 = ax.get_xlim()
     y0, y1 = ax.get_ylim()
-    for p in data.points:  # every point and ceiling inside the axes
+    # The axes span the hot candidates; the cold _foreach_add_ (C16, 0.0% of the step at
+    # ~1e-5 TFLOP/s) would add three empty decades: it is drawn at the bottom edge instead.
+    cold = [p for p in data.points if not (y0 < p.achieved < y1 and x0 < p.intensity < x1)]
+    assert [p.id for p in cold] == ["C16"] and cold[0] not in plots.hot_points(data.points)
+    assert y0 >= 0.01 and cold[0].achieved < 1e-4
+    for p in data.points:  # every other point and ceiling inside the axes
+        if p in cold:
+            continue
         assert x0 < p.intensity < x1
         assert y0 < p.achieved < y1
         assert p.ceiling is None or p.ceiling < y1
@@ -97,12 +117,16 @@ def test_roofline_figure(report, figure):
     for ident, artist in points.items():
         c = report.candidate(ident)
         (x, y) = artist.get_offsets()[0]
-        assert (x, y) == pytest.approx((c.roofline.intensity, c.roofline.achieved_tflops))
+        if ident == "C16":  # clamped just inside the bottom-left corner, a triangle pointing down
+            assert y0 < y < y0 * 1.3 and x0 < x < x0 * 1.3
+            assert artist.get_paths()[0].vertices.shape != points["C1"].get_paths()[0].vertices.shape
+            continue
+        assert (x, y) == pytest.approx((at[ident].intensity, c.roofline.achieved_tflops))
         color = plots.VERDICT_COLORS[c.verdict]
         rgb = tuple(int(color[i : i + 2], 16) / 255 for i in (1, 3, 5))
         assert tuple(artist.get_facecolor()[0][:3]) == pytest.approx(rgb)
     # size by time share
-    shares = sorted(placeable(report), key=lambda c: -c.time_share)
+    shares = sorted((c for c in placeable(report) if c.id != "C16"), key=lambda c: -c.time_share)
     # area ∝ share (diamonds drawn at 0.8 of the area: they look bigger than circles)
     sizes = [
         points[c.id].get_sizes()[0] / (0.8 if c.roofline.source == "fused estimate" else 1) for c in shares
@@ -111,10 +135,13 @@ def test_roofline_figure(report, figure):
     # arrows from the point up to the ceiling
     arrows = by_gid(figure, "kt-arrow-")
     assert "C1" in arrows and "C2" in arrows
+    assert "C16" not in arrows  # no arrow from a point drawn at the edge
     ann = next(a for a in ax.texts if getattr(a, "arrow_patch", None) is arrows["C1"])
     c1 = report.candidate("C1")
+    # from where naive attention runs today to its fused ceiling
     assert ann.xy == pytest.approx((c1.roofline.intensity, c1.roofline.achieved_tflops * c1.headroom))
-    assert ann.xyann == pytest.approx((c1.roofline.intensity, c1.roofline.achieved_tflops))
+    assert ann.xyann == pytest.approx((at["C1"].intensity, c1.roofline.achieved_tflops))
+    assert ann.xyann[0] < ann.xy[0] / 50
     # roof labels: the memory roof and one compute roof per precision used
     texts = [t.get_text() for t in ax.texts]
     # (the roofs are the ceilings the report used, not the datasheet peaks)
@@ -154,6 +181,30 @@ def test_labels_name_the_top_candidates_without_overlap(report, figure):
     key = [t.get_text() for t in figure.texts]
     assert any(t.startswith("C1  attention (naive, causal)") for t in key)
     assert any(t.startswith("Not placed: ") and "C15" in t for t in key)
+    assert any(t.startswith("Off the chart, drawn at its edge: C16 (") for t in key)
+
+
+def test_crowded_labels_never_overlap(report):
+    """Eight actionable candidates on one spot (the GEMM cluster): every label that is drawn
+    stays clear of every other text; one with no clear place is left to the key."""
+    crowded = copy.deepcopy(report)
+    gemms = [c for c in crowded.candidates if c.kind == "gemm"]
+    anchor = gemms[0].roofline
+    for c in crowded.candidates[:8]:
+        c.roofline = copy.deepcopy(anchor)
+        c.roofline.intensity *= 1.0 + 0.02 * crowded.candidates.index(c)
+        c.verdict, c.headroom = "compile", 2.5
+    fig = plots.roofline_figure(crowded)
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    boxes = {t.get_text(): text_box(t, renderer) for t in ax.texts if t.get_text()}
+    labels = by_gid(fig, "kt-label-")
+    assert len(labels) >= 6  # most find a place
+    for (a, box_a), (b, box_b) in itertools.combinations(boxes.items(), 2):
+        assert not box_a.overlaps(box_b), (a, b)
+    key = "\n".join(t.get_text() for t in fig.texts)
+    for c in crowded.candidates[:8]:
+        assert f"{c.id}  " in key  # labelled on the chart or not, the key names each
 
 
 def test_breakdown_figure(report):
@@ -175,6 +226,7 @@ def test_inline_svg(report):
     assert 'target="_blank"' not in svg
     assert svg.count('<g id="kt-point-') == len(placeable(report))
     assert 'width="100%"' in svg and "viewBox=" in svg
+    assert '<g id="kt-off-chart">' in svg  # no key under the inline chart: the chart says it
 
 
 def test_save_png(report, tmp_path):

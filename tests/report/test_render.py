@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kerneltriage.analysis.gpus import GPUSpec
+from kerneltriage.analysis.gpus import GPUSpec, resolve_gpu
 from kerneltriage.api import build_report
 from kerneltriage.report import render
 from kerneltriage.report.render import FORMATS
@@ -129,15 +129,21 @@ def test_one_gpu_spec_from_resolution_to_rendering():
     gpu = data["gpu"]
     assert gpu["peak_bandwidth_gbs"] == rep.gpu.peak_bandwidth_gbs == 4800  # the datasheet's
     assert gpu["ceiling_bandwidth_gbs"] == pytest.approx(rep.gpu.ceiling_bandwidth_gbs)
-    assert gpu["ceiling_bandwidth_gbs"] == pytest.approx(4800 * gpu["achievable"]["bandwidth"])
+    # datasheet × achievable, raised to what this run's own kernels reached (roofline.py)
+    raised = rep.gpu.measured["raised"]["bandwidth"]
+    assert raised["from"] == pytest.approx(4800 * gpu["achievable"]["bandwidth"])
+    assert gpu["ceiling_bandwidth_gbs"] == raised["to"] > raised["from"]
     assert set(gpu["achievable"]) == {"bandwidth", "tensor", "vector", "source"}
     assert gpu["resolved_by"] == "name" and gpu["launch_floor_us"] == rep.gpu.launch_floor_us
     assert data["thresholds"] == rep.thresholds.to_json()
 
 
 def test_header_says_which_ceilings_it_used(example_report):
-    gpu = report().gpu  # the test capture, by its name, no calibration: datasheet × achievable
-    line = render(report(), "terminal", color=False, width=400).splitlines()[1]
+    import dataclasses
+
+    gpu = resolve_gpu("NVIDIA H200")  # the test capture's, by its name: datasheet × achievable
+    datasheet = dataclasses.replace(report(), gpu=gpu)
+    line = render(datasheet, "terminal", color=False, width=400).splitlines()[1]
     a = gpu.achievable
     assert line == (
         f"GPU: NVIDIA H200 SXM 141GB — ceilings {gpu.ceiling_bandwidth_gbs:.0f} GB/s, "
@@ -145,11 +151,16 @@ def test_header_says_which_ceilings_it_used(example_report):
         f"({a.bandwidth:g} / {a.tensor:g} / {a.vector:g} of datasheet, {a.label})"
     )
     assert "4176 GB/s, 683 bf16, 56.9 fp32" in line and "measured by kerneltriage on an H200" in line
+    # The report itself: its GEMMs ran above those roofs, so it raised them and says so.
+    line = render(report(), "terminal", color=False, width=400).splitlines()[1]
+    assert "ceilings 4389 GB/s, 866 bf16, 56.9 fp32 TFLOP/s (datasheet (NVIDIA H200" in line
+    assert "raised by this run's own kernels: bandwidth 4176 → 4389 GB/s, bf16 682.7 → 865.9 TFLOP/s" in line
     calibrated = example_report  # its manifest's calibration: measured ceilings
     text = render(calibrated, "markdown")
     assert (
-        "- GPU: NVIDIA H200 SXM 141GB — ceilings 4221 GB/s, 679 bf16, 65.7 fp32 TFLOP/s (measured by " in text
+        "- GPU: NVIDIA H200 SXM 141GB — ceilings 4393 GB/s, 862 bf16, 65.7 fp32 TFLOP/s (measured by " in text
     )
+    assert "raised by this run's own kernels: bandwidth 4221 → 4393 GB/s, bf16 678.8 → 862 TFLOP/s" in text
     assert "kerneltriage calibrate 2026-11-21: bandwidth, bf16, fp16_tensor, tf32, fp32;" in text
 
 

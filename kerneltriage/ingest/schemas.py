@@ -1,0 +1,270 @@
+"""Schemas of what kerneltriage reads: the run's ``manifest.json``, ``regions.jsonl``, a Kineto
+trace's metadata and its ops' recorded arguments (pydantic models).
+
+What fails a schema is handled by how much it matters:
+
+- ``manifest.json`` says how the run was made; a field of the wrong type is refused with one
+  line naming the field and the type expected (``RunDirError``, exit code 2).
+- A line of ``regions.jsonl``, a Kineto metadata key (``deviceProperties``,
+  ``distributedInfo``) or an op's argument list of the wrong shape is left out with a warning
+  that says what was skipped; the report is made without it.
+
+Per-event checks of a trace's millions of events are not here: ``kineto.py`` tests the few
+fields it reads with ``type()`` in its own loop (a model per event would triple the parse).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    ValidationError,
+)
+
+from kerneltriage.errors import RunDirError
+
+# --- what a validation error says -----------------------------------------------------------
+
+_EXPECTED = {
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "int_from_float": "an integer",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "finite_number": "a finite number",
+    "string_type": "a string",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "dict_type": "a mapping (JSON object)",
+    "model_type": "a mapping (JSON object)",
+    "model_attributes_type": "a mapping (JSON object)",
+    "list_type": "a list",
+    "tuple_type": "a list",
+    "missing": "present",
+}
+
+
+def describe(error: ValidationError, what: str = "") -> str:
+    """One line for a pydantic error: the first failing field, the type expected, the value."""
+    first = error.errors(include_url=False)[0]
+    loc = ".".join(str(p) for p in first["loc"] if not str(p).startswith(("function-", "union[")))
+    field = ".".join(p for p in (what, loc) if p)
+    expected = _EXPECTED.get(first["type"])
+    if first["type"] == "missing":
+        return f"{field} is missing"
+    got = repr(first.get("input"))
+    got = got if len(got) <= 40 else got[:37] + "..."
+    text = f"expected {expected}" if expected else first["msg"][0].lower() + first["msg"][1:]
+    return f"{field}: {text}, got {got}"
+
+
+# --- manifest.json --------------------------------------------------------------------------
+
+_Open = ConfigDict(extra="allow")  # a newer kerneltriage may add keys; they are kept, unread
+
+
+class Schedule(BaseModel):
+    model_config = _Open
+    warmup: StrictInt | None = None
+    steps: StrictInt | None = None
+    step_marker: StrictStr | None = None
+    run_to_end: bool | None = None
+    ncu_rank: StrictInt | None = Field(default=None, ge=0)
+
+
+class NcuPhase(BaseModel):
+    model_config = _Open
+    kernels: list[StrictStr] | None = None
+
+
+class Phases(BaseModel):
+    """Phase name -> what it recorded (a mapping each)."""
+
+    model_config = _Open
+    __pydantic_extra__: dict[str, dict[StrictStr, Any]] = Field(init=False)
+    ncu: NcuPhase = NcuPhase()
+
+
+class Calibration(BaseModel):
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    gpu: StrictStr | None = None
+    peak_tflops: dict[StrictStr, float] | None = None
+    hbm_gbs: float | None = None
+
+
+class ManifestSchema(BaseModel):
+    """``manifest.json`` (schema ``kerneltriage.run/1``): the fields the report reads, typed."""
+
+    model_config = _Open
+    schema_: StrictStr = Field(alias="schema")
+    kerneltriage_version: StrictStr = ""
+    created: StrictStr = ""
+    command: list[StrictStr] = []
+    cwd: StrictStr = ""
+    env: dict[StrictStr, StrictStr] = {}
+    gpu: dict[StrictStr, Any] = {}
+    versions: dict[StrictStr, Any] = {}
+    schedule: Schedule = Schedule()
+    phases: Phases = Phases()
+    calibration: Calibration = Calibration()
+    status: StrictStr = "ok"
+    exit_code: StrictInt | None = None
+    ranks: list[StrictInt] = []
+    notes: list[StrictStr] = []
+    warnings: list[StrictStr] = []
+
+
+def validate_manifest(data: Any, where: str) -> None:
+    """Raise ``RunDirError`` (one line: the field and the type expected) unless ``data`` follows
+    the manifest's schema."""
+    try:
+        ManifestSchema.model_validate(data)
+    except ValidationError as exc:
+        raise RunDirError(describe(exc, "manifest.json"), path=where) from None
+
+
+# --- regions.jsonl --------------------------------------------------------------------------
+
+
+class RegionLine(BaseModel):
+    """One line of ``regions.jsonl``: a module signature recorded by ``profile``."""
+
+    model_config = _Open
+    path: StrictStr
+    class_: StrictStr | None = Field(default=None, alias="class")
+    inputs: list[dict[StrictStr, Any]] | None = None
+    outputs: list[dict[StrictStr, Any]] | None = None
+    param_bytes: StrictInt | None = Field(default=None, ge=0)
+    calls: StrictInt | None = Field(default=None, ge=0)
+
+
+def read_regions(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
+    """The lines of ``regions.jsonl`` that follow ``RegionLine``; the rest are skipped with one
+    warning that counts them (the file is optional: it never stops a report)."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else (exc.strerror or str(exc))
+        warnings.append(f"{path}: {reason}; module signatures skipped")
+        return []
+    out: list[dict[str, Any]] = []
+    bad: list[str] = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+            RegionLine.model_validate(value)
+        except json.JSONDecodeError:
+            bad.append(f"line {i} is not JSON")
+        except ValidationError as exc:
+            bad.append(f"line {i}: {describe(exc)}")
+        else:
+            out.append(value)
+    if bad:
+        warnings.append(f"{path}: skipped {len(bad)} malformed line(s) ({bad[0]})")
+    return out
+
+
+# --- Kineto metadata and op arguments -----------------------------------------------------
+
+
+class DistributedInfo(BaseModel):
+    model_config = _Open
+    rank: int | None = Field(default=None, ge=0)  # "1" reads as 1; "x", 1.5 or -1 do not
+
+
+_DEVICE_PROPERTIES = TypeAdapter(list[Any])
+_DISTRIBUTED = TypeAdapter(DistributedInfo)
+
+
+def validate_trace_meta(meta: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The trace's top-level keys with those of the wrong type left out, and a warning for each:
+    ``deviceProperties`` a list (entries that are not mappings are dropped), ``distributedInfo``
+    a mapping whose ``rank`` is an integer."""
+    meta = dict(meta)
+    warnings: list[str] = []
+    props = meta.get("deviceProperties")
+    if props is not None:
+        try:
+            props = _DEVICE_PROPERTIES.validate_python(props, strict=True)
+        except ValidationError:
+            warnings.append(f"deviceProperties is not a list ({type(props).__name__}); ignored")
+            props = []
+        kept = [p for p in props if isinstance(p, dict)]
+        if len(kept) < len(props):
+            warnings.append(f"skipped {len(props) - len(kept)} deviceProperties entries that are not objects")
+        meta["deviceProperties"] = kept
+    info = meta.get("distributedInfo")
+    if info is not None:
+        try:
+            meta["distributedInfo"] = _DISTRIBUTED.validate_python(info).model_dump(exclude_unset=True)
+        except ValidationError as exc:
+            warnings.append(f"{describe(exc, 'distributedInfo')}; ignored")
+            meta["distributedInfo"] = {}
+    return meta, warnings
+
+
+def _checker(shape: Any) -> Callable[[Any], bool]:
+    adapter = TypeAdapter(shape)
+
+    def valid(value: Any) -> bool:
+        try:
+            adapter.validate_python(value, strict=True)
+        except ValidationError:
+            return False
+        return True
+
+    return valid
+
+
+_DIMS = list[list[StrictInt] | list[list[StrictInt]] | None]  # a tensor's sizes, or a list's
+#: Kineto's recorded op arguments (by ``CPU_COLUMNS`` name) -> a check of one value's shape.
+#: "" is a value checked already (by the worker that interned it).
+OP_ARGUMENTS: dict[str, Callable[[Any], bool]] = {
+    "dims": _checker(_DIMS),
+    "strides": _checker(_DIMS),
+    "types": _checker(list[StrictStr | None]),
+    "concrete": _checker(list[StrictStr | None]),
+    "": lambda _value: True,
+}
+
+
+# --- Nsight Compute rows --------------------------------------------------------------------
+
+
+def _cell_number(value: Any) -> Any:
+    """A CSV cell as ncu prints numbers ("1,024", "n/a", ""): its number, None when empty."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip().replace(",", "")
+    if text in ("", "n/a", "N/A"):
+        return None
+    try:
+        number = float(text)
+    except ValueError:
+        return value  # the model names it
+    return int(number) if number.is_integer() else number
+
+
+_CellInt = Annotated[StrictInt, BeforeValidator(_cell_number)]
+
+
+class NcuRow(BaseModel):
+    """The identity cells of one profiled launch in ncu's raw CSV: without a launch id, a
+    device, or a kernel name, a row cannot be joined to the trace."""
+
+    id: _CellInt = Field(ge=0)
+    device: _CellInt = Field(ge=0)
+    stream: _CellInt | None = None
+    kernel_name: StrictStr = Field(min_length=1)

@@ -1,0 +1,158 @@
+"""Files the commands write (``-o``, ``--plot``, ``--export``, ``scaffold --out``): checked before
+any work, written whole or not at all.
+
+- ``check_outputs``: every output path is checked before the analysis starts (its folder
+  exists and is a folder, it is not a directory itself, no two outputs are the same file),
+  and none is a file the same command reads: ``-o trace.json.gz`` or ``-o manifest.json``
+  would replace an input with the report.
+- ``write_atomic`` / ``atomic_path``: a file is written beside its target under a temporary
+  name, then renamed over it (``os.replace``), so an interrupted or failing write (Ctrl-C, a
+  full disk) leaves the previous file, or none, never half a report. Special files
+  (``/dev/stdout``, a pipe) are written in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from kerneltriage import rundir
+from kerneltriage.errors import OutputError
+
+# Files of a folder of traces that a command reads (a run directory: its own names, ``rundir``).
+_INPUT_SUFFIXES = (".json", ".json.gz")
+
+
+def _resolved(path: str | os.PathLike[str]) -> Path:
+    return Path(os.path.abspath(os.path.expanduser(path)))
+
+
+def check_outputs(
+    files: dict[str, str | os.PathLike[str] | None],
+    inputs: Iterable[str | os.PathLike[str] | None],
+    folders: dict[str, str | os.PathLike[str] | None] | None = None,
+) -> None:
+    """Raise ``OutputError`` unless every output can be written and none is an input.
+
+    ``files``: flag -> a file to write (None: not asked for); ``folders``: flag -> a folder
+    to write files into (created with its parents); ``inputs``: the paths the command reads
+    (files, run directories, folders of traces)."""
+    sources = [_resolved(p) for p in inputs if p is not None and "://" not in str(p)]
+    seen: dict[Path, str] = {}
+    for flag, given in files.items():
+        if given is None:
+            continue
+        path = _resolved(given)
+        where = str(given)
+        if path in seen:
+            raise OutputError(f"{flag} and {seen[path]} name the same file twice", path=where)
+        seen[path] = flag
+        if not _is_special(path):
+            if path.is_dir():
+                raise OutputError(f"{flag} is a directory; give a file name", path=where)
+            parent = path.parent
+            if not parent.exists():
+                raise OutputError(f"cannot write {flag}: no such directory {parent}", path=where)
+            if not parent.is_dir():
+                raise OutputError(
+                    f"cannot write {flag}: {_first_file(parent)} is not a directory", path=where
+                )
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise OutputError(f"cannot write {flag}: the directory {parent} is not writable", path=where)
+        _refuse_inputs(flag, path, where, sources)
+    for flag, given in (folders or {}).items():
+        if given is None:
+            continue
+        path = _resolved(given)
+        where = str(given)
+        if path.exists() and not path.is_dir():
+            raise OutputError(f"{flag} names a folder, and this is not a directory", path=where)
+        existing = next((p for p in (path, *path.parents) if p.exists()), None)
+        if existing is not None and not existing.is_dir():
+            raise OutputError(f"cannot write {flag}: {existing} is not a directory", path=where)
+        if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+            raise OutputError(f"cannot write {flag}: the directory {existing} is not writable", path=where)
+        if path in sources:
+            raise OutputError(f"{flag} is an input of this command; write elsewhere", path=where)
+
+
+def _first_file(path: Path) -> Path:
+    """The first component of ``path`` that exists and is not a directory."""
+    for p in reversed((path, *path.parents)):
+        if p.exists() and not p.is_dir():
+            return p
+    return path
+
+
+def _read_from(folder: Path, path: Path) -> bool:
+    """Would reading ``folder`` (a run directory, or a folder of traces) read ``path``?"""
+    if path.parent != folder:
+        return False
+    if rundir.is_run_dir(folder):
+        run_files = (
+            rundir.MANIFEST,
+            rundir.TRACE,
+            rundir.TRACE_NSYS,
+            rundir.NCU_CSV,
+            rundir.NCU_LAUNCHES_CSV,
+        )
+        return path.name in (*run_files, rundir.NCU_REP, rundir.REGIONS) or path.match(rundir.TRACE_RANK_GLOB)
+    return path.name.endswith(_INPUT_SUFFIXES)
+
+
+def _refuse_inputs(flag: str, path: Path, where: str, sources: list[Path]) -> None:
+    for source in sources:
+        clash = path == source or (source.is_dir() and _read_from(source, path))
+        if clash:
+            raise OutputError(
+                f"{flag} would overwrite an input of this command"
+                + ("" if path == source else f" (a file of {source})")
+                + "; write the output elsewhere",
+                path=where,
+            )
+
+
+def _is_special(path: Path) -> bool:
+    """A device, pipe or socket (``/dev/stdout``, ``/dev/full``): written in place."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary path beside ``path`` (same suffix) to write; renamed over ``path`` when the
+    block succeeds, removed when it fails or is interrupted. A write error is an
+    ``OutputError`` naming ``path``."""
+    target = Path(path)
+    if _is_special(target):
+        try:
+            yield target
+        except OSError as exc:
+            raise OutputError(f"cannot write ({exc.strerror or exc})", path=str(target)) from None
+        return
+    tmp = target.with_name(f".{target.stem}.{os.getpid()}.tmp{target.suffix}")
+    try:
+        yield tmp
+        if target.exists():
+            with contextlib.suppress(OSError):
+                os.chmod(tmp, stat.S_IMODE(target.stat().st_mode))
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise OutputError(f"cannot write ({exc.strerror or exc})", path=str(target)) from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
+    """Write ``data`` to ``path`` whole or not at all (``atomic_path``)."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        f.flush()
+        os.fsync(f.fileno())

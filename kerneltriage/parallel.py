@@ -1,0 +1,320 @@
+"""Many ranks: each rank's trace read and reduced to its report in parallel (map/reduce).
+
+A folder of per-rank traces or a run directory with several ranks is planned in this process
+(which file is which rank, the counters, the manifest's warnings: ``load_profile(…,
+read_traces=False)``), then each rank is a task: read its trace, make its report, return the
+report. Only the reports come back (a few hundred kB each, whatever the trace's size), and a
+worker holds one rank's tables at a time, so memory is bounded by the workers, not the ranks.
+
+- ``workers=1``: in this process, one rank after another;
+- ``workers=N`` (default: one per core, at most one per rank): N worker processes;
+- ``scheduler``: a Dask distributed scheduler (``tcp://host:8786``, or ``local`` for a
+  LocalCluster on this machine); each worker reads its rank's trace where it lies: a path on a
+  filesystem the workers share, or a URL (``s3://``, ``gs://``, …) through fsspec.
+
+Input named by a URL is a folder of per-rank traces. dask, distributed and fsspec are optional
+(``pip install 'kerneltriage[dask]'``); they are imported only when asked for.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from kerneltriage.analysis.gpus import GPUSpec
+from kerneltriage.analysis.model import Report
+from kerneltriage.analysis.rules import Rules
+from kerneltriage.api import report_for
+from kerneltriage.errors import InputError, ToolError
+from kerneltriage.ingest import source
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_EXTRA = "pip install 'kerneltriage[dask]'"
+
+
+def is_url(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` names a protocol (``s3://…``, ``file://…``): read through fsspec."""
+    return bool(_URL.match(str(path)))
+
+
+def default_workers(n_ranks: int) -> int:
+    """One worker per core this process may run on, at most one per rank."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, n_ranks))
+
+
+@dataclass
+class RankTask:
+    """One rank's work, sent to a worker: everything it needs but the trace's contents."""
+
+    rank: int
+    trace: str  # a path, or a URL
+    shell: source.Profile  # the plan, without timelines; counters only for the counters rank
+    rules: Rules
+    gpu: str | GPUSpec | None
+    step_marker: str | None
+    reader_workers: int | None  # processes the trace reader may start (0: none)
+
+
+def analyse_rank(task: RankTask) -> Report:
+    """Worker: read one rank's trace, return its report (the tables are dropped here)."""
+    from kerneltriage.ingest.kineto import read_trace
+
+    with _local_file(task.trace) as local:
+        if source._is_nsys(Path(local)):  # pragma: no cover - folders hold Kineto traces
+            timeline = source.read_timeline(Path(local))
+        else:
+            timeline = read_trace(local, workers=task.reader_workers)
+    timeline.rank = task.rank
+    timeline.source = task.trace
+    profile = replace(task.shell, timelines={task.rank: timeline})
+    return report_for(profile, task.rank, rules=task.rules, gpu=task.gpu, step_marker=task.step_marker)
+
+
+def report_ranks(
+    path: str | os.PathLike[str],
+    *,
+    rules: Rules | None = None,
+    ncu: str | os.PathLike[str] | None = None,
+    ranks: list[int] | None = None,
+    gpu: str | GPUSpec | None = None,
+    step_marker: str | None = None,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[int, Report]:
+    """Every rank's report (or those of ``ranks``), each rank read and reduced by a worker:
+    ``{rank: Report}`` in rank order, the same reports as ``api.reports`` makes in one process.
+    A single trace or an Nsight Systems export (one file for every rank) is read here.
+    ``rules``: ready rules (``api.load_rules``), else the shipped ones."""
+    say = progress or (lambda _m: None)
+    if rules is None:
+        from kerneltriage.analysis.rules import load_rules
+
+        rules = load_rules(None)
+    if workers is not None and workers < 1:
+        raise InputError(f"--workers must be at least 1, not {workers}")
+    shell = _plan_url(str(path), ncu, ranks, say) if is_url(path) else None
+    if shell is None:
+        shell = source.load_profile(path, ncu=ncu, ranks=ranks, progress=say, read_traces=False)
+    if shell.timelines:  # read already: a bare trace, or an export holding every rank
+        return {
+            r: report_for(shell, r, rules=rules, gpu=gpu, step_marker=step_marker, progress=say)
+            for r in sorted(shell.timelines)
+        }
+    files = {r: str(f) for r, f in sorted(shell.trace_files.items())}
+    counted = shell.counters_rank  # as one process would pick it
+    n = len(files)
+    if scheduler is None:
+        workers = min(workers or default_workers(n), n)
+    reader = _reader_workers(workers if scheduler is None else None)
+    tasks = [
+        RankTask(
+            rank=r,
+            trace=f,
+            shell=replace(shell, counters=shell.counters if r == counted else None),
+            rules=rules,
+            gpu=gpu,
+            step_marker=step_marker,
+            reader_workers=reader,
+        )
+        for r, f in files.items()
+    ]
+    out: dict[int, Report] = {}
+
+    def reduce(report: Report) -> None:
+        rank = int(report.rank)  # the task's rank: analyse_rank sets it on the timeline
+        out[rank] = _as_planned(report, shell, str(path), files)
+        say(f"{len(out)}/{n} ranks analysed (rank {rank}: {source._name(files[rank])})")
+
+    if scheduler is not None:
+        _run_dask(tasks, scheduler, workers, reduce, say)
+    elif workers == 1:
+        for task in tasks:
+            done = f"{len(out)}/{n} ranks analysed; " if n > 1 else ""
+            say(f"{done}reading {source._name(task.trace)}")
+            reduce(analyse_rank(task))
+    else:
+        say(f"analysing {n} ranks in {workers} processes")
+        _run_processes(tasks, workers, reduce)
+    return {r: out[r] for r in sorted(out)}
+
+
+def _reader_workers(workers: int | None) -> int | None:
+    """Processes each rank's trace reader may start: its own default in this process; the cores
+    left over when there are fewer ranks than cores; none on Dask (its workers are threads of
+    a long-lived process, and the cluster already spreads the ranks)."""
+    if workers is None:
+        return 0
+    if workers == 1:
+        return None
+    spare = default_workers(1 << 16) // workers
+    return spare if spare >= 2 else 0
+
+
+def _as_planned(report: Report, shell: source.Profile, path: str, files: dict[int, str]) -> Report:
+    """A worker's report names only its own trace; give it the whole input, as one process would."""
+    report.source["traces"] = {str(r): f for r, f in files.items()}
+    report.source["counters"] = shell.counters.source if shell.counters else None
+    if shell.run_dir is not None:
+        report.source["path"] = str(shell.run_dir)
+    elif is_url(path):
+        report.source["path"] = path
+    return report
+
+
+# --- where the work runs ---------------------------------------------------------------------
+
+
+def _run_processes(tasks: list[RankTask], workers: int, reduce: Callable[[Report], None]) -> None:
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    # fork: the workers start at once with what is imported here, and never re-run a __main__.
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init)
+    try:
+        # At most two tasks queued per worker: a failing rank stops the rest early.
+        todo = list(reversed(tasks))
+        running: set[Any] = set()
+        while todo or running:
+            while todo and len(running) < 2 * workers:
+                running.add(pool.submit(analyse_rank, todo.pop()))
+            done, running = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                reduce(future.result())
+    except BaseException:
+        for process in list(getattr(pool, "_processes", {}).values()):
+            process.terminate()  # a Ctrl-C or a failing rank: stop the other ranks' work now
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+
+
+def _worker_init() -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+
+
+def _run_dask(
+    tasks: list[RankTask],
+    scheduler: str,
+    workers: int | None,
+    reduce: Callable[[Report], None],
+    say: Callable[[str], None],
+) -> None:
+    try:
+        from distributed import Client, LocalCluster, as_completed
+    except ImportError:
+        raise ToolError(
+            f"--scheduler needs the optional packages dask and distributed, which are not installed ({_EXTRA})"
+        ) from None
+    cluster = None
+    if scheduler == "local":
+        n = workers or default_workers(len(tasks))
+        say(f"starting a Dask LocalCluster of {n} workers")
+        cluster = LocalCluster(
+            n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=40
+        )
+        address: Any = cluster
+    else:
+        address = scheduler
+    try:
+        client = Client(address, timeout="20s")
+    except (OSError, TimeoutError, ValueError) as exc:
+        if cluster is not None:
+            cluster.close()
+        raise ToolError(f"cannot reach the Dask scheduler at {scheduler} ({exc})") from None
+    try:
+        say(f"analysing {len(tasks)} ranks on Dask ({scheduler})")
+        run = uuid.uuid4().hex[:8]
+        futures = client.map(analyse_rank, tasks, key=[f"kerneltriage-rank{t.rank}-{run}" for t in tasks])
+        for future in as_completed(futures):
+            reduce(future.result())
+            future.release()
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+# --- traces where they lie ------------------------------------------------------------------
+
+
+def _fsspec():
+    try:
+        import fsspec
+    except ImportError:
+        raise ToolError(
+            f"reading a URL needs the optional package fsspec, which is not installed ({_EXTRA})"
+        ) from None
+    return fsspec
+
+
+@contextmanager
+def _local_file(trace: str) -> Iterator[str]:
+    """A local path for ``trace``: itself, or a URL's object copied to a temporary file (the
+    reader seeks and re-opens by path), removed afterwards."""
+    if not is_url(trace):
+        yield trace
+        return
+    fs, inner = _fsspec().core.url_to_fs(trace)
+    if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+        yield inner
+        return
+    handle, tmp = tempfile.mkstemp(
+        prefix="kerneltriage-", suffix=".json.gz" if trace.endswith(".gz") else ".json"
+    )
+    try:
+        with os.fdopen(handle, "wb") as out, fs.open(inner, "rb") as src:
+            shutil.copyfileobj(src, out, 8 << 20)
+        yield tmp
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _plan_url(url: str, ncu: Any, ranks: list[int] | None, say: Callable[[str], None]) -> source.Profile:
+    """A folder of per-rank traces named by a URL: which object is which rank."""
+    fsspec = _fsspec()
+    fs, root = fsspec.core.url_to_fs(url)
+    if not fs.isdir(root):
+        raise InputError("a URL must name a folder of per-rank traces", path=url)
+    say(f"listing {url}")
+    entries = fs.ls(root, detail=True)
+    names = {source._name(e["name"]) for e in entries}
+    if source.rundir.MANIFEST in names:
+        raise InputError(
+            "a run directory is read from a filesystem path (a copy or a mount); "
+            "URLs name folders of per-rank traces",
+            path=url,
+        )
+    base = url.rstrip("/")
+    files = sorted(
+        f"{base}/{source._name(e['name'])}"
+        for e in entries
+        if e.get("type") == "file" and source._is_trace_name(source._name(e["name"]))
+    )
+    traces, warnings = source.assign_ranks(files, lambda f: source._peek_rank(f, fsspec.open), url)
+    wanted = sorted(traces) if ranks is None else list(ranks)
+    source._check_ranks(wanted, list(traces), url, "the folder")  # type: ignore[arg-type]
+    counters = None
+    if ncu:
+        from kerneltriage.ingest.ncu_csv import read_counters
+
+        counters = read_counters(ncu)
+    shell = source.Profile({}, counters, None, None, warnings=warnings)
+    shell.trace_files = {r: traces[r] for r in wanted}
+    return shell

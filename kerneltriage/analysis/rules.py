@@ -41,6 +41,7 @@ class Thresholds:
     join_warn: float
     join_max_duration_ratio: float
     max_estimated_headroom: float
+    min_estimated_headroom: float
 
     def to_json(self) -> dict[str, float]:
         return asdict(self)

@@ -10,7 +10,8 @@ Expected saving = share × (1 − 1/headroom) (Amdahl). Beyond the three conditi
 - a launch-bound candidate (its launches × the per-launch floor exceed what its bytes and
   FLOPs need) is told to launch less (`compile`), never to write a faster kernel;
 - a headroom estimated from shapes above ``max_estimated_headroom`` on a candidate that
-  matters is a failed estimate, reported as such, with no verdict built on it;
+  matters, or below ``min_estimated_headroom`` on any, is a failed estimate, reported as such,
+  with no verdict built on it;
 - a kernel Inductor generated is never told to `compile` (it is compiled): at its roof
   `skip (compiled-at-roof)`, launch-bound `compile` with mode="reduce-overhead", hot and below
   its roof `write` with a fix that tries Inductor's own search first (the rules'
@@ -129,6 +130,16 @@ def _failed_estimate(c: Candidate, rules: Rules) -> bool:
     )
 
 
+def _implausible_estimate(c: Candidate, rules: Rules) -> bool:
+    """A shape estimate that puts the op above its own roof: the op's tensors are not what its
+    kernels moved (a fill, a gather, a custom op whose work runs in kernels it did not launch)."""
+    return (
+        c.headroom is not None
+        and c.roofline.source in ("estimate", "fused estimate")
+        and c.headroom < rules.thresholds.min_estimated_headroom
+    )
+
+
 def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
     rec = rules.recommendation(c.kind, c.variant)
     c.note = str(rec.get("note", ""))
@@ -141,6 +152,15 @@ def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
         return
     if c.attrs.get("inductor"):
         _inductor_verdict(c, rules, gpu)
+        return
+    if _implausible_estimate(c, rules):
+        c.verdict, c.reason = "skip", "estimate-failed"
+        c.expected_saving_share = 0.0
+        c.note = (
+            f"the shape model's roof time is {1 / c.headroom:.1f}× the time measured: it ran faster "
+            "than its tensors allow: its kernels did not move those tensors; run kerneltriage profile for "
+            "Nsight Compute counters"
+        )
         return
     if not cond["hotness"].passed:
         c.verdict, c.reason, c.note = "skip", "cold", ""

@@ -164,6 +164,26 @@ def test_estimated_headroom_is_never_absurd(path):
             ):
                 assert (c["verdict"], c["reason"]) == ("skip", "estimate-failed"), c["name"]
                 assert c["expected_saving_share"] == 0.0
+            # Below its own roof by estimate (faster than its tensors allow): never a finding.
+            if (
+                h is not None
+                and h < rep["thresholds"]["min_estimated_headroom"]
+                and src in ("estimate", "fused estimate")
+                and c["kind"] != "attention"
+                and not c["attrs"].get("inductor")
+            ):
+                assert (c["verdict"], c["reason"]) == ("skip", "estimate-failed"), c["name"]
+
+
+def test_a_custom_op_whose_work_runs_elsewhere_is_a_failed_estimate():
+    # vLLM's unified_attention_with_output launches only a fill in this trace (the attention
+    # runs in a captured CUDA graph): its q/k/v put the roof far above the fill's time.
+    (trace,) = (CORPUS / "tracelens-vllm-graph-capture-mi300x").glob("*.json.gz")
+    (rep,) = _reports(trace)
+    c = next(c for c in rep["candidates"] if c["name"].startswith("vllm::unified_attention_with_output"))
+    assert c["headroom"] < 0.5 and c["roofline"]["source"] == "estimate"
+    assert (c["verdict"], c["reason"], c["expected_saving_share"]) == ("skip", "estimate-failed", 0.0)
+    assert "ran faster than its tensors allow" in c["note"]
 
 
 @pytest.mark.parametrize("path", TRACES, ids=_id)

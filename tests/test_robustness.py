@@ -417,7 +417,14 @@ def test_ctrl_c_exits_130_at_once_without_a_traceback_or_output(tmp_path):
         text=True,
         env=env,
     )
-    time.sleep(4.0)  # reading by then (start-up takes ~1 s)
+    # Interrupt once the reader's worker processes exist (reading), whatever the machine's speed.
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < deadline:
+        if children.exists() and children.read_text().split():
+            break
+        time.sleep(0.02)
+    time.sleep(0.2)
     assert proc.poll() is None, proc.communicate()
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)

@@ -84,20 +84,17 @@ def triage(
     idle_pct = max(0.0, 100.0 * (1.0 - busy_ms / step_ms)) if step_ms else 0.0
 
     groups = group_candidates(timeline, attr, rules)
+    raised = raised_roofs(in_step, join.row, counters, gpu) if join is not None else []
+    if raised:
+        # A kernel measured above its roof: the roof was wrong. Raise it before placing anything.
+        gpu = with_raised_roofs(gpu, raised)
     candidates = [
         build_candidate(g, attr, join, counters, gpu, n_steps, step_ms, busy_ms, rules)
         for g in groups.values()
     ]
-    raised = raised_roofs(in_step, join.row, counters, gpu) if join is not None else []
-    if gpu is not None and raised:
-        # A kernel measured above its roof: the roof was wrong. Raise it and place again.
-        gpu = with_raised_roofs(gpu, raised)
+    if raised:
         holders = {i: c.name for g, c in zip(groups.values(), candidates) for i in g.kernel_index}
         warnings += [r.warning(holders.get(r.launch, "")) for r in raised]
-        candidates = [
-            build_candidate(g, attr, join, counters, gpu, n_steps, step_ms, busy_ms, rules)
-            for g in groups.values()
-        ]
     decide(candidates, rules, gpu)
     idle_scale = float((source.get("timing") or {}).get("idle_scale", 1.0))
     compiled = compiled_graphs(timeline, attr, rules, n_steps, step_ms, idle_scale=idle_scale)

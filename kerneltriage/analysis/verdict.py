@@ -140,6 +140,13 @@ def _implausible_estimate(c: Candidate, rules: Rules) -> bool:
     )
 
 
+def _skip_failed_estimate(c: Candidate, why: str) -> None:
+    """No verdict is built on an estimate that cannot be right; counters would place it."""
+    c.verdict, c.reason = "skip", "estimate-failed"
+    c.expected_saving_share = 0.0
+    c.note = f"{why}; run kerneltriage profile for Nsight Compute counters"
+
+
 def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
     rec = rules.recommendation(c.kind, c.variant)
     c.note = str(rec.get("note", ""))
@@ -154,12 +161,10 @@ def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
         _inductor_verdict(c, rules, gpu)
         return
     if _implausible_estimate(c, rules):
-        c.verdict, c.reason = "skip", "estimate-failed"
-        c.expected_saving_share = 0.0
-        c.note = (
-            f"the shape model's roof time is {1 / c.headroom:.1f}× the time measured: it ran faster "
-            "than its tensors allow: its kernels did not move those tensors; run kerneltriage profile for "
-            "Nsight Compute counters"
+        _skip_failed_estimate(
+            c,
+            f"the shape model's roof time is {1 / c.headroom:.1f}× the time measured, so it ran faster "
+            "than its tensors allow: its kernels did not move those tensors",
         )
         return
     if not cond["hotness"].passed:
@@ -183,11 +188,10 @@ def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
         )
         return
     if _failed_estimate(c, rules):
-        c.verdict, c.reason = "skip", "estimate-failed"
-        c.expected_saving_share = 0.0
-        c.note = (
+        _skip_failed_estimate(
+            c,
             f"the shape model puts the ceiling at 1/{c.headroom:.0f} of the measured time: the estimate "
-            "is missing shapes or ops, not a finding; run kerneltriage profile for Nsight Compute counters"
+            "is missing shapes or ops, not a finding",
         )
         return
     if c.roofline.launch_bound and c.level != "region":
@@ -259,11 +263,10 @@ def _inductor_verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
             c.note = "run with Nsight Compute counters (kerneltriage profile) to place it on the roofline"
         return
     if _failed_estimate(c, rules):
-        c.verdict, c.reason = "skip", "estimate-failed"
-        c.expected_saving_share = 0.0
-        c.note = (
+        _skip_failed_estimate(
+            c,
             f"the estimate from its arguments puts the ceiling at 1/{c.headroom:.0f} of the measured time: "
-            "a buffer it reads or writes more than once, or a gather; run kerneltriage profile for counters"
+            "a buffer it reads or writes more than once, or a gather",
         )
         return
     if c.roofline.launch_bound:

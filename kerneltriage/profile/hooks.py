@@ -285,13 +285,12 @@ class Session:
             gc.collect()
 
     def _export_clean(self, prof) -> None:
+        self.clean_path = _write_trace(prof, self._logs() / clean_file(self.rank))
+
+    def _logs(self) -> Path:
         logs = self.out / rundir.LOGS
         logs.mkdir(parents=True, exist_ok=True)
-        path = logs / clean_file(self.rank)
-        tmp = path.with_name(path.name.replace(".json.gz", ".tmp.json.gz"))
-        prof.export_chrome_trace(str(tmp))
-        os.replace(tmp, path)
-        self.clean_path = path
+        return logs
 
     def _stop_shapes_pass(self) -> None:
         prof, self.shapes_prof = self.shapes_prof, None
@@ -301,13 +300,7 @@ class Session:
             gc.collect()  # its parsed events, before the timed profiler's warm-up step
 
     def _export_shapes(self, prof) -> None:
-        logs = self.out / rundir.LOGS
-        logs.mkdir(parents=True, exist_ok=True)
-        path = logs / shapes_file(self.rank)
-        tmp = path.with_name(path.name.replace(".json.gz", ".tmp.json.gz"))
-        prof.export_chrome_trace(str(tmp))
-        os.replace(tmp, path)
-        self.shapes_path = path
+        self.shapes_path = _write_trace(prof, self._logs() / shapes_file(self.rank))
 
     # --- steps --------------------------------------------------------------------------
 
@@ -530,11 +523,7 @@ class Session:
         return self.out / name
 
     def _export(self, prof) -> None:
-        path = self._trace_file()
-        tmp = path.with_name(path.name.replace(".json.gz", ".tmp.json.gz"))
-        prof.export_chrome_trace(str(tmp))
-        os.replace(tmp, path)  # a reader never sees half a trace
-        self.trace_path = path
+        self.trace_path = _write_trace(prof, self._trace_file())
 
     def finish(self, status: str, error: str | None = None) -> None:
         """Write everything this process knows (idempotent)."""
@@ -659,3 +648,11 @@ def _environment(torch) -> dict[str, Any]:
             "count": torch.cuda.device_count(),
         }
     return env
+
+
+def _write_trace(prof, path: Path) -> Path:
+    """The profiler's trace at ``path``, written atomically: a reader never sees half a trace."""
+    tmp = path.with_name(path.name.replace(".json.gz", ".tmp.json.gz"))
+    prof.export_chrome_trace(str(tmp))
+    os.replace(tmp, path)
+    return path

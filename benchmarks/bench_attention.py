@@ -20,9 +20,17 @@ Parts (each writes its results into the JSON as soon as it finishes):
 
 TFLOP/s: forward 4*B*H*S^2*D (halved if causal; 4*B*H*S*W*D for a window of W), backward
 2.5x the forward count. Times are medians of triton.testing.do_bench (L2 flushed per run).
+Table and variants also give each implementation's host time per forward call and per
+forward + backward call (``*_host_fwd_us``, ``*_host_fwdbwd_us``): the wall time of calls
+issued back to back without a synchronization (their kernels queue up on the GPU), divided by
+their number, best of 3 rounds (Python, autograd, allocation and launch overhead). Where it
+exceeds do_bench's time, the call is launch-bound and do_bench's figure is the host's.
 Kernels are compiled beforehand in a pool of processes (Triton's and Inductor's on-disk
 caches are shared), so no compilation lands in a timing. The last thing printed is a compact
 table; the JSON holds every figure.
+
+``--smoke`` runs the parts on CPU through Triton's interpreter (set here) on tiny shapes, to
+test this script; the sweep, whose tile configs are the GPU's, is skipped there.
 """
 
 from __future__ import annotations
@@ -36,6 +44,10 @@ import platform
 import sys
 import time
 import traceback
+
+# --smoke: Triton picks its CPU interpreter when it is first imported (torch may import it)
+if "--smoke" in sys.argv[1:]:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch
 import torch.nn.functional as F
@@ -137,6 +149,56 @@ def bench_ms(fn, rep: int = 100) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median")
 
 
+def sync() -> None:
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
+# Host timing: up to HOST_CALLS calls a round, fewer where each keeps the GPU busy long, so a
+# cell queues at most ~HOST_QUEUE_MS of GPU work (a few dozen launches: the launch queue never
+# fills, which would make the host wait for the GPU and time the GPU instead).
+HOST_CALLS, HOST_MIN_CALLS, HOST_ROUNDS, HOST_QUEUE_MS = 20, 3, 3, 150.0
+
+
+def host_us(fn, gpu_ms: float | None) -> float:
+    """Host µs per call of ``fn``: calls issued back to back without a synchronization, after
+    one that drains the queue; the best of HOST_ROUNDS rounds. ``gpu_ms``: do_bench's time
+    per call, which sets how many calls a round makes."""
+    if SMOKE:
+        calls, rounds = 2, 1
+    else:
+        fit = int(HOST_QUEUE_MS / (HOST_ROUNDS * gpu_ms)) if gpu_ms else HOST_CALLS
+        calls, rounds = max(HOST_MIN_CALLS, min(HOST_CALLS, fit)), HOST_ROUNDS
+    fn()  # warm: the allocator's blocks, any lazy set-up
+    best = float("inf")
+    for _ in range(rounds):
+        sync()
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t) / calls * 1e6)
+    sync()  # the queued kernels finish here, not inside the next timing
+    return best
+
+
+def add_host_times(row: dict, name: str, fn, q, k, v, do) -> None:
+    """row[name_host_fwd_us], row[name_host_fwdbwd_us]: host µs per forward call, and per
+    forward + backward call (each call's graph freed before the next; no retain_graph)."""
+    fwd_ms, bwd_ms = row.get(f"{name}_fwd_ms"), row.get(f"{name}_bwd_ms")
+
+    def fwd():
+        fn(q, k, v)
+
+    def fwd_bwd():
+        torch.autograd.grad(fn(q, k, v), (q, k, v), do)
+
+    try:
+        row[f"{name}_host_fwd_us"] = host_us(fwd, fwd_ms)
+        row[f"{name}_host_fwdbwd_us"] = host_us(fwd_bwd, fwd_ms and bwd_ms and fwd_ms + bwd_ms)
+    except Exception as e:  # the GPU timings stand; say why the host's are missing
+        row[f"{name}_host_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+
+
 def rel_rms(got: torch.Tensor, ref: torch.Tensor) -> float:
     got, ref = got.double(), ref.double()
     if not torch.isfinite(got).all():
@@ -185,8 +247,7 @@ def run_kernel_once(spec: dict) -> None:
         q, k, v, do = make_qkv(B, H, HK, S, D, seed=1, grad=True)
         out = flex_call(spec)(q, k, v)
         torch.autograd.grad(out, (q, k, v), do)
-    if DEV == "cuda":
-        torch.cuda.synchronize()
+    sync()
 
 
 def _compile_job(spec: dict) -> str | None:
@@ -263,7 +324,8 @@ def flex_call(spec: dict):
 
     mask = sliding if W is not None else causal
     block_mask = create_block_mask(mask, None, None, S, S, device=DEV)
-    compiled = torch.compile(flex_attention, dynamic=False)
+    # --smoke: eager (the path of this script, not Inductor's CPU compile, is what it tests)
+    compiled = flex_attention if SMOKE else torch.compile(flex_attention, dynamic=False)
     score_mod = softcap_mod if cap is not None else None
     fn = lambda q, k, v: compiled(q, k, v, score_mod=score_mod, block_mask=block_mask)
     _FLEX[key] = fn
@@ -588,11 +650,12 @@ def best_configs() -> dict:
 
 
 def table_shapes():
+    tokens, width = (256, 128) if SMOKE else (16384, 2048)  # B*S, H*D
     for D in TABLE_D:
-        H = 2048 // D
+        H = width // D
         for S in TABLE_S:
             for causal in (False, True):
-                yield 16384 // S, H, S, D, causal
+                yield tokens // S, H, S, D, causal
 
 
 def _table_row(B, H, S, D, causal, failed) -> dict:
@@ -614,7 +677,7 @@ def _table_row(B, H, S, D, causal, failed) -> dict:
     try:
         t = time.time()
         torch.autograd.grad(ours(q, k, v), (q, k, v), do)  # autotunes
-        torch.cuda.synchronize()
+        sync()
         row["ours_tune_s"] = time.time() - t
         out = ours(q, k, v)
         qs, ks, vs = (t[:1, :2].detach().float() for t in (q, k, v))
@@ -626,14 +689,18 @@ def _table_row(B, H, S, D, causal, failed) -> dict:
         row.update(ours_fwd=tflops(fl, fwd), ours_bwd=tflops(2.5 * fl, bwd))
     except Exception as e:
         row["ours_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    else:
+        add_host_times(row, "ours", ours, q, k, v, do)
     fwd, bwd = time_fwd_bwd(sdpa, q, k, v, do)
     row.update(sdpa_fwd_ms=fwd, sdpa_bwd_ms=bwd)
     row.update(sdpa_fwd=tflops(fl, fwd), sdpa_bwd=tflops(2.5 * fl, bwd))
+    add_host_times(row, "sdpa", sdpa, q, k, v, do)
     if naive_fits(B, H, S):
         try:
             fwd, bwd = time_fwd_bwd(naive, q, k, v, do)
             row.update(naive_fwd_ms=fwd, naive_bwd_ms=bwd)
             row.update(naive_fwd=tflops(fl, fwd), naive_bwd=tflops(2.5 * fl, bwd))
+            add_host_times(row, "naive", naive, q, k, v, do)
         except torch.OutOfMemoryError:
             row["naive"] = "out of memory"
     else:
@@ -665,8 +732,8 @@ VARIANTS = [  # name, causal, window, softcap
 ]
 
 
-def part_variants(res: dict, budget_s: float, shape=(4, 32, 4096, 128)) -> None:
-    B, H, S, D = shape
+def part_variants(res: dict, budget_s: float, shape=None) -> None:
+    B, H, S, D = shape or ((1, 2, 128, 64) if SMOKE else (4, 32, 4096, 128))
     specs = []
     for _, causal, window, cap in VARIANTS:
         specs += api_specs(B, H, H, S, D, causal, window, cap)
@@ -703,12 +770,15 @@ def part_variants(res: dict, budget_s: float, shape=(4, 32, 4096, 128)) -> None:
         except Exception as e:
             row["ours_error"] = f"{type(e).__name__}: {str(e)[:300]}"
             traceback.print_exc()
+        else:
+            add_host_times(row, "ours", ours, q, k, v, do)
         if window is None and cap is None:
             sdpa = lambda a, b, c, causal=causal: F.scaled_dot_product_attention(a, b, c, is_causal=causal)
             fwd, bwd = time_fwd_bwd(sdpa, q, k, v, do)
             row.update(
                 sdpa_fwd_ms=fwd, sdpa_bwd_ms=bwd, sdpa_fwd=tflops(fl, fwd), sdpa_bwd=tflops(2.5 * fl, bwd)
             )
+            add_host_times(row, "sdpa", sdpa, q, k, v, do)
         if causal:
             spec = {
                 "B": B,
@@ -729,7 +799,7 @@ def part_variants(res: dict, budget_s: float, shape=(4, 32, 4096, 128)) -> None:
                     t = time.time()
                     out = fn(q, k, v)
                     torch.autograd.grad(out, (q, k, v), do)
-                    torch.cuda.synchronize()
+                    sync()
                     row["flex_first_call_s"] = time.time() - t
                     row["flex_err_vs_fp32"] = rel_rms(out[:1, :2], ref)
                     fwd, bwd = time_fwd_bwd(fn, q, k, v, do)
@@ -741,6 +811,8 @@ def part_variants(res: dict, budget_s: float, shape=(4, 32, 4096, 128)) -> None:
                     )
                 except Exception as e:
                     row["flex_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                else:
+                    add_host_times(row, "flex", fn, q, k, v, do)
         log("variants", row)
     res["variants"] = rows
 
@@ -750,6 +822,12 @@ def part_variants(res: dict, budget_s: float, shape=(4, 32, 4096, 128)) -> None:
 
 def fmt(x, nd=0) -> str:
     return "-" if x is None else f"{x:.{nd}f}"
+
+
+def host_cols(r: dict, names) -> str:
+    """The host µs columns of a summary line (after ``||``): fwd/fwd+bwd of each implementation."""
+    cols = [f"{fmt(r.get(f'{n}_host_fwd_us'))}/{fmt(r.get(f'{n}_host_fwdbwd_us'))}" for n in names]
+    return " || " + " | ".join(cols)
 
 
 def summary(res: dict) -> str:
@@ -779,6 +857,7 @@ def summary(res: dict) -> str:
         lines.append(
             "table (TFLOP/s) D   S     B  H  causal | ours fwd/bwd | sdpa fwd/bwd | "
             "ratio fwd/bwd | naive fwd/bwd"
+            " || host µs per call, fwd/fwd+bwd: ours | sdpa | naive"
         )
         for r in res["table"]:
             rf = r.get("ours_fwd") and r.get("sdpa_fwd") and r["ours_fwd"] / r["sdpa_fwd"]
@@ -789,14 +868,20 @@ def summary(res: dict) -> str:
                 f" | {fmt(r.get('sdpa_fwd'))}/{fmt(r.get('sdpa_bwd'))}"
                 f" | {fmt(rf or None, 2)}/{fmt(rb or None, 2)}"
                 f" | {fmt(r.get('naive_fwd'))}/{fmt(r.get('naive_bwd'))}"
+                f"{host_cols(r, ('ours', 'sdpa', 'naive'))}"
             )
     if "variants" in res:
-        lines.append("variants B4 H32 S4096 D128 (TFLOP/s) | ours fwd/bwd | flex | sdpa")
+        first = res["variants"][0] if res["variants"] else {"B": 4, "H": 32, "S": 4096, "D": 128}
+        lines.append(
+            f"variants B{first['B']} H{first['H']} S{first['S']} D{first['D']} (TFLOP/s) | ours fwd/bwd"
+            " | flex | sdpa || host µs per call, fwd/fwd+bwd: ours | flex | sdpa"
+        )
         for r in res["variants"]:
             lines.append(
                 f"  {r['variant']:18s} | {fmt(r.get('ours_fwd'))}/{fmt(r.get('ours_bwd'))}"
                 f" | {fmt(r.get('flex_fwd'))}/{fmt(r.get('flex_bwd'))}"
                 f" | {fmt(r.get('sdpa_fwd'))}/{fmt(r.get('sdpa_bwd'))}"
+                f"{host_cols(r, ('ours', 'flex', 'sdpa'))}"
             )
     return "\n".join(lines)
 
@@ -821,7 +906,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="attention.json")
     ap.add_argument("--parts", default="check,sweep,table,variants")
     ap.add_argument("--budget-s", type=float, default=540.0)
-    ap.add_argument("--smoke", action="store_true", help="CPU interpreter dry run of part check")
+    ap.add_argument("--smoke", action="store_true", help="CPU interpreter dry run on tiny shapes (no sweep)")
     ap.add_argument("--sweep-groups", default="128:0,128:1,64:0,64:1", help="D:causal pairs to sweep")
     ap.add_argument("--table-d", default="64,128", help="head dims of the table")
     ap.add_argument("--table-s", default="1024,2048,4096,8192,16384", help="sequence lengths of the table")
@@ -833,6 +918,7 @@ def main(argv=None) -> int:
     TABLE_D = tuple(int(d) for d in args.table_d.split(",") if d)
     if args.smoke:
         SMOKE, DEV = True, "cpu"
+        TABLE_D, TABLE_S = (64,), (128,)  # table_shapes: B2 H2 S128 D64
         _interpreter_numpy_shim()
     import triton
 
@@ -857,7 +943,7 @@ def main(argv=None) -> int:
         res["sdpa"] = sdpa_backend()
         log("SDPA", res["sdpa"])
     for part in parts:
-        if elapsed() > args.budget_s:
+        if elapsed() > args.budget_s or (SMOKE and part == "sweep"):
             res.setdefault("skipped_parts", []).append(part)
             continue
         try:

@@ -601,6 +601,13 @@ def main() -> None:
     shapes = _shapes()
     methods = [m for m in ARGS.methods.split(",") if m]
     RESULTS["methods"] = methods
+    if not ARGS.dry_run:  # ours at its fastest: the C++ bound calls (kernels/native.py), built now
+        from kerneltriage.kernels import native
+
+        t = time.perf_counter()
+        native.build()
+        RESULTS["versions"]["native"] = f"{native.status()} ({time.perf_counter() - t:.1f} s)"
+        log(f"native bound calls: {RESULTS['versions']['native']}")
     copy_bandwidth()
     save()
     if ARGS.checks == "none":

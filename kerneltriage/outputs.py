@@ -9,12 +9,17 @@ any work, written whole or not at all.
   name, then renamed over it (``os.replace``), so an interrupted or failing write (Ctrl-C, a
   full disk) leaves the previous file, or none, never half a report. Special files
   (``/dev/stdout``, a pipe) are written in place.
+- ``atomic_dir``: the same for a folder of files (``scaffold --out``): they are written into a
+  temporary folder on the same filesystem, then moved into place together.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import secrets
+import shutil
 import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -156,3 +161,106 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
         f.write(data.encode("utf-8") if isinstance(data, str) else data)
         f.flush()
         os.fsync(f.fileno())
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary folder to fill with the files of the folder ``path``; moved into place when
+    the block succeeds, removed when it fails or is interrupted, so ``path`` gets every file
+    or none. A write error is an ``OutputError`` naming ``path``.
+
+    A new folder is staged beside ``path`` and renamed to it (one rename; the parents it had
+    to create are removed again on failure). Into an existing folder, each staged file
+    replaces its namesake: the previous ones are moved aside until all the new ones are in,
+    and put back when a move fails. Its other files are kept, and nothing above it needs to
+    be writable, so this works for ``--out .`` as well."""
+    target = Path(path)
+    if os.path.lexists(target) and not target.is_dir():
+        raise OutputError("exists and is not a directory", path=str(target))
+    existing = target.is_dir()
+    created: list[Path] = []  # parents made here, deepest last
+    stage: Path | None = None
+    done = False
+    try:
+        if not existing:
+            for parent in reversed(target.parents):
+                if not parent.exists():
+                    parent.mkdir()
+                    created.append(parent)
+        stage = _fresh_dir(target if existing else target.parent)
+        yield stage
+        for entry in stage.iterdir():  # on disk before they are renamed into place
+            _fsync(entry)
+        if existing:
+            _move_in(stage, target)
+        else:
+            os.rename(stage, target)  # fails when a non-empty folder appeared there meanwhile
+        done = True
+    except OSError as exc:
+        raise OutputError(f"cannot write ({exc.strerror or exc})", path=str(target)) from None
+    finally:
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
+        if not done:
+            for parent in reversed(created):
+                with contextlib.suppress(OSError):
+                    parent.rmdir()
+
+
+def _fresh_dir(parent: Path) -> Path:
+    """A new, hidden, uniquely named folder in ``parent`` (the umask's permissions)."""
+    while True:
+        candidate = parent / f".kerneltriage-{os.getpid()}-{secrets.token_hex(4)}.tmp"
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+
+
+def _fsync(path: Path) -> None:
+    if path.is_file() and not path.is_symlink():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _move_in(stage: Path, target: Path) -> None:
+    """Rename ``stage``'s entries over their namesakes in ``target``, all or none: the
+    previous ones wait in a hidden folder of ``target`` until every new one is in."""
+    names = sorted(os.listdir(stage))
+    for name in names:  # a folder of the user's is never replaced by a file (nor removed)
+        if (target / name).is_dir():
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(target / name))
+    aside = _fresh_dir(target)
+    moved_aside: list[str] = []
+    moved_in: list[str] = []
+    try:
+        for name in names:
+            if os.path.lexists(target / name):
+                if (target / name).is_file():  # the replacement keeps the file's permissions
+                    with contextlib.suppress(OSError):
+                        os.chmod(stage / name, stat.S_IMODE((target / name).stat().st_mode))
+                os.rename(target / name, aside / name)
+                moved_aside.append(name)
+        for name in names:
+            os.rename(stage / name, target / name)
+            moved_in.append(name)
+    except BaseException:  # a failed rename or Ctrl-C: put the previous files back
+        try:
+            for name in reversed(moved_in):
+                os.rename(target / name, stage / name)
+            for name in reversed(moved_aside):
+                os.rename(aside / name, target / name)
+        except OSError as exc:  # never remove them: say where they are
+            raise OutputError(
+                f"cannot write, and the previous files could not all be put back "
+                f"({exc.strerror or exc}); they are in {aside}",
+                path=str(target),
+            ) from None
+        with contextlib.suppress(OSError):
+            aside.rmdir()
+        raise
+    shutil.rmtree(aside, ignore_errors=True)

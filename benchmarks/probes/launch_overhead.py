@@ -1,7 +1,9 @@
 """Where a norm call's host time goes on a GPU machine (issue 20): host µs per call of
 F.rms_norm, ours through the fast launch path, ours through Triton's own path, ours with the
 launch stubbed out (Python only), one bare Triton launch of the same kernel, and the pieces of
-the fast path; the state of every cached launcher; and a cProfile of the wrappers.
+the fast path; the state of every cached launcher; and a cProfile of the wrappers. Two passes:
+the Python path (bound closures, ``autograd.Function``), then the C++ bound calls
+(``kernels/native.py``, built between the passes).
 
     PYTHONPATH=. python3 benchmarks/probes/launch_overhead.py --out $OUT/launch_overhead.json
 
@@ -75,40 +77,63 @@ def main() -> None:
     xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
     dy = torch.randn_like(x)
     bg = b.clone().requires_grad_()
-    out = rms_norm(xg, wg)
-    out_ln = layer_norm(xg, wg, bg)
-    ref_ln = F.layer_norm(xg, (N,), wg, bg, 1e-5)
 
-    cases = {
-        "F.rms_norm fwd": lambda: F.rms_norm(x, (N,), w, 1e-6),
-        "F.layer_norm fwd": lambda: F.layer_norm(x, (N,), w, b, 1e-5),
-        "ours rms_norm fwd": lambda: rms_norm(x, w),
-        "ours layer_norm fwd": lambda: layer_norm(x, w, b),
-        "ours fused_add_rms_norm fwd": lambda: fused_add_rms_norm(x, r, w),
-        "F.rms_norm fwd, x requires grad": lambda: F.rms_norm(xg, (N,), wg, 1e-6),
-        "ours rms_norm fwd, x requires grad": lambda: rms_norm(xg, wg),
-        "F.layer_norm fwd, x requires grad": lambda: F.layer_norm(xg, (N,), wg, bg, 1e-5),
-        "ours layer_norm fwd, x requires grad": lambda: layer_norm(xg, wg, bg),
-        "F.rms_norm bwd": None,
-        "ours rms_norm bwd": lambda: torch.autograd.grad(out, (xg, wg), dy, retain_graph=True),
-        "F.layer_norm bwd": lambda: torch.autograd.grad(ref_ln, (xg, wg, bg), dy, retain_graph=True),
-        "ours layer_norm bwd": lambda: torch.autograd.grad(out_ln, (xg, wg, bg), dy, retain_graph=True),
-        "torch.empty(4096,1024)": lambda: torch.empty(M, N, device="cuda", dtype=dt),
-    }
-    ref_out = F.rms_norm(xg, (N,), wg, 1e-6)
-    cases["F.rms_norm bwd"] = lambda: torch.autograd.grad(ref_out, (xg, wg), dy, retain_graph=True)
-    for fn in cases.values():
-        for _ in range(3):
-            fn()  # autotune, compile, resolve
-    torch.cuda.synchronize()
+    def cases() -> dict:
+        """The calls to time; the graphs that the backward cases replay are made after the
+        warm-up calls, so that they come from the path being measured."""
+        c = {
+            "F.rms_norm fwd": lambda: F.rms_norm(x, (N,), w, 1e-6),
+            "F.layer_norm fwd": lambda: F.layer_norm(x, (N,), w, b, 1e-5),
+            "ours rms_norm fwd": lambda: rms_norm(x, w),
+            "ours layer_norm fwd": lambda: layer_norm(x, w, b),
+            "ours fused_add_rms_norm fwd": lambda: fused_add_rms_norm(x, r, w),
+            "F.rms_norm fwd, x requires grad": lambda: F.rms_norm(xg, (N,), wg, 1e-6),
+            "ours rms_norm fwd, x requires grad": lambda: rms_norm(xg, wg),
+            "F.layer_norm fwd, x requires grad": lambda: F.layer_norm(xg, (N,), wg, bg, 1e-5),
+            "ours layer_norm fwd, x requires grad": lambda: layer_norm(xg, wg, bg),
+            "ours fused_add_rms_norm fwd, x requires grad": lambda: fused_add_rms_norm(xg, r, wg),
+        }
+        for fn in c.values():
+            for _ in range(3):
+                fn()  # autotune, compile, resolve, bind
+        graphs = {
+            "F.rms_norm bwd": (F.rms_norm(xg, (N,), wg, 1e-6), (xg, wg)),
+            "ours rms_norm bwd": (rms_norm(xg, wg), (xg, wg)),
+            "F.layer_norm bwd": (F.layer_norm(xg, (N,), wg, bg, 1e-5), (xg, wg, bg)),
+            "ours layer_norm bwd": (layer_norm(xg, wg, bg), (xg, wg, bg)),
+            "ours fused_add_rms_norm bwd": (fused_add_rms_norm(xg, r, wg)[0], (xg, wg)),
+        }
+        for name, (out, wrt) in graphs.items():
+            c[name] = lambda out=out, wrt=wrt: torch.autograd.grad(out, wrt, dy, retain_graph=True)
+            for _ in range(3):
+                c[name]()  # the backward binds its gradient signature
+        c["torch.empty(4096,1024)"] = lambda: torch.empty(M, N, device="cuda", dtype=dt)
+        torch.cuda.synchronize()
+        return c
+
+    from kerneltriage.kernels import native
+    from kerneltriage.kernels.norms import fast
+
+    # Pass 1: the Python path (bound closures, autograd.Function); pass 2: the C++ calls.
+    native._State.why = "held back for the Python pass"
     times = {}
-    for name, fn in cases.items():
+    for name, fn in cases().items():
         times[name] = host_us(fn)
         if name.startswith("ours"):
             with config.override(fast_launch=False):
                 times[name + " (Triton's launch path)"] = host_us(fn)
             with config.override(launcher=lambda *a: None):
                 times[name + " (launch stubbed: Python only)"] = host_us(fn)
+    native._State.why = None
+    t0 = time.perf_counter()
+    built = native.build()
+    res["native"] = {"status": native.status(), "build_s": round(time.perf_counter() - t0, 1)}
+    if built is not None:
+        fast._forget()
+        for name, fn in cases().items():
+            if name.startswith("ours"):
+                times[name + " (C++ call)"] = host_us(fn)
+        res["native"]["bound"] = len(fast.TABLE) if fast.TABLE is not None else 0
     # one bare launch of the forward kernel, both ways, and the fast path's pieces
     plan = NL.plan(
         "fwd", N, (dt, dt, dt, None),
@@ -146,15 +171,14 @@ def main() -> None:
         }
         for fl in fast_launch._LAUNCHERS.values()
     ]
-    res["profile ours rms_norm fwd"] = profile_top(cases["ours rms_norm fwd"])
-    res["profile ours rms_norm bwd"] = profile_top(cases["ours rms_norm bwd"])
-    with config.override(fast_launch=False):
-        res["profile ours rms_norm fwd (Triton's launch path)"] = profile_top(cases["ours rms_norm fwd"])
+    c = cases()
+    res["profile ours rms_norm fwd"] = profile_top(c["ours rms_norm fwd"])
+    res["profile ours rms_norm bwd"] = profile_top(c["ours rms_norm bwd"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1, default=str))
     for k, v in times.items():
         print(f"{k:<60}{v:8.1f} µs")
-    print(json.dumps({k: res[k] for k in ("driver", "bound", "loadavg")}, indent=1, default=str))
+    print(json.dumps({k: res[k] for k in ("driver", "bound", "loadavg", "native")}, indent=1, default=str))
     print(res["profile ours rms_norm fwd"][:4000])
 
 

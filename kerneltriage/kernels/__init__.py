@@ -13,6 +13,10 @@ configurations, cached launch plans, host functions), ``autograd`` (the eager
 ``autograd.Function`` and the ``kerneltriage::`` custom ops that ``torch.compile`` sees),
 ``functional`` / ``modules`` (the API), ``reference`` (pure torch). Names resolve lazily so
 that importing this package does not import torch or Triton until a kernel is used.
+
+Host paths of a repeated call, fastest first: the norms' C++ bound calls (``native``, built on
+first use; ``KERNELTRIAGE_NATIVE=0`` turns it off), the Python bound calls (``norms/fast.py``)
+and the launch fast path (``fast_launch``); each falls back to the next.
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ class FastLauncher:
             hit = self.compiled.get((device, _arg_class(args)))
             if hit is not None:
                 self.last, self.last_thread = hit, get_ident()
-                launch, function, packed, coop, pdl, scratch = hit
+                launch, function, packed, coop, pdl, scratch, _ = hit
                 n = len(grid)
                 g1 = grid[1] if n > 1 else 1
                 g2 = grid[2] if n > 2 else 1
@@ -153,14 +153,18 @@ class FastLauncher:
                 runner.launch_cooperative_grid,
                 runner.launch_pdl,
                 scratch,
+                compiled,
             )
         except Exception as e:
             self.why = f"{type(e).__name__}: {e}"
 
     def _tail(self, n_args: int) -> tuple:
-        """The values of the kernel's parameters after the first ``n_args``, from ``kwargs``
-        (constexprs included: Triton's launcher takes every parameter, in order)."""
-        return tuple(self.kwargs[p.name] for p in self.kernel.params[n_args:])
+        """The values of the kernel's parameters after the first ``n_args``, from ``kwargs`` or
+        their defaults (constexprs included: Triton's launcher takes every parameter, in order)."""
+        return tuple(
+            self.kwargs[p.name] if p.name in self.kwargs or not p.has_default else p.default
+            for p in self.kernel.params[n_args:]
+        )
 
 
 _LAUNCHERS: dict[tuple[int, int], FastLauncher] = {}
@@ -195,7 +199,7 @@ class Bound:
     strides, dtypes, alignment), and launches it itself: ``b.launch(g0, g1, g2, b.stream(device), b.function, b.coop, b.pdl, None, None,
     b.packed, None, None, None, *args, *b.tail)``. None when there is none to bind."""
 
-    __slots__ = ("coop", "function", "launch", "packed", "pdl", "stream", "tail")
+    __slots__ = ("compiled", "coop", "function", "launch", "packed", "pdl", "stream", "tail")
 
     @classmethod
     def latest(cls, kernel, kwargs: dict) -> Bound | None:
@@ -204,11 +208,12 @@ class Bound:
             return None
         if fl.last_thread != get_ident():  # another thread launched since: maybe another class
             return None
-        launch, function, packed, coop, pdl, scratch = fl.last
+        launch, function, packed, coop, pdl, scratch, compiled = fl.last
         if scratch:
             return None
         b = cls()
         b.launch, b.function, b.packed, b.coop, b.pdl = launch, function, packed, coop, pdl
+        b.compiled = compiled  # its signature and metadata: what a native launch needs
         b.stream, b.tail = _Driver.stream, fl.tail
         return b
 

@@ -1,4 +1,5 @@
-"""Render a scaffold's files from the Jinja2 templates and write them under ``--out`` only."""
+"""Render a scaffold's files from the Jinja2 templates and write them under ``--out`` only, all
+of them or none (``outputs.atomic_dir``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kerneltriage.errors import InputError
+from kerneltriage.outputs import atomic_dir
 from kerneltriage.resources import data_path
 from kerneltriage.scaffold.identifiers import literal
 
@@ -94,11 +96,15 @@ def safe_target(out: Path, name: str) -> Path:
 
 
 def write(out: Path, files: dict[str, str], force: bool) -> list[Path]:
+    """Write ``files`` under ``out``, all of them or none (``outputs.atomic_dir``): an error
+    or Ctrl-C halfway leaves no half package, and with ``force`` the previous files."""
     out = check_out(out, force)
-    out.mkdir(parents=True, exist_ok=True)
     targets = {name: safe_target(out, name) for name in files}  # all checked before any write
-    written = []
-    for name, text in files.items():
-        targets[name].write_text(text, encoding="utf-8")
-        written.append(targets[name])
-    return written
+    with atomic_dir(out) as stage:
+        for name, text in files.items():
+            _write_file(stage / name, text)
+    return [targets[name] for name in files]
+
+
+def _write_file(path: Path, text: str) -> None:
+    path.write_text(text, encoding="utf-8")

@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import torch
 
-from kerneltriage.kernels import config
+from kerneltriage.kernels import config, native
 from kerneltriage.kernels.fast_launch import Bound, current_device, direct_ok
 from kerneltriage.kernels.norms import launch as L
 
 _DEFAULT = config.current()
 _FWD: dict[tuple, object] = {}
 _BWD: dict[tuple, object] = {}
+# The C++ signature table (``native.py``) once the extension is loaded: call -> bound Norm.
+TABLE = None
+KINDS = {"rms": 0, "ln": 1, "add": 2}
 _MAX = 1024  # signatures per direction; cleared beyond (a bound against unbounded shapes)
 _empty = torch.empty
 _f32 = torch.float32
@@ -117,10 +120,95 @@ def bind_fwd(key: tuple, x, residual, weight, bias, eps, is_rms: bool, w_offset,
             )  # fmt: skip
             return y, h, mean, rstd
 
-        if key[-1] == dev_index:  # launched on x's device: its stream
-            _store(_FWD, key, run)
+        if key[-1] != dev_index:  # launched on another device than x's: not its stream
+            return
+        _store(_FWD, key, run)
+        m = native.module()
+        if m is None:
+            return
+        R = [native.Ref(i) for i in range(8)]  # x, residual, weight, bias, y, h, mean, rstd
+        args = (
+            R[0], R[1] if has_res else None, None if weight is None else R[2],
+            None if bias is None else R[3], R[4], R[5] if has_res else None,
+            None if is_rms else R[6], R[7], M, N, sx, sr, N, N if has_res else 0, eps_, w_off,
+        )  # fmt: skip
+        spec = native.launch_spec(b, (g0, g1, g2), args)
+        if spec is None:
+            return
+        p = m.Program(4, 8, dev_index)
+        p.add_alloc(4, list(shape), _like(ydtype))
+        if has_res:
+            p.add_alloc(5, list(shape), _like(xdtype))
+        if grad:
+            p.add_alloc(7, [M], _like(_f32))
+            if not is_rms:
+                p.add_alloc(6, [M], _like(_f32))
+        else:
+            p.add_kept(7, scratch_rstd)
+            if scratch_mean is not None:
+                p.add_kept(6, scratch_mean)
+        p.add_launch(*spec)
+        p.set_outputs([4, 5, 6, 7])
+        norm = m.Norm(_NAMES[key[0]], p, has_res, bias is not None, w_off, bool(cast_x))
+        table = TABLE if TABLE is not None else _new_table(m)
+        table.add(KINDS[key[0]], x, residual, weight, bias, eps_, w_off, bool(cast_x), grad, norm)
     except Exception:  # binding is an optimization: the generic path stays correct
         return
+
+
+_NAMES = {
+    "rms": "kerneltriage::rms_norm",
+    "ln": "kerneltriage::layer_norm",
+    "add": "kerneltriage::fused_add_rms_norm",
+}
+_LIKE: dict = {}
+
+
+def _like(dtype) -> torch.Tensor:
+    """An empty tensor of ``dtype``: how a dtype crosses into the extension."""
+    t = _LIKE.get(dtype)
+    if t is None:
+        t = _LIKE[dtype] = torch.empty(0, dtype=dtype)
+    return t
+
+
+def _new_table(m):
+    global TABLE
+    TABLE = m.Table()
+    return TABLE
+
+
+def _forget() -> None:
+    """Bind every signature again (the extension just loaded: with its C++ call this time)."""
+    _FWD.clear()
+    _BWD.clear()
+    if TABLE is not None:
+        TABLE.clear()
+
+
+def _on_native_load(m) -> None:
+    m.set_fallback(_fallback_backward)
+    _forget()
+
+
+def _fallback_backward(norm, dy, xs, weight, mean, rstd, dres, need_dw: bool, need_db: bool):
+    """A backward whose gradient signature is not bound yet (called by the C++ node, GIL held):
+    the generic host code, then bind the signature into ``norm`` for the next time."""
+    dx, dw, db = L.norm_bwd(
+        L.as_rows(dy),
+        L.as_rows(xs),
+        weight,
+        mean,
+        rstd,
+        dresidual=None if dres is None else L.as_rows(dres),
+        need_dw=need_dw,
+        need_db=need_db,
+        w_offset=norm.w_offset,
+        cast_x=norm.cast_x,
+    )
+    if usable():
+        bind_native_bwd(norm, dy, xs, weight, mean, rstd, dres, need_dw, need_db)
+    return L.like(dx, dy.shape), dw, db
 
 
 def fwd(key: tuple):
@@ -132,55 +220,76 @@ def bwd_key(fkey: tuple, dy, dres, need_dw: bool, need_db: bool) -> tuple:
     return (fkey, _sig(dy), _sig(dres), need_dw, need_db, current_device())
 
 
+class _BwdPlan:
+    """What a bound backward of one gradient signature launches (rows up to 16384 only)."""
+
+    __slots__ = (
+        "M", "N", "b", "dev_index", "g", "has_dw", "need_db", "nprog", "rows", "sdres", "sdy",
+        "shape", "sum_grid", "sums", "sx", "w_off", "wdtype", "xdtype",
+    )  # fmt: skip
+
+
+def _bwd_plan(
+    dy, xs, weight, mean, rstd, dres, need_dw: bool, need_db: bool, w_offset, cast_x
+) -> _BwdPlan | None:
+    x2 = L.as_rows(xs)
+    M, N = x2.shape
+    if not _same_memory(x2, xs) or (weight is not None and weight.stride(-1) != 1):
+        return None
+    cfg = config.current()
+    if M == 0 or cfg.norm_split_bwd_above < N:
+        return None
+    dy2 = L.as_rows(dy)
+    dres2 = None if dres is None else L.as_rows(dres)
+    if not _same_memory(dy2, dy) or (dres2 is not None and not _same_memory(dres2, dres)):
+        return None
+    is_rms = mean is None
+    has_w = weight is not None
+    p = _BwdPlan()
+    p.has_dw, p.need_db = has_w and need_dw, need_db
+    p.wdtype = weight.dtype if has_w else x2.dtype
+    dtypes = (x2.dtype, dy.dtype, p.wdtype, None if dres is None else dres.dtype)
+    flags = (
+        ("IS_RMS", is_rms), ("HAS_W", has_w), ("HAS_DRES", dres is not None), ("HAS_DW", p.has_dw),
+        ("HAS_DB", need_db), ("CAST_X", cast_x), ("INTERP", False),
+    )  # fmt: skip
+    plan = L._plan_for("bwd", N, dtypes, flags, x2.device, cfg)
+    if plan.kwargs is None:
+        return None
+    p.b = Bound.latest(L.KERNELS["bwd"], plan.kwargs)
+    p.sums = p.sum_grid = None
+    if p.has_dw or need_db:
+        sum_grid, sum_kwargs = L._sum_partials_meta(N, p.has_dw, need_db, False)
+        p.sums, p.sum_grid = Bound.latest(L.K._sum_partials_kernel, sum_kwargs), sum_grid
+        if p.sums is None:
+            return None
+    if p.b is None:
+        return None
+    g = plan.grid(M, N, plan.kwargs)
+    p.g = (g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1)
+    p.rows = plan.partial_rows(M)
+    p.dev_index = x2.get_device()
+    p.M, p.N, p.shape, p.xdtype = M, N, dy.shape, x2.dtype
+    p.sdy, p.sx, p.sdres = dy2.stride(0), x2.stride(0), (dres2.stride(0) if dres2 is not None else 0)
+    p.w_off = float(w_offset)
+    # Every launch of this signature writes the same program count here: one buffer serves all.
+    p.nprog = _empty((1,), dtype=torch.int32, device=x2.device)
+    return p
+
+
 def bind_bwd(
     key: tuple, dy, xs, weight, mean, rstd, dres, need_dw: bool, need_db: bool, w_offset, cast_x
 ) -> None:
     """After a generic backward: the closure for its signature (rows up to 16384 only). ``xs``:
     the tensor the forward saved (x, or new_residual), in any shape whose rows are views."""
     try:
-        x2 = L.as_rows(xs)
-        M, N = x2.shape
-        if not _same_memory(x2, xs) or (weight is not None and weight.stride(-1) != 1):
+        p = _bwd_plan(dy, xs, weight, mean, rstd, dres, need_dw, need_db, w_offset, cast_x)
+        if p is None or key[-1] != p.dev_index:  # launched on another device than the tensors'
             return
-        cfg = config.current()
-        if M == 0 or cfg.norm_split_bwd_above < N:
-            return
-        dy2 = L.as_rows(dy)
-        dres2 = None if dres is None else L.as_rows(dres)
-        if not _same_memory(dy2, dy) or (dres2 is not None and not _same_memory(dres2, dres)):
-            return
-        is_rms = mean is None
-        has_w = weight is not None
-        has_dw = has_w and need_dw
-        wdtype = weight.dtype if has_w else x2.dtype
-        dtypes = (x2.dtype, dy.dtype, wdtype, None if dres is None else dres.dtype)
-        flags = (
-            ("IS_RMS", is_rms), ("HAS_W", has_w), ("HAS_DRES", dres is not None), ("HAS_DW", has_dw),
-            ("HAS_DB", need_db), ("CAST_X", cast_x), ("INTERP", False),
-        )  # fmt: skip
-        plan = L._plan_for("bwd", N, dtypes, flags, x2.device, cfg)
-        if plan.kwargs is None:
-            return
-        b = Bound.latest(L.KERNELS["bwd"], plan.kwargs)
-        sums = None
-        if has_dw or need_db:
-            sum_grid, sum_kwargs = L._sum_partials_meta(N, has_dw, need_db, False)
-            sums = Bound.latest(L.K._sum_partials_kernel, sum_kwargs)
-            if sums is None:
-                return
-        if b is None:
-            return
-        g = plan.grid(M, N, plan.kwargs)
-        g0, g1, g2 = g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1
-        rows = plan.partial_rows(M)
-        dev, dev_index = x2.device, x2.get_device()
-        if key[-1] != dev_index:  # launched on another device than the tensors'
-            return
-        shape, xdtype = dy.shape, x2.dtype
-        sdy, sx, sdres = dy2.stride(0), x2.stride(0), (dres2.stride(0) if dres2 is not None else 0)
-        w_off = float(w_offset)
-        # Every launch of this signature writes the same program count here: one buffer serves all.
-        nprog = _empty((1,), dtype=torch.int32, device=dev)
+        b, sums, sum_grid, (g0, g1, g2) = p.b, p.sums, p.sum_grid, p.g
+        M, N, rows, shape, xdtype, wdtype = p.M, p.N, p.rows, p.shape, p.xdtype, p.wdtype
+        has_dw, dev_index, dev = p.has_dw, p.dev_index, dy.device
+        sdy, sx, sdres, w_off, nprog = p.sdy, p.sx, p.sdres, p.w_off, p.nprog
 
         def run(dy, xs, weight, mean, rstd, dres):
             dx = _empty(shape, dtype=xdtype, device=dev)
@@ -206,5 +315,52 @@ def bind_bwd(
         return
 
 
+def bind_native_bwd(norm, dy, xs, weight, mean, rstd, dres, need_dw: bool, need_db: bool) -> None:
+    """After a generic backward called by the C++ node of ``norm``: a C++ program for this
+    gradient signature (same launches as ``bind_bwd``'s closure), added to ``norm``."""
+    try:
+        m = native.module()
+        p = _bwd_plan(dy, xs, weight, mean, rstd, dres, need_dw, need_db, norm.w_offset, norm.cast_x)
+        if m is None or p is None or current_device() != p.dev_index:
+            return
+        has_dw, need_db, M, N = p.has_dw, p.need_db, p.M, p.N
+        R = [native.Ref(i) for i in range(12)]  # inputs, then dx, dw, db, dw_part, db_part, nprog
+        args = (
+            R[0], R[1], None if weight is None else R[2], None if mean is None else R[3], R[4],
+            None if dres is None else R[5], R[6], R[9] if has_dw else None,
+            R[10] if need_db else None, R[11], M, N, p.sdy, p.sx, p.sdres, N, p.w_off,
+        )  # fmt: skip
+        spec = native.launch_spec(p.b, p.g, args)
+        if spec is None:
+            return
+        prog = m.Program(6, 12, p.dev_index)
+        prog.add_alloc(6, list(p.shape), _like(p.xdtype))
+        if has_dw:
+            prog.add_alloc(7, [N], _like(p.wdtype))
+            prog.add_alloc(9, [p.rows, N], _like(_f32))
+        if need_db:
+            prog.add_alloc(8, [N], _like(p.wdtype))
+            prog.add_alloc(10, [p.rows, N], _like(_f32))
+        prog.add_kept(11, p.nprog)
+        prog.add_launch(*spec)
+        if p.sums is not None:
+            sum_args = (
+                R[9] if has_dw else None, R[10] if need_db else None, R[11],
+                R[7] if has_dw else None, R[8] if need_db else None, N,
+            )  # fmt: skip
+            sum_spec = native.launch_spec(p.sums, (p.sum_grid[0], 1, 1), sum_args)
+            if sum_spec is None:
+                return
+            prog.add_launch(*sum_spec)
+        prog.set_outputs([6, 7, 8])
+        norm.add_backward(prog, need_dw, need_db, dy, dres)
+    except Exception:
+        return
+
+
 def bwd(key: tuple):
     return _BWD.get(key)
+
+
+# Last: the hook may run at once (the extension already loaded), and needs the names above.
+native.when_loaded(_on_native_load)

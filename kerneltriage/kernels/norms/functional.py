@@ -4,6 +4,8 @@ Each runs the custom op while ``torch.compile`` traces (no graph break), the eag
 ``autograd.Function`` when a gradient is needed, and the host function directly otherwise. In
 eager mode a call whose input signature was seen before takes its bound launch (``fast.py``);
 any other call checks its input and takes the generic host code, then binds its signature.
+Once the C++ extension is built (``native.py``), a bound signature's call is one C++ call,
+autograd node included.
 """
 
 from __future__ import annotations
@@ -13,6 +15,18 @@ import torch
 from kerneltriage.kernels.norms import fast
 from kerneltriage.kernels.norms.autograd import NormFunction, needs_grad
 from kerneltriage.kernels.norms.launch import as_rows, check_inputs, like, norm_fwd
+
+
+def _native(kind: int, x, residual, weight, bias, eps, w_offset, cast_x):
+    """The call's output through the C++ signature table when its signature is bound there
+    (allocation, launch and autograd node in one C++ call), else None."""
+    table = fast.TABLE
+    if table is None or not fast.usable():
+        return None
+    try:
+        return table.call(kind, x, residual, weight, bias, eps, w_offset, cast_x)
+    except TypeError:  # not tensors or floats: the generic path checks and rejects them
+        return None
 
 
 def _lookup(kind: str, x, residual, weight, bias, eps, w_offset, cast_x):
@@ -52,6 +66,9 @@ def rms_norm(
     if torch.compiler.is_compiling():
         check_inputs("rms_norm", x, weight)
         return torch.ops.kerneltriage.rms_norm(x, weight, eps, weight_offset, cast_before_weight)[0]
+    out = _native(0, x, None, weight, None, eps, weight_offset, cast_before_weight)
+    if out is not None:
+        return out
     key, run = _lookup("rms", x, None, weight, None, eps, weight_offset, cast_before_weight)
     if run is None:
         check_inputs("rms_norm", x, weight)
@@ -82,6 +99,9 @@ def layer_norm(
     if torch.compiler.is_compiling():
         check_inputs("layer_norm", x, weight, bias)
         return torch.ops.kerneltriage.layer_norm(x, weight, bias, float(eps))[0]
+    out = _native(1, x, None, weight, bias, eps, 0.0, False)
+    if out is not None:
+        return out
     key, run = _lookup("ln", x, None, weight, bias, eps, 0.0, False)
     if run is None:
         check_inputs("layer_norm", x, weight, bias)
@@ -116,6 +136,9 @@ def fused_add_rms_norm(
             x, residual, weight, eps, weight_offset, cast_before_weight
         )
         return y, h
+    out = _native(2, x, residual, weight, None, eps, weight_offset, cast_before_weight)
+    if out is not None:
+        return out
     key, run = _lookup("add", x, residual, weight, None, eps, weight_offset, cast_before_weight)
     if run is None:
         check_inputs("fused_add_rms_norm", x, weight, residual=residual)

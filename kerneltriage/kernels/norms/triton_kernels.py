@@ -76,13 +76,13 @@ def _fwd_rows_single(X, R, W, B, Y, H, MEAN, RSTD, rows, row_mask, N,
                      stride_x, stride_r, stride_y, stride_h, eps, w_offset,
                      IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr,
                      HAS_B: tl.constexpr, CAST_X: tl.constexpr, BLOCK_N: tl.constexpr,
-                     INTERP: tl.constexpr):
+                     INTERP: tl.constexpr, EVICT_X: tl.constexpr):
     """Rows that fit in one block: one read of x (and of the residual), one write of y."""
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
     mask = row_mask[:, None] & col_mask[None, :]
     x = _load_x(X, R, H, rows, cols, mask, stride_x, stride_r, stride_h, HAS_RES, True,
-                "evict_first", INTERP)
+                EVICT_X, INTERP)
     if IS_RMS:
         rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
         xhat = x * rstd[:, None]
@@ -165,12 +165,13 @@ def _norm_fwd_kernel(
     M, N, stride_x, stride_r, stride_y, stride_h, eps, w_offset,
     IS_RMS: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
     CAST_X: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOOPED: tl.constexpr,
-    PROGS_PER_SM: tl.constexpr, INTERP: tl.constexpr,
+    PROGS_PER_SM: tl.constexpr, INTERP: tl.constexpr, EVICT_X: tl.constexpr = "evict_first",
 ):
     """Program p normalizes row blocks p, p + P, ... (P = grid size: one program per row block,
     or a persistent grid of PROGS_PER_SM per SM, which bounds how many long rows are in flight
     so that the looped variant's second pass hits L2). R and H (residual in, new_residual out)
-    are used only if HAS_RES; PROGS_PER_SM is read by the launch grid."""
+    are used only if HAS_RES; PROGS_PER_SM is read by the launch grid. EVICT_X: the cache
+    policy of the single-block variant's loads of x ("" = the default), an autotuned choice."""
     start = tl.program_id(0).to(tl.int64) * BLOCK_M
     step = tl.num_programs(0) * BLOCK_M
     while start < M:
@@ -183,7 +184,7 @@ def _norm_fwd_kernel(
         else:
             _fwd_rows_single(X, R, W, B, Y, H, MEAN, RSTD, rows, row_mask, N,
                              stride_x, stride_r, stride_y, stride_h, eps, w_offset,
-                             IS_RMS, HAS_RES, HAS_W, HAS_B, CAST_X, BLOCK_N, INTERP)
+                             IS_RMS, HAS_RES, HAS_W, HAS_B, CAST_X, BLOCK_N, INTERP, EVICT_X)
         start += step
 
 

@@ -43,7 +43,8 @@ weight multiplies it (Llama, Qwen2/3, Mistral: ``weight * hidden.to(input_dtype)
 Layout, by role:
     triton_kernels.py  the @triton.jit kernels (device code)
     launch.py          input checks, tile candidates, cached launch plans, norm_fwd / norm_bwd
-    fast.py            launches bound to an input signature: a repeated eager call's host path
+    fast.py            launches bound to an input signature: a repeated eager call's host path,
+                       in Python, and in C++ once ../native.py has built csrc/norm_node.cpp
     autograd.py        the eager autograd.Function and the kerneltriage:: custom ops
                        (register_fake, register_autograd) that torch.compile sees
     functional.py      rms_norm, layer_norm, fused_add_rms_norm

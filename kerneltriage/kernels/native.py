@@ -20,7 +20,9 @@ What it relies on, all checked at bind time, anything else keeps the Python path
 Building needs a C++ compiler and ninja (``pip install ninja``) and takes 15-40 s, once per
 machine and torch version (torch's extension cache, ``$TORCH_EXTENSIONS_DIR``). By default the
 first eligible call starts the build in a background thread and calls keep the Python path
-until it is loaded; ``build()`` waits for it. ``KERNELTRIAGE_NATIVE=0`` turns it off.
+until it is loaded; ``build()`` waits for it. ``KERNELTRIAGE_NATIVE=0`` turns it off. The
+compile itself runs in a child process of its own session, so that a process ending during
+the build does not leave torch's build lock behind (which made every later build wait).
 """
 
 from __future__ import annotations
@@ -28,11 +30,16 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, ClassVar
 
 NAME = "kerneltriage_norm_node"
+BUILD_TIMEOUT_S = 600
+STALE_LOCK_S = 900  # a lock older than this was left by a killed build
 SOURCE = Path(__file__).with_name("csrc") / "norm_node.cpp"
 
 # Slot kinds of a launch's parameters (``Kind`` in norm_node.cpp).
@@ -130,7 +137,43 @@ def _load() -> Any:
     cxx = os.environ.get("CXX", "c++")
     if shutil.which(cxx) is None:
         raise RuntimeError(f"no C++ compiler ({cxx}) on PATH")
+    _clear_stale_lock(Path(cpp_extension._get_build_directory(NAME, verbose=False)))
+    # Compile in a child process of its own session. torch's extension build holds a lock file
+    # while it runs; a build killed halfway (this process exiting while the build thread
+    # compiles) leaves the lock, and every later build or load waits on it forever. The child
+    # finishes and releases it even if this process is gone; then the load here finds the build
+    # up to date.
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])  # so the child imports this kerneltriage
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "") if env.get("PYTHONPATH") else root
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "kerneltriage.kernels.native", "--compile"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_S,
+            start_new_session=True,
+        )
+    except subprocess.TimeoutExpired as e:
+        raise RuntimeError(f"the build took over {BUILD_TIMEOUT_S} s") from e
+    if r.returncode != 0:
+        raise RuntimeError(f"the build failed: {(r.stderr or r.stdout).strip()[-400:]}")
+    return _compile()
+
+
+def _compile() -> Any:
+    from torch.utils import cpp_extension
+
     return cpp_extension.load(name=NAME, sources=[str(SOURCE)], extra_cflags=["-O2"], verbose=False)
+
+
+def _clear_stale_lock(build_dir: Path) -> None:
+    """A lock file older than any build takes is one a killed build left: remove it."""
+    lock = build_dir / "lock"
+    with contextlib.suppress(OSError):
+        if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+            lock.unlink()
 
 
 # --------------------------------------------------------------------------------------------
@@ -182,3 +225,8 @@ def launch_spec(bound, grid: tuple[int, int, int], args: tuple) -> tuple | None:
             return None
     g0, g1, g2 = grid
     return (int(compiled.function), [g0, g1, g2], 32 * md.num_warps, md.shared, kinds, ints, floats)
+
+
+if __name__ == "__main__":  # the build child (see _load)
+    if sys.argv[1:] == ["--compile"]:
+        _compile()

@@ -10,8 +10,10 @@ takes the generic path), and autograd's checks still hold (retain_graph, in-plac
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -105,6 +107,29 @@ def test_backward_fallback_is_set_whichever_loads_first():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["False", "True"]
+
+
+@pytest.mark.slow
+def test_build_survives_its_process_and_a_stale_lock(tmp_path):
+    """A process that exits while its background build runs (a short script, Ctrl-C) must not
+    leave torch's build lock behind: every later build would wait on it forever (seen on a
+    GPU). The compile runs in a child of its own session, which finishes anyway; a lock older
+    than any build is removed."""
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path), KERNELTRIAGE_NATIVE="1")
+    lock = tmp_path / native.NAME / "lock"
+    lock.parent.mkdir()
+    lock.touch()
+    old = time.time() - 2 * native.STALE_LOCK_S
+    os.utime(lock, (old, old))  # left by a build killed long ago
+    leave = "from kerneltriage.kernels import native; import time; native.module(); time.sleep(3)"
+    r = subprocess.run([sys.executable, "-c", leave], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    build = "from kerneltriage.kernels import native; m = native.build(600); print(native.status())"
+    r = subprocess.run([sys.executable, "-c", build], env=env, capture_output=True, text=True, timeout=700)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["loaded"]
+    assert not lock.exists()
+    assert list((tmp_path / native.NAME).glob("*.so"))
 
 
 # ------------------------------------------------------------------------------------- GPU

@@ -72,6 +72,7 @@ def _fwd_candidates(N: int) -> list[triton.Config]:
         return [
             _row(4, 1, n, False, 0), _row(8, 1, n, False, 0), _row(16, 2, n, False, 0),
             _row(16, 1, n, False, 0), _row(32, 1, n, False, 0), _plain(_row(16, 1, n, False, 0)),
+            _plain(_row(4, 1, n, False, 0)),
         ]  # fmt: skip
     looped = [
         _row(16, 1, 8192, True, 2),

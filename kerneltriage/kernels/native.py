@@ -28,6 +28,7 @@ the build does not leave torch's build lock behind (which made every later build
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import subprocess
@@ -41,6 +42,8 @@ NAME = "kerneltriage_norm_node"
 BUILD_TIMEOUT_S = 600
 STALE_LOCK_S = 900  # a lock older than this was left by a killed build
 SOURCE = Path(__file__).with_name("csrc") / "norm_node.cpp"
+
+_log = logging.getLogger("kerneltriage.kernels")
 
 # Slot kinds of a launch's parameters (``Kind`` in norm_node.cpp).
 PTR, I32, I64, F32 = 0, 1, 2, 3
@@ -113,13 +116,16 @@ def when_loaded(fn) -> None:
 
 def _build() -> None:
     try:
+        t = time.perf_counter()
         m = _load()
         with _State.lock:
             for fn in _State.on_load:
                 fn(m)
             _State.module = m
+        _log.info("C++ bound norm calls loaded in %.1f s", time.perf_counter() - t)
     except Exception as e:  # any failure keeps the Python path, for good
         _State.why = f"{type(e).__name__}: {e}".strip()[:500]
+        _log.warning("C++ bound norm calls unavailable, the Python path stays: %s", _State.why)
 
 
 def _load() -> Any:

@@ -51,7 +51,7 @@ elif [ "$PHASE" = native ]; then
   say "launch_overhead probe: rc $?"
   sed -n '1,80p' "$OUT/launch_overhead.log" >>"$SUMMARY"
 else
-  timeout "${TEST_S:-90}" python3 -m pytest -q -p no:cacheprovider tests/kernels/test_native.py \
+  timeout "${TEST_S:-300}" python3 -m pytest -q -p no:cacheprovider tests/kernels/test_native.py \
     tests/kernels/test_fast_launch.py >"$OUT/pytest.log" 2>&1
   rc=$?
   say "pytest (native, fast launch): rc $rc — $(grep -E 'passed|failed|error' "$OUT/pytest.log" | tail -1)"

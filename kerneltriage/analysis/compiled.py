@@ -264,7 +264,12 @@ def compiled_graphs(
     for p, children in by_parent.items():
         if len(children) < 2:
             continue
-        breaks += len(children) - 1
+        # A frame that launches no GPU work is a wrapper or a resume stub, not a second graph:
+        # only graphs with work count as broken apart (Dynamo's own count agrees on GPT-2).
+        working = sum(1 for c in children if _launches_under(c, gpu_roots, attr))
+        if working < 2:
+            continue
+        breaks += working - 1
         place = _place(p, names, attr)
         entry = where.setdefault(place, {"where": place, "graphs_per_call": 0, "calls": 0, "empty": 0})
         entry["calls"] += 1

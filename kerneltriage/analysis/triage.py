@@ -98,6 +98,11 @@ def triage(
     decide(candidates, rules, gpu)
     idle_scale = float((source.get("timing") or {}).get("idle_scale", 1.0))
     compiled = compiled_graphs(timeline, attr, rules, n_steps, step_ms, idle_scale=idle_scale)
+    if source.get("dynamo"):
+        # Counted by Dynamo itself in the plain steps: these replace what the trace suggests
+        # (a wrapper or resume frame in a trace is not a graph break).
+        compiled = dict(compiled or {})
+        compiled["dynamo"] = source["dynamo"]
     compiled_graph_advice(compiled, rules)
     candidates.sort(key=lambda c: (c.verdict != "skip", c.expected_saving_share, c.time_share), reverse=True)
     for i, c in enumerate(candidates, 1):

@@ -86,6 +86,10 @@ class Profile:
             info["command"] = self.manifest.command
             info["versions"] = self.manifest.versions
             info["status"] = self.manifest.status
+            dynamo = (self.manifest.phases.get("timeline", {}).get("dynamo") or {}).get("plain")
+            if dynamo:
+                # Dynamo's own counts after the plain steps, before any profiler or hook ran.
+                info["dynamo"] = dynamo
         return info
 
 

@@ -7,28 +7,29 @@ Steps come from ``kerneltriage.step()`` when the script uses it, else from a glo
 step post-hook (every ``torch.optim`` optimizer), else nothing fires and the whole run is
 recorded.
 
-Phase 1 ("timeline") must time the program as the user runs it, so what it adds to the
-recorded steps is kept to the minimum (``Plan`` says which step does what):
+Phase 1 ("timeline") must time the program as the user runs it. A profiler session leaves
+the process slower after it has been stopped, exported and collected (more so the more
+launches a step has), so the order is fixed (``Plan`` says which step does what):
 
-- the profiler records the steps without input shapes (collecting shapes costs more host time
-  per op than the rest of the profiler); one step of the warm-up runs under a second, CPU-only
-  profiler that records them, and ``profile/shapes.py`` copies them onto the timed trace's ops;
-- module ranges (``kerneltriage.module:<path>:<Class>``) come from global forward hooks that
-  exist only from that shapes step to the end of the recorded steps. A hook call enters or
-  leaves one profiler range under a name resolved once per module; module input shapes for
-  ``regions.jsonl`` are taken in the first hooked step only;
-- every hook returns at once while Dynamo traces it (``torch.compiler.is_compiling()``), so a
-  compiled program gets the same graphs, graph breaks and kernels as without kerneltriage.
-  Hooks added after compilation are not guarded on (``skip_nnmodule_hook_guards``), so they
-  cause no recompilation either;
-- the recorded steps give the structure (ops, modules, shapes), not the time: recording CPU
-  ops costs host time per op, and a host-bound program runs slower under it. After them come
-  ``timing`` *clean* steps, with the module hooks gone and a profiler that records CUDA activity
-  only (CUPTI's activity buffers: no per-op work on the host), whose trace
-  (``logs/clean.rank<r>.json.gz``) gives the GPU's busy time as the program runs; then
-  ``timing`` *plain* steps with nothing installed. Every step end is time stamped (CUDA events
-  on the GPU, so no synchronization is added): the plain steps' median is the step time the
-  report uses, and the recorded and clean steps' medians measure what each pass cost.
+- after the user's warm-up, *plain* steps with nothing installed but a step counter: every
+  step end is stamped with a CUDA event (no synchronization is added); their median and spread
+  are the report's step time, and Dynamo's own counts (graph breaks, graphs, recompiles and
+  their reasons) are read after them;
+- then *clean* steps under a profiler that records CUDA activity only (CUPTI's activity
+  buffers: no per-op work on the host), whose trace (``logs/clean.rank<r>.json.gz``) gives the
+  GPU's busy time; kernel time barely moves with host time;
+- then one step under a CPU-only profiler that records input shapes (collecting shapes costs
+  host time per op), with module hooks installed from then on: module ranges
+  (``kerneltriage.module:<path>:<Class>``) enter or leave one profiler range under a name
+  resolved once per module, and module input shapes for ``regions.jsonl`` are taken in that
+  step; ``profile/trace_fixup.py`` copies the shapes onto the recorded trace's ops;
+- then the recorded steps: the structure (ops, kernels, modules), not the time.
+
+Every hook returns at once while Dynamo traces it (``torch.compiler.is_compiling()``), so a
+compiled program gets the same graphs, graph breaks and kernels as without kerneltriage. Hooks
+added after compilation are not guarded on (``skip_nnmodule_hook_guards``), so they cause no
+recompilation either. Each step's phase, and whether a profiler existed then, is written to the
+status file (``phases``).
 
 Phase 2 ("ncu") records nothing itself and installs no module hooks: it opens an NVTX
 *start/end* range around the first step phase 1 recorded (start/end ranges are process-wide,
@@ -87,14 +88,22 @@ def clean_file(rank_: int) -> str:
 class Plan:
     """Which step of phase 1 does what. Steps are numbered from 1, in the order they end.
 
-    ``warmup`` W and ``steps`` S as the user asked; ``timing`` T. With W ≥ 3: step W−1 runs
-    under the shapes profiler, step W is the timed profiler's own warm-up (CUPTI start-up),
-    steps W+1..W+S are recorded. With W < 3 there is no room for a separate shapes step and the
-    timed profiler records shapes itself, as it must in a whole-run recording.
+    ``warmup`` W and ``steps`` S as the user asked; ``timing`` T. Nothing of kerneltriage's
+    but a step counter exists before the plain steps are timed: a profiler session leaves the
+    process slower after it is stopped and collected (on a timm ViT-B/16, 29.1 ms per step
+    before a CPU+CUDA session, 34.1 ms after it), so no profiler may have run before them.
 
-    After the recorded steps (T > 0): step W+S+1 pays for the trace export and is the clean
-    profiler's warm-up, steps W+S+2..W+S+T+1 are clean (CUDA activity only), step W+S+T+2 pays
-    for the clean export, steps W+S+T+3..W+S+2T+2 are plain (nothing installed).
+    - steps 1..W: the user's warm-up (torch.compile compiles here), nothing installed;
+    - steps W+1..W+T: *plain*, nothing installed, each step end stamped with a CUDA event;
+    - step W+T+1: the clean profiler's warm-up (CUPTI start-up); steps W+T+2..W+2T+1:
+      *clean*, under a profiler of CUDA activity only (no per-op host work): the GPU's busy
+      time;
+    - the next step: the *shapes* step, under a CPU-only profiler that records input shapes,
+      with the module hooks installed from then on;
+    - the next: the timed profiler's own warm-up; then S *recorded* steps (ops, kernels,
+      module ranges), after which the process stops.
+
+    With T = 0 there are no plain or clean steps and the shapes step follows the warm-up.
     """
 
     warmup: int
@@ -103,39 +112,63 @@ class Plan:
     whole_run: bool = False
 
     @property
-    def shapes_step(self) -> int | None:
-        return self.warmup - 1 if self.warmup >= 3 and not self.whole_run else None
-
-    @property
-    def first_recorded(self) -> int:
-        return self.warmup + 1
-
-    @property
-    def last_recorded(self) -> int:
-        return self.warmup + self.steps
-
-    @property
-    def hooks_from(self) -> int:
-        """The first step during which module hooks exist (they go at the last recorded step's
-        end). Not the first step unless it is recorded: that is where torch.compile traces."""
-        return self.shapes_step or (1 if self.warmup == 0 else max(2, self.warmup))
-
-    @property
-    def stop_after(self) -> int:
-        """The process stops once this many steps ended (unless --run-to-end)."""
-        return self.last_recorded + (2 * self.timing + 2 if self.timing else 0)
+    def plain_steps(self) -> range:
+        """The steps timed with nothing installed."""
+        return range(self.warmup + 1, self.warmup + self.timing + 1)
 
     @property
     def clean_steps(self) -> range:
         """The steps timed under the CUDA-only profiler."""
-        first = self.last_recorded + 2
+        if not self.timing:
+            return range(0)
+        first = self.warmup + self.timing + 2
         return range(first, first + self.timing)
 
     @property
-    def plain_steps(self) -> range:
-        """The steps timed with nothing installed."""
-        first = self.last_recorded + self.timing + 3
-        return range(first, first + self.timing)
+    def shapes_step(self) -> int | None:
+        if self.whole_run:
+            return None
+        return self.warmup + (2 * self.timing + 2 if self.timing else 1)
+
+    @property
+    def first_recorded(self) -> int:
+        return self.warmup + 1 if self.whole_run else self.shapes_step + 2
+
+    @property
+    def last_recorded(self) -> int:
+        return self.first_recorded + self.steps - 1
+
+    @property
+    def hooks_from(self) -> int:
+        """The first step during which module hooks exist (the shapes step): never a step that
+        is timed plain or clean, nor the first step, where torch.compile traces."""
+        return self.shapes_step or 1
+
+    @property
+    def stop_after(self) -> int:
+        """The process stops once this many steps ended (unless --run-to-end)."""
+        return self.last_recorded
+
+    def phase_of(self, step: int) -> str:
+        """What step ``step`` is for (``warmup``, ``plain``, ``clean-warmup``, ``clean``,
+        ``shapes``, ``recorded-warmup``, ``recorded`` or ``after``)."""
+        if self.whole_run:
+            return "recorded"
+        if step <= self.warmup:
+            return "warmup"
+        if step in self.plain_steps:
+            return "plain"
+        if self.timing and step == self.warmup + self.timing + 1:
+            return "clean-warmup"
+        if step in self.clean_steps:
+            return "clean"
+        if step == self.shapes_step:
+            return "shapes"
+        if step == self.shapes_step + 1:
+            return "recorded-warmup"
+        if self.first_recorded <= step <= self.last_recorded:
+            return "recorded"
+        return "after"
 
 
 class Session:
@@ -172,6 +205,11 @@ class Session:
         self.torch = None
         self._range = None
         self._is_compiling = None
+        self.profilers_created = 0
+        # One entry per ended step: its phase and whether any profiler existed during it (the
+        # plain steps must show none; tests read this from the status file).
+        self.phase_log: list[dict[str, Any]] = []
+        self.dynamo_plain: dict[str, Any] | None = None  # Dynamo's counts after the plain steps
 
     # --- set-up -------------------------------------------------------------------------
 
@@ -191,6 +229,8 @@ class Session:
         register_optimizer_step_post_hook(self._on_optimizer_step)
         annotate.step_listeners.append(self._on_user_step)
         if self.mode == "timeline":
+            if self.warmup == 0 and not self.whole_run:
+                self._mark(0)  # the first plain step's start
             self._advance_timeline()
         elif self.mode == "ncu" and self.warmup == 0 and not self.whole_run:
             self._open_ncu_range()
@@ -214,6 +254,7 @@ class Session:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         # No with_flops: the report computes work from shapes and counters, never from the
         # profiler's FLOP estimates, and they cost host time per op.
+        self.profilers_created += 1
         return torch.profiler.profile(
             activities=activities, schedule=schedule, on_trace_ready=on_trace_ready, record_shapes=shapes
         )
@@ -229,42 +270,36 @@ class Session:
                 self.prof = self._profiler(shapes=True, cpu_only=False, schedule=None, on_trace_ready=None)
                 self.prof.start()
             return
-        if plan.timing and seen == plan.last_recorded and self._cuda_clock and self.trace_path is not None:
-            # The attribution trace is written (prof.step() exported it): the clean profiler
-            # records the GPU's activity only; its first step is CUPTI's warm-up.
+        if plan.timing and seen == plan.warmup + plan.timing and self._cuda_clock:
+            # The plain steps are timed; the first profiler of the process records the GPU's
+            # activity only. Its first step is CUPTI's warm-up.
+            self.dynamo_plain = _dynamo_facts()
             schedule = torch.profiler.schedule(wait=0, warmup=1, active=plan.timing, repeat=1)
             self.clean_prof = torch.profiler.profile(
                 activities=[torch.profiler.ProfilerActivity.CUDA],
                 schedule=schedule,
                 on_trace_ready=self._export_clean,
             )
+            self.profilers_created += 1
             self.clean_prof.start()
-        if seen == plan.hooks_from - 1:
-            self._install_module_hooks(describe=True)
-        elif self.describe:
-            self.describe = False  # one hooked step is enough for regions.jsonl
+        elif plan.timing and seen == plan.warmup + plan.timing:
+            self.dynamo_plain = _dynamo_facts()  # no GPU: the clean steps run bare
         shapes_step = plan.shapes_step
-        if shapes_step is not None:
-            if seen == shapes_step - 1:
-                self.shapes_prof = self._profiler(
-                    shapes=True, cpu_only=True, schedule=None, on_trace_ready=self._export_shapes
-                )
-                self.shapes_prof.start()
-            elif seen == shapes_step:
-                self._stop_shapes_pass()
-                # The timed profiler: its own warm-up step (step W), then the recorded steps.
-                schedule = torch.profiler.schedule(wait=0, warmup=1, active=plan.steps, repeat=1)
-                self.prof = self._profiler(
-                    shapes=False, cpu_only=False, schedule=schedule, on_trace_ready=self._export
-                )
-                self.prof.start()
-        elif seen == 0:
-            # Kineto needs one warm-up step of its own; the rest of the user's warm-up waits.
-            schedule = torch.profiler.schedule(
-                wait=max(0, self.warmup - 1), warmup=min(1, self.warmup), active=self.steps, repeat=1
+        if seen == shapes_step - 1:
+            if not plan.timing:
+                self.dynamo_plain = _dynamo_facts()  # nothing was timed plain: the warm-up's
+            self._install_module_hooks(describe=True)
+            self.shapes_prof = self._profiler(
+                shapes=True, cpu_only=True, schedule=None, on_trace_ready=self._export_shapes
             )
+            self.shapes_prof.start()
+        elif seen == shapes_step:
+            self.describe = False  # one hooked step is enough for regions.jsonl
+            self._stop_shapes_pass()
+            # The timed profiler: its own warm-up step, then the recorded steps.
+            schedule = torch.profiler.schedule(wait=0, warmup=1, active=plan.steps, repeat=1)
             self.prof = self._profiler(
-                shapes=True, cpu_only=False, schedule=schedule, on_trace_ready=self._export
+                shapes=False, cpu_only=False, schedule=schedule, on_trace_ready=self._export
             )
             self.prof.start()
 
@@ -332,6 +367,15 @@ class Session:
                 return
             self._mark(self.steps_seen)
             plan = self.plan
+            self.phase_log.append(
+                {
+                    "step": self.steps_seen,
+                    "phase": plan.phase_of(self.steps_seen),
+                    "profilers_created": self.profilers_created,
+                    "profiler_enabled": _profiler_enabled(self.torch),
+                    "module_hooks": bool(self.hook_handles),
+                }
+            )
             if self.steps_seen == plan.last_recorded:
                 self._remove_module_hooks()
             if self.prof is not None and self.trace_path is None:
@@ -570,6 +614,9 @@ class Session:
             "module_hooks_kept": bool(self.hook_handles),
             "environment": _environment(self.torch),
         }
+        if self.mode == "timeline":
+            data["phases"] = self.phase_log
+            data["dynamo"] = {"plain": self.dynamo_plain, "end": _dynamo_facts()}
         if self.mode == "timeline" and self.torch is not None:
             try:
                 data["step_times"] = self.step_times()
@@ -586,6 +633,45 @@ def _dynamo_graphs() -> int:
     utils = sys.modules.get("torch._dynamo.utils")
     counters = getattr(utils, "counters", None)
     return int(counters["stats"]["unique_graphs"]) if counters is not None else 0
+
+
+def _dynamo_facts() -> dict[str, Any] | None:
+    """Dynamo's own counts so far, as ``TORCH_LOGS=graph_breaks,recompiles`` reports them:
+    graph breaks (with the first line of each reason), graphs compiled, and recompiles with
+    the guard that failed. None when Dynamo never ran in this process."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    if counters is None or (not counters["stats"]["unique_graphs"] and not counters["graph_break"]):
+        return None
+    breaks = counters["graph_break"]
+    failures = getattr(utils, "guard_failures", None) or {}
+    recompiles = [
+        {"code": getattr(code, "co_name", str(code)), "reason": str(reason).strip()[:300]}
+        for code, reasons in list(failures.items())
+        for reason in reasons
+    ]
+    return {
+        "graph_breaks": int(sum(breaks.values())),
+        "graph_break_reasons": [
+            {"reason": str(r).strip().splitlines()[0][:300], "count": int(n)}
+            for r, n in list(breaks.items())[:20]
+        ],
+        "unique_graphs": int(counters["stats"]["unique_graphs"]),
+        "frames": int(counters["frames"]["total"]),
+        "recompiles": len(recompiles),
+        "recompile_reasons": recompiles[:20],
+    }
+
+
+def _profiler_enabled(torch) -> bool:
+    """Whether any torch profiler (autograd or Kineto) is on in this process now."""
+    if torch is None:
+        return False
+    check = getattr(getattr(torch._C, "_autograd", None), "_profiler_enabled", None)
+    try:
+        return bool(check()) if check is not None else False
+    except Exception:
+        return False
 
 
 def _is_compiling_function(torch):

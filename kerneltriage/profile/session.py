@@ -9,12 +9,14 @@ that says what it holds.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import gzip
 import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -205,6 +207,35 @@ def _phase_timeline(
         )
     traces = sorted(out.glob("trace*.json.gz"))
     steps_seen = max((s.get("steps_seen", 0) for s in statuses), default=0)
+    fitted = _fitted_timing(options, steps_seen) if not traces and not whole_run and code == 0 else None
+    if fitted is not None:
+        # The script ended before the recorded steps (they follow the plain, clean and shapes
+        # steps): run it again with as many timing steps as its length allows.
+        needed = Plan(options.warmup, options.steps, options.timing_steps).stop_after
+        message = (
+            f"the script ran {steps_seen} steps; --warmup {options.warmup}, {options.timing_steps} plain and "
+            f"{options.timing_steps} clean timing steps and --steps {options.steps} need {needed}: "
+            f"profiled again with --timing-steps {fitted}"
+            + (
+                ""
+                if fitted
+                else " (no plain steps: step and idle time are the recorded steps', profiler included)"
+            )
+        )
+        say.warn(message)
+        warnings.append(message)
+        options = dataclasses.replace(options, timing_steps=fitted)
+        manifest.schedule["timing_steps"] = fitted
+        config = _write_config(out, "timeline", options, command, whole_run=False)
+        seconds2, code, tail = _run(
+            command.with_runner(), config, out / rundir.LOGS / "phase1-fit", say, manifest
+        )
+        manifest.phases["timeline"]["seconds"] = round(seconds + seconds2, 2)
+        manifest.exit_code = code
+        seconds += seconds2
+        traces = sorted(out.glob("trace*.json.gz"))
+        statuses = _statuses(out, "timeline")
+        steps_seen = max((s.get("steps_seen", 0) for s in statuses), default=0)
     if not traces and not whole_run and code == 0 and steps_seen < options.warmup + options.steps:
         # No step boundary fired often enough: record the whole run instead, and say so.
         reason = (
@@ -254,6 +285,11 @@ def _phase_timeline(
         module_calls_per_step=round(first.get("module_calls", 0) / hooked_steps, 1),
         traces=[t.name for t in traces],
     )
+    dynamo = first.get("dynamo") or {}
+    if dynamo.get("plain") or dynamo.get("end"):
+        manifest.phases["timeline"]["dynamo"] = dynamo
+        _dynamo_drift(dynamo, warnings)
+    _check_plain_steps(first.get("phases") or [], warnings)
     clean = _clean_summary(out, first, plan, warnings)
     _step_time(first.get("step_times") or {}, plan, manifest, warnings, clean, rank=first.get("rank", 0))
     manifest.ranks = sorted(s.get("rank", 0) for s in statuses if s.get("trace")) or [0]
@@ -262,6 +298,23 @@ def _phase_timeline(
         seconds,
         f"{len(traces)} trace(s), steps from {manifest.phases['timeline']['step_source'] or 'the whole run'}",
     )
+
+
+def _fitted_timing(options: Options, steps_seen: int) -> int | None:
+    """The most timing steps a script of ``steps_seen`` steps leaves room for, when it ran at
+    least the warm-up and recorded steps but too few for the asked timing steps (None: the
+    asked plan fits, or the script is too short for any)."""
+    asked = Plan(options.warmup, options.steps, options.timing_steps)
+    if not options.timing_steps or steps_seen >= asked.stop_after:
+        return None
+    if steps_seen < Plan(options.warmup, options.steps, 0).stop_after:
+        return None
+    fits = [
+        t
+        for t in range(options.timing_steps - 1, 1, -1)
+        if Plan(options.warmup, options.steps, t).stop_after <= steps_seen
+    ]
+    return fits[0] if fits else 0
 
 
 def _finish_traces(out: Path, statuses: list[dict[str, Any]], manifest, warnings: list[str]) -> None:
@@ -279,14 +332,45 @@ def _finish_traces(out: Path, statuses: list[dict[str, Any]], manifest, warnings
             warnings.append(f"could not finish {status['trace']} (module ranges, shapes): {exc}")
             continue
         done[status["trace"]] = stats
-        if stats.get("ops") and stats["ops_with_shapes"] < 0.9 * stats["ops"]:
+        if stats.get("ops") and stats["ops_with_shapes"] < 0.99 * stats["ops"]:
+            lacking = ", ".join(f"{name} ×{n}" for name, n in (stats.get("missing") or {}).items())
             message = (
-                f"{status['trace']}: input shapes found for {stats['ops_with_shapes']} of {stats['ops']} ops "
-                "(the shapes step ran other ops than the recorded steps); the others are estimated without them"
+                f"{status['trace']}: input shapes found for {stats['ops_with_shapes']} of {stats['ops']} ops; "
+                f"the recorded steps ran ops the shapes step did not ({lacking or 'unnamed'}): "
+                "those are estimated without their shapes"
             )
             warnings.append(message)
             manifest.warnings.append(message)
     manifest.phases["timeline"]["trace_fixup"] = done
+
+
+def _dynamo_drift(dynamo: dict[str, Any], warnings: list[str]) -> None:
+    """Graphs compiled after the plain steps (while kerneltriage's profilers and hooks ran) are
+    the program's, or kerneltriage's doing: either way the report should say so."""
+    plain, end = dynamo.get("plain") or {}, dynamo.get("end") or {}
+    if not plain or not end:
+        return
+    extra = end.get("recompiles", 0) - plain.get("recompiles", 0)
+    if extra > 0:
+        reasons = [r["reason"] for r in (end.get("recompile_reasons") or [])[plain.get("recompiles", 0) :]]
+        warnings.append(
+            f"Dynamo recompiled {extra} time(s) after the plain steps, while profiling"
+            + (f" ({'; '.join(reasons[:2])})" if reasons else "")
+            + ": the report's torch.compile counts are those of the plain steps"
+        )
+
+
+def _check_plain_steps(phases: list[dict[str, Any]], warnings: list[str]) -> None:
+    """The plain steps must have run before any profiler existed in the process."""
+    bad = [
+        p["step"]
+        for p in phases
+        if p.get("phase") == "plain" and (p.get("profilers_created") or p.get("profiler_enabled"))
+    ]
+    if bad:
+        warnings.append(
+            f"plain steps {bad} ran after a profiler existed in the process: their step time may carry its residue"
+        )
 
 
 def _clean_summary(out: Path, status: dict[str, Any], plan: Plan, warnings: list[str]) -> dict[str, Any]:
@@ -339,6 +423,9 @@ def _step_time(
         "recorded_median_ms": recorded,
         "clean_median_ms": clean_ms,
         "plain_median_ms": plain,
+        # Robust spread of the plain steps (1.4826 × the median absolute deviation): idle time
+        # is called out only well above it.
+        "plain_spread_ms": _spread(times.get("plain_ms") or []),
         # The clean steps against the plain ones: what the GPU busy time was measured under
         # (None when no clean profiler ran: no GPU, the clean steps ran bare).
         "overhead": overhead(clean_ms) if times.get("clean_profiler") else None,
@@ -353,8 +440,8 @@ def _step_time(
         if not plan.timing:
             return  # --timing-steps 0: the recorded steps are timed, as asked
         warnings.append(
-            f"the plain step time was not measured: the script ended before the {plan.timing} clean and "
-            f"{plan.timing} plain steps that follow the recorded ones (it needs {plan.stop_after} steps); "
+            f"the plain step time was not measured: the script ended before its {plan.timing} plain steps "
+            f"(it needs {plan.stop_after} steps); "
             "step and idle time in the report are those of the recorded steps, profiler included"
         )
         return
@@ -366,6 +453,13 @@ def _step_time(
         )
         warnings.append(message)
         manifest.warnings.append(message)
+
+
+def _spread(values: list[float]) -> float | None:
+    if len(values) < 2:
+        return None
+    mid = statistics.median(values)
+    return round(1.4826 * statistics.median(abs(v - mid) for v in values), 4)
 
 
 def find_nsys() -> str | None:

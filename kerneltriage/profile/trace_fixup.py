@@ -70,31 +70,56 @@ def _ops_by_thread(events: list[dict[str, Any]]) -> dict[Any, list[dict[str, Any
 
 def copy_shapes(timed: list[dict[str, Any]], source: list[dict[str, Any]]) -> dict[str, Any]:
     """Copy the shape arguments of ``source``'s ops onto the ops of each recorded step of
-    ``timed`` (in place). ``source`` holds one step."""
+    ``timed`` (in place). ``source`` holds one step.
+
+    Steps are the host's ``ProfilerStep#N`` ranges (the GPU's copies of them, category
+    ``gpu_user_annotation``, overlap the next step and would count its ops twice). Ops whose
+    name never carries shapes (``autograd::engine::evaluate_function: …`` wrappers, module and
+    step ranges) are counted apart: ``ops`` counts those that can."""
     windows = sorted(
         (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
         for e in timed
-        if e.get("ph") == "X" and _STEP.match(str(e.get("name", ""))) and "ts" in e
+        if e.get("ph") == "X"
+        and e.get("cat") != "gpu_user_annotation"
+        and _STEP.match(str(e.get("name", "")))
+        and "ts" in e
     )
     src = _ops_by_thread(source)
     src_names = {tid: [str(e.get("name")) for e in ops] for tid, ops in src.items()}
-    total = matched = 0
+    shaped = {
+        str(e.get("name")) for ops in src.values() for e in ops if (e.get("args") or {}).get("Input Dims")
+    }
+    total = matched = unshaped = 0
+    missing: dict[str, int] = {}
     for tid, ops in _ops_by_thread(timed).items():
         starts = [float(e.get("ts", 0.0)) for e in ops]
         ref = src.get(tid)
         for start, end in windows:
             lo, hi = bisect.bisect_left(starts, start), bisect.bisect_left(starts, end)
             segment = ops[lo:hi]
-            total += len(segment)
-            if not ref or not segment:
-                continue
-            for i, j in align(src_names[tid], [str(e.get("name")) for e in segment]):
-                args = ref[i].get("args") or {}
-                shapes = {k: args[k] for k in SHAPE_ARGS if k in args}
-                if shapes:
-                    segment[j].setdefault("args", {}).update(shapes)
-                matched += 1
-    return {"steps": len(windows), "ops": total, "ops_with_shapes": matched}
+            if ref and segment:
+                for i, j in align(src_names[tid], [str(e.get("name")) for e in segment]):
+                    args = ref[i].get("args") or {}
+                    shapes = {k: args[k] for k in SHAPE_ARGS if k in args}
+                    if shapes:
+                        segment[j].setdefault("args", {}).update(shapes)
+            for e in segment:
+                name = str(e.get("name"))
+                if name not in shaped and "Input Dims" not in (e.get("args") or {}):
+                    unshaped += 1
+                    continue
+                total += 1
+                if "Input Dims" in (e.get("args") or {}):
+                    matched += 1
+                else:
+                    missing[name] = missing.get(name, 0) + 1
+    return {
+        "steps": len(windows),
+        "ops": total,
+        "ops_with_shapes": matched,
+        "ops_without_shape_args": unshaped,
+        "missing": dict(sorted(missing.items(), key=lambda kv: -kv[1])[:10]),
+    }
 
 
 def align(a: list[str], b: list[str], lookahead: int = _LOOKAHEAD) -> list[tuple[int, int]]:

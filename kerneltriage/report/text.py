@@ -138,6 +138,15 @@ def headroom_text(c) -> str:
     return f"{times(c.headroom)} {source}"
 
 
+def _dynamo_parts(dynamo: dict) -> list[str]:
+    """Dynamo's own counts (``TORCH_LOGS=graph_breaks,recompiles`` reports the same)."""
+    return [
+        f"graphs compiled: {dynamo.get('unique_graphs', 0)}",
+        f"graph breaks: {dynamo.get('graph_breaks', 0)}",
+        f"recompiles: {dynamo.get('recompiles', 0)} (Dynamo's counters, before any profiler ran)",
+    ]
+
+
 def compiled_lines(report: Report) -> list[str]:
     """torch.compile in the trace: compiled regions, graph breaks and recompiles with where
     they happen, and the launch-bound graphs with their fix (empty without compiled code)."""
@@ -152,21 +161,25 @@ def compiled_lines(report: Report) -> list[str]:
         parts.append(f"{comp['compiled_functions_per_step']:g} AOT graph(s) (CompiledFunction) per step")
     if comp.get("fx_graph_calls_per_step") and not comp.get("regions_per_step"):
         parts.append(f"{comp['fx_graph_calls_per_step']:g} compiled FX graph call(s) per step")
-    recompiles = comp.get("recompiles") or []
-    parts.append(
-        "recompiles: "
-        + (
-            ", ".join(
-                f"frame {r['frame']} compiled {r['compilations']}× (in {r['where']})" for r in recompiles
-            )
-            if recompiles
-            else "none seen"
-        )
-    )
-    if comp.get("regions_per_step") or comp.get("compiled_functions_per_step"):
-        parts.append(f"graph breaks: {comp.get('graph_breaks_per_step', 0):g} per step")
+    dynamo = comp.get("dynamo")
+    if dynamo:
+        parts += _dynamo_parts(dynamo)
     else:
-        parts.append("graph breaks: not visible (no Dynamo region or CompiledFunction in the trace)")
+        recompiles = comp.get("recompiles") or []
+        parts.append(
+            "recompiles: "
+            + (
+                ", ".join(
+                    f"frame {r['frame']} compiled {r['compilations']}× (in {r['where']})" for r in recompiles
+                )
+                if recompiles
+                else "none seen"
+            )
+        )
+        if comp.get("regions_per_step") or comp.get("compiled_functions_per_step"):
+            parts.append(f"graph breaks: {comp.get('graph_breaks_per_step', 0):g} per step (from the trace)")
+        else:
+            parts.append("graph breaks: not visible (no Dynamo region or CompiledFunction in the trace)")
     lines = ["torch.compile: " + " · ".join(parts)]
     orphan = comp.get("inductor_launch_records_without_kernel_per_step") or 0
     if orphan:
@@ -174,7 +187,11 @@ def compiled_lines(report: Report) -> list[str]:
             f"  {orphan:g} Inductor launch record(s) per step launch no GPU kernel in the trace (captured into "
             "a CUDA graph, or run outside the profiled window): no GPU time is counted for them"
         )
-    for b in comp.get("graph_breaks") or []:
+    for d in (dynamo or {}).get("graph_break_reasons") or []:
+        lines.append(f"  graph break ×{d['count']}: {d['reason']}")
+    for r in (dynamo or {}).get("recompile_reasons") or []:
+        lines.append(f"  recompile of {r['code']}: {r['reason']}")
+    for b in [] if dynamo else comp.get("graph_breaks") or []:
         text = f"  break in {b['where']}: {b['graphs_per_call']} graphs per call"
         if b.get("empty_per_call"):
             text += f", {b['empty_per_call']:g} of them launch no GPU work (a wrapper or a break's stub)"

@@ -48,22 +48,38 @@ def profile(*args):
     return CliRunner().invoke(main, ["profile", "-q", "--cpu", *map(str, args)], catch_exceptions=False)
 
 
-def test_the_plan_keeps_the_first_step_and_the_recorded_steps_free():
+def test_the_plan_times_plain_steps_before_any_profiler():
     plan = Plan(warmup=3, steps=3, timing=5)
-    assert plan.shapes_step == 2  # shapes in the warm-up, after the first (compiling) step
-    assert (plan.first_recorded, plan.last_recorded) == (4, 6)
-    assert plan.hooks_from == 2 and plan.stop_after == 18
-    # Step 7 pays for the trace export (and is the clean profiler's warm-up), step 13 for the
-    # clean trace's export.
-    assert list(plan.clean_steps) == [8, 9, 10, 11, 12]
-    assert list(plan.plain_steps) == [14, 15, 16, 17, 18]
-    assert Plan(warmup=3, steps=3, timing=0).stop_after == 6
-    # No room for a separate shapes step: the timed profiler records shapes; hooks still keep
-    # off the first step when it is not recorded.
-    assert Plan(warmup=1, steps=2, timing=6).shapes_step is None
-    assert Plan(warmup=1, steps=2, timing=6).hooks_from == 2
-    assert Plan(warmup=0, steps=2, timing=6).hooks_from == 1
-    assert Plan(warmup=5, steps=2, timing=0, whole_run=True).shapes_step is None
+    # Plain steps straight after the warm-up, then the clean profiler (its warm-up step 9),
+    # then the shapes step (hooks from there on), the recorded profiler's warm-up, the steps.
+    assert list(plan.plain_steps) == [4, 5, 6, 7, 8]
+    assert list(plan.clean_steps) == [10, 11, 12, 13, 14]
+    assert plan.shapes_step == 15 and plan.hooks_from == 15
+    assert (plan.first_recorded, plan.last_recorded) == (17, 19) and plan.stop_after == 19
+    phases = [plan.phase_of(s) for s in range(1, 20)]
+    assert phases == ["warmup"] * 3 + ["plain"] * 5 + ["clean-warmup"] + ["clean"] * 5 + [
+        "shapes",
+        "recorded-warmup",
+        "recorded",
+        "recorded",
+        "recorded",
+    ]
+    # No timing steps: the shapes step follows the warm-up; the recorded steps are timed.
+    bare = Plan(warmup=3, steps=3, timing=0)
+    assert (bare.shapes_step, bare.first_recorded, bare.stop_after) == (4, 6, 8)
+    assert list(bare.plain_steps) == [] and list(bare.clean_steps) == []
+    # The first step (torch.compile traces there) never has hooks, even with no warm-up.
+    assert Plan(warmup=0, steps=2, timing=6).hooks_from > 1
+    whole = Plan(warmup=5, steps=2, timing=0, whole_run=True)
+    assert whole.shapes_step is None and whole.phase_of(3) == "recorded"
+
+
+def test_a_short_script_is_profiled_again_with_the_timing_steps_it_has_room_for():
+    options = session.Options(warmup=3, steps=3, timing_steps=5)
+    assert session._fitted_timing(options, 19) is None  # the plan fits
+    assert session._fitted_timing(options, 15) == 3  # 3 + 2·3 + 3 + 3 = 15
+    assert session._fitted_timing(options, 10) == 0  # room for warm-up, shapes and recorded only
+    assert session._fitted_timing(options, 7) is None  # not even that: the whole run is recorded
 
 
 @pytest.mark.parametrize("warmup", [3, 0])
@@ -100,9 +116,9 @@ def test_an_eager_model_gets_module_ranges_and_shapes_in_its_timed_steps(tmp_pat
     assert result.exit_code == 0, result.output
     m = json.loads((out / rundir.MANIFEST).read_text())
     phase = m["phases"]["timeline"]
-    # Steps 1-2 warm-up (2 under the shapes profiler), 3 the profiler's own warm-up, 4-5
-    # recorded, 6 export, 7-11 clean, 12 export, 13-17 plain; then the script is stopped.
-    assert phase["steps_seen"] == 17
+    # Steps 1-3 warm-up, 4-8 plain, 9 the clean profiler's warm-up (none runs without a GPU),
+    # 10-14 clean, 15 shapes, 16 the recorded profiler's warm-up, 17-18 recorded; then stop.
+    assert phase["steps_seen"] == 18
     assert (out / "logs" / "shapes.rank0.json.gz").is_file()
     # The timed steps were recorded without shapes; every op got them from the shapes step.
     raw = json.loads(gzip.decompress((out / "logs" / "shapes.rank0.json.gz").read_bytes()))
@@ -206,7 +222,7 @@ def test_shapes_are_copied_onto_every_recorded_step():
         op("aten::mm", 300.0, {}),  # after the steps: not a recorded step's op
     ]
     stats = copy_shapes(timed, source)
-    assert stats == {"steps": 2, "ops": 4, "ops_with_shapes": 4}
+    assert stats == {"steps": 2, "ops": 4, "ops_with_shapes": 4, "ops_without_shape_args": 0, "missing": {}}
     assert timed[1]["args"]["Input Dims"] == [[2, 4], [4, 4]] and timed[5]["args"]["Input Dims"] == [[2, 4]]
     assert "Input Dims" not in timed[6]["args"]
 

@@ -25,6 +25,7 @@ from kerneltriage.ingest.kineto import read_trace
 from kerneltriage.profile import session
 from kerneltriage.profile.hooks import Plan, Session
 from kerneltriage.profile.trace_fixup import align, copy_shapes, summarize_clean
+from kerneltriage.report.text import compiled_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 GPT = ROOT / "examples" / "train_gpt.py"
@@ -86,9 +87,8 @@ def test_a_short_script_is_profiled_again_with_the_timing_steps_it_has_room_for(
 def test_torch_compile_sees_the_same_program_under_profile(tmp_path, stats_env, warmup):
     # The profiling issue: a 4-block model compiled with 0 graph breaks and 1 graph plainly,
     # and with 56 breaks and 31 graphs under `profile --cpu --run-to-end` (Dynamo traced the
-    # module hooks, then hit its recompile limit in them). --warmup 0 installs the hooks before
-    # the first step, so Dynamo traces the model with them in place.
-    args = [GPT, "--tiny", "--layers", "4", "--device", "cpu", "--compile", "--steps", "12"]
+    # module hooks, then hit its recompile limit in them).
+    args = [GPT, "--tiny", "--layers", "4", "--device", "cpu", "--compile", "--steps", "20"]
     subprocess.run([sys.executable, *map(str, args)], check=True, env=os.environ, capture_output=True)
     out = tmp_path / "run"
     result = profile(
@@ -99,14 +99,14 @@ def test_torch_compile_sees_the_same_program_under_profile(tmp_path, stats_env, 
     assert plain["kerneltriage_mode"] is None and profiled["kerneltriage_mode"] == "timeline"
     assert (plain["graph_breaks"], plain["unique_graphs"]) == (0, 1)
     assert (profiled["graph_breaks"], profiled["unique_graphs"]) == (0, 1), profiled["graph_break_reasons"]
-    assert len(profiled["step_ms"]) == 11  # the script ran its 12 steps
+    assert len(profiled["step_ms"]) == 19  # the script ran its 20 steps
     # The compiled model still has its range (torch.compile's wrapper, named as the model).
     names = set(read_trace(out / rundir.TRACE).cpu["name"])
     assert "kerneltriage.module:GPT:GPT" in names
     status = json.loads((out / "logs" / "status.timeline.rank0.json").read_text())
-    # With the hooks in place while Dynamo compiled, they stay (inert): removing them would
-    # fail Dynamo's guards on the global hook dicts and recompile.
-    assert status["module_hooks_kept"] is (warmup == 0)
+    # Even with --warmup 0 the hooks come after the plain and clean steps, long after Dynamo
+    # compiled the first step: nothing guards on them, so they go at the end.
+    assert status["module_hooks_kept"] is False
 
 
 def test_an_eager_model_gets_module_ranges_and_shapes_in_its_timed_steps(tmp_path, stats_env):
@@ -119,6 +119,17 @@ def test_an_eager_model_gets_module_ranges_and_shapes_in_its_timed_steps(tmp_pat
     # Steps 1-3 warm-up, 4-8 plain, 9 the clean profiler's warm-up (none runs without a GPU),
     # 10-14 clean, 15 shapes, 16 the recorded profiler's warm-up, 17-18 recorded; then stop.
     assert phase["steps_seen"] == 18
+    # The plain steps ran before any profiler existed in the process, without module hooks;
+    # the runner logged each step's phase as it ended.
+    status = json.loads((out / "logs" / "status.timeline.rank0.json").read_text())
+    log = {p["step"]: p for p in status["phases"]}
+    plain = [p for p in status["phases"] if p["phase"] == "plain"]
+    assert [p["step"] for p in plain] == [4, 5, 6, 7, 8]
+    assert all(
+        p["profilers_created"] == 0 and not p["profiler_enabled"] and not p["module_hooks"] for p in plain
+    )
+    assert log[15]["phase"] == "shapes" and log[15]["profiler_enabled"] and log[15]["module_hooks"]
+    assert log[17]["phase"] == "recorded" and log[17]["profilers_created"] == 2
     assert (out / "logs" / "shapes.rank0.json.gz").is_file()
     # The timed steps were recorded without shapes; every op got them from the shapes step.
     raw = json.loads(gzip.decompress((out / "logs" / "shapes.rank0.json.gz").read_bytes()))
@@ -332,3 +343,68 @@ def test_the_report_times_the_plain_steps_and_says_how(tmp_path):
     )
     # An older run keeps its own timing.
     assert "timing" not in build_report(ROOT / "examples" / "runs" / "gpt-naive-h200").source
+
+
+DYNAMO_TOY = """
+import json, sys, torch, torch._dynamo.utils as du
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 1)
+
+    def forward(self, x):
+        h = self.a(x).relu()
+        torch._dynamo.graph_break()  # one deliberate graph break
+        return self.b(h).mean()
+
+torch.manual_seed(0)
+model = torch.compile(Net())
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(8, 16)
+for step in range(int(sys.argv[2])):
+    if step == 1:
+        with torch.no_grad():  # an evaluation pass: grad mode changed, one recompile per frame
+            model(x)
+    model(x).backward()
+    opt.step()
+    opt.zero_grad()
+breaks = du.counters["graph_break"]
+with open(sys.argv[1], "w") as f:
+    json.dump({"graph_breaks": sum(breaks.values()), "unique_graphs": du.counters["stats"]["unique_graphs"],
+               "recompiles": sum(len(v) for v in du.guard_failures.values())}, f)
+"""
+
+
+def test_the_report_counts_graph_breaks_and_recompiles_as_dynamo_does(tmp_path):
+    from kerneltriage.api import report as build
+
+    script = tmp_path / "toy.py"
+    script.write_text(DYNAMO_TOY)
+    alone = tmp_path / "alone.json"
+    subprocess.run([sys.executable, str(script), str(alone), "24"], check=True, capture_output=True)
+    expected = json.loads(alone.read_text())
+    assert expected["graph_breaks"] >= 1 and expected["recompiles"] >= 1
+    out = tmp_path / "run"
+    result = profile(
+        "--out", out, "--warmup", "3", "--steps", "2", "--", sys.executable, script, tmp_path / "p.json", "24"
+    )
+    assert result.exit_code == 0, result.output
+    dynamo = json.loads((out / rundir.MANIFEST).read_text())["phases"]["timeline"]["dynamo"]["plain"]
+    assert {k: dynamo[k] for k in expected} == expected
+    assert any("grad_mode" in r["reason"] for r in dynamo["recompile_reasons"])
+    # A CPU run has no kernels to report on: the counts go into a GPU run's manifest (the
+    # compiled GPT-2 example), whose report must show them instead of the trace's.
+    run = tmp_path / "gpu-run"
+    shutil.copytree(ROOT / "examples" / "runs" / "gpt2-compile-h100", run)
+    m = json.loads((run / rundir.MANIFEST).read_text())
+    m["phases"]["timeline"]["dynamo"] = {"plain": dynamo, "end": dynamo}
+    (run / rundir.MANIFEST).write_text(json.dumps(m))
+    rep = build(run)
+    assert {k: rep.compiled["dynamo"][k] for k in expected} == expected
+    text = "\n".join(compiled_lines(rep))
+    assert (
+        f"graph breaks: {expected['graph_breaks']}" in text
+        and f"recompiles: {expected['recompiles']}" in text
+    )
+    assert "grad_mode" in text and "(from the trace)" not in text

@@ -67,11 +67,14 @@ def result_lines(data: Any) -> list[str]:
     settings = data.settings
     lines = [
         f"verify {data.run}: {settings.repeats} run(s) per side, {settings.steps} timed steps after "
-        f"{settings.warmup} warm-up, losses within {settings.loss_rtol:g}" + (f" · {data.device}" if data.device else ""),
+        f"{settings.warmup} warm-up, losses within {settings.loss_rtol:g}"
+        + (f" · {data.device}" if data.device else ""),
     ]
     if not data.complete:
         lines.append("partial: interrupted before every run finished")
-    header = f"{'id':<5} {'status':<16} {'predicted':>9} {'realized':>9}  {'baseline':>18}  {'fixed':>18}  losses"
+    header = (
+        f"{'id':<5} {'status':<16} {'predicted':>9} {'realized':>9}  {'baseline':>18}  {'fixed':>18}  losses"
+    )
     lines += ["", header]
     for c in data.candidates:
         lines.append(

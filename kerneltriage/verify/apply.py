@@ -35,7 +35,14 @@ KINDS = (
     "fused-optimizer",
 )
 #: Kinds that act at the first forward (the others act before the script runs).
-AT_FIRST_FORWARD = ("norm-swap", "compile-module", "compile-model", "hf-attention", "autocast", "channels-last")
+AT_FIRST_FORWARD = (
+    "norm-swap",
+    "compile-module",
+    "compile-model",
+    "hf-attention",
+    "autocast",
+    "channels-last",
+)
 _FIELDS: dict[str, tuple[str, ...]] = {
     "norm-swap": ("classes",),
     "liger": ("arch", "kernel"),
@@ -167,7 +174,9 @@ def _compile_module(torch, applied: Applied, fields: dict[str, Any]) -> None:
     def action(root, _args):
         found = [m for m in root.modules() if _named(m, classes)]
         if not found:
-            raise ApplyFailed(f"compile-module found no {'/'.join(classes)} module under {type(root).__name__}")
+            raise ApplyFailed(
+                f"compile-module found no {'/'.join(classes)} module under {type(root).__name__}"
+            )
         for m in found:
             m.compile(mode=mode)
         return {"compiled": len(found), "mode": mode}
@@ -190,7 +199,9 @@ def _hf_attention(torch, applied: Applied, fields: dict[str, Any]) -> None:
         try:
             from kerneltriage.kernels.hf_attention import use_flash_attention
         except ImportError as exc:
-            raise ApplyFailed(f"the built-in attention for Hugging Face models cannot be imported: {exc}") from exc
+            raise ApplyFailed(
+                f"the built-in attention for Hugging Face models cannot be imported: {exc}"
+            ) from exc
         result = use_flash_attention(root)
         return {"hf_attention": result if isinstance(result, dict) else str(result)}
 

@@ -14,6 +14,7 @@ from typing import Any
 from kerneltriage.errors import InputError
 from kerneltriage.verify.apply import check
 
+
 @dataclass
 class Settings:
     repeats: int = 3
@@ -130,7 +131,9 @@ def plan_candidate(candidate: Any, by_hand: list[str] | None = None, *, distribu
             planned.why_not = f"{problem}: the runner cannot apply it" + _by_hand_hint(candidate)
             planned.apply = None
         elif planned.apply["kind"] == "liger":
-            planned.notes.append("needs liger_kernel importable in the script's Python (checked when it runs)")
+            planned.notes.append(
+                "needs liger_kernel importable in the script's Python (checked when it runs)"
+            )
     return planned
 
 
@@ -159,8 +162,7 @@ def make_plan(
     command = list(manifest.command)
     chosen = select(candidates, ids, by_hand[0] if by_hand else None)
     planned = [
-        plan_candidate(c, by_hand[1] if by_hand else None, distributed=_is_torchrun(command))
-        for c in chosen
+        plan_candidate(c, by_hand[1] if by_hand else None, distributed=_is_torchrun(command)) for c in chosen
     ]
     for c in planned:  # the hint names this run
         if c.why_not:

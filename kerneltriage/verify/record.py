@@ -53,7 +53,9 @@ class LossCheck(_Model):
     status: Literal["same", "differs", "inconclusive", "not measured"]
     rtol: float
     max_rel_diff: float | None = None
-    baseline_noise: float | None = Field(None, description="largest relative difference between baseline runs")
+    baseline_noise: float | None = Field(
+        None, description="largest relative difference between baseline runs"
+    )
     steps_compared: int = 0
     baseline: list[float] = []
     fixed: list[float] = []

@@ -98,7 +98,9 @@ def run_verify(plan: Plan, manifest: rundir.Manifest, reporter: Reporter | None 
             apply = next((c.apply for c in todo if c.id == label and c.command is None), None)
             say.run_started(label, index, len(order))
             start = time.perf_counter()
-            result = _run_one(command, where, manifest.env, plan.settings, apply, logs / f"{label}.{len(repeat)}")
+            result = _run_one(
+                command, where, manifest.env, plan.settings, apply, logs / f"{label}.{len(repeat)}"
+            )
             say.run_done(label, result, time.perf_counter() - start)
             repeat.append(result)
             if label == BASELINE and len(repeat) == 1:
@@ -191,7 +193,11 @@ def _run_one(
         result = json.loads(result_path.read_text())
     except (OSError, ValueError):
         last = next((line for line in reversed(tail) if line.strip()), "")
-        result = {"status": "failed", "error": f"exit code {code}" + (f": {last}" if last else ""), "step_ms": []}
+        result = {
+            "status": "failed",
+            "error": f"exit code {code}" + (f": {last}" if last else ""),
+            "step_ms": [],
+        }
     result["exit_code"] = code
     if result["status"] == "failed" and tail and result.get("error", "").startswith("the script exited"):
         last = next((line for line in reversed(tail) if line.strip()), "")
@@ -265,7 +271,9 @@ def _entry(
     entry.applied = next((r.get("applied") for r in ok if r.get("applied")), None)
     if failed and not ok:
         first = failed[0]
-        what = "the fix could not be applied" if first.get("status") == "not-applied" else "the fixed run failed"
+        what = (
+            "the fix could not be applied" if first.get("status") == "not-applied" else "the fixed run failed"
+        )
         entry.why = f"{what}: {first.get('error') or 'no result'}"
         return entry
     base_ok = [r for r in baseline if r.get("status") == "ok" and r.get("step_ms")]

@@ -158,7 +158,7 @@ def _decide(module: nn.Module, classes: dict, semantics: dict) -> tuple[nn.Modul
     return None, None
 
 
-def patch(model: nn.Module, *, classes: Collection[str] | None = None) -> PatchReport:
+def patch(model: nn.Module, *, only: Collection[str] | None = None) -> PatchReport:
     """Replace, inside ``model`` and in place, every ``torch.nn.RMSNorm`` / ``torch.nn.LayerNorm``
     with ``kerneltriage.kernels.RMSNorm`` / ``LayerNorm``, and every Hugging Face RMSNorm whose
     math a kernel matches (``kerneltriage/data/hf_norms.yaml``) with its drop-in. Returns a
@@ -168,7 +168,7 @@ def patch(model: nn.Module, *, classes: Collection[str] | None = None) -> PatchR
     A module shared by several parents is replaced by one shared new module. ``model`` itself
     cannot be replaced in place: if it is a norm, it is reported as skipped.
 
-    ``classes``: only modules whose class name (or ``module.qualname``) is listed are
+    ``only``: only modules whose class name (or ``module.qualname``) is listed are
     considered; the others are left alone and not reported (one candidate's fix)."""
     classes, semantics = _hf_table()
     report = PatchReport()
@@ -178,7 +178,7 @@ def patch(model: nn.Module, *, classes: Collection[str] | None = None) -> PatchR
     # Depth-first, every occurrence of a shared module (list first: the tree changes below).
     for name, child in list(model.named_modules(remove_duplicate=False))[1:]:
         parent_name, _, attr = name.rpartition(".")
-        if classes is not None and not _named(type(child), classes):
+        if only is not None and not _named(type(child), only):
             continue
         if id(child) not in done:
             new, reason = _decide(child, classes, semantics)

@@ -157,7 +157,7 @@ def _norm_swap(torch, applied: Applied, fields: dict[str, Any]) -> None:
     def action(root, _args):
         from kerneltriage.kernels.patch import patch
 
-        report = patch(root, classes=classes)
+        report = patch(root, only=classes)
         if not report.swapped:
             why = "; ".join(f"{name}: {reason}" for name, reason in report.skipped[:3])
             raise ApplyFailed(
@@ -347,7 +347,7 @@ def _sdpa_backend(torch, applied: Applied, fields: dict[str, Any]) -> None:
     name = str(fields["backend"]).rpartition(".")[2].upper()
     member = getattr(SDPBackend, name, None)
     if member is None:
-        known = ", ".join(m.name for m in SDPBackend if m.name != "ERROR")
+        known = ", ".join(n for n in SDPBackend.__members__ if n != "ERROR")
         raise ApplyFailed(f"unknown SDPA backend {fields['backend']!r} (one of {known})")
     context = sdpa_kernel([member])
     context.__enter__()  # for the whole process

@@ -631,10 +631,18 @@ def profile(
 @main.command()
 @click.argument("run", type=click.Path(path_type=Path))
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-@click.option("--candidates", help="Comma-separated candidate ids (default: every actionable one), e.g. C1,C3.")
-@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Runs of each side.")
-@click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True, help="Timed steps per run.")
-@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True, help="Untimed steps first.")
+@click.option(
+    "--candidates", help="Comma-separated candidate ids (default: every actionable one), e.g. C1,C3."
+)
+@click.option(
+    "--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Runs of each side."
+)
+@click.option(
+    "--steps", type=click.IntRange(min=1), default=20, show_default=True, help="Timed steps per run."
+)
+@click.option(
+    "--warmup", type=click.IntRange(min=0), default=3, show_default=True, help="Untimed steps first."
+)
 @click.option(
     "--loss-rtol",
     type=click.FloatRange(min=0.0, min_open=True),
@@ -644,7 +652,9 @@ def profile(
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed set before the script runs.")
 @click.option("--plan", "plan_only", is_flag=True, help="Print what would run and an estimate; run nothing.")
-@click.option("--by-hand", "by_hand", metavar="ID", help="Verify candidate ID with your fixed command after --.")
+@click.option(
+    "--by-hand", "by_hand", metavar="ID", help="Verify candidate ID with your fixed command after --."
+)
 def verify(run, command, candidates, repeats, steps, warmup, loss_rtol, seed, plan_only, by_hand):
     """Measure each fix's saving: re-run the run's recorded command, baseline and fixed.
 
@@ -671,14 +681,22 @@ def verify(run, command, candidates, repeats, steps, warmup, loss_rtol, seed, pl
     if by_hand and candidates:
         raise InputError("--by-hand verifies one candidate; leave out --candidates")
     settings = Settings(
-        repeats=repeats, warmup=max(warmup, 1), steps=steps, loss_steps=min(3, max(warmup, 1)),
-        loss_rtol=loss_rtol, seed=seed,
+        repeats=repeats,
+        warmup=max(warmup, 1),
+        steps=steps,
+        loss_steps=min(3, max(warmup, 1)),
+        loss_rtol=loss_rtol,
+        seed=seed,
     )
     ids = [c.strip() for c in candidates.split(",") if c.strip()] if candidates else None
     with _Progress(sys.stderr.isatty()) as progress:
         progress("reading the run's report")
         plan, manifest = load_plan(
-            str(run), settings, ids=ids, by_hand=(by_hand, list(command)) if by_hand else None, progress=progress
+            str(run),
+            settings,
+            ids=ids,
+            by_hand=(by_hand, list(command)) if by_hand else None,
+            progress=progress,
         )
     text = "\n".join(describe(plan))
     if plan_only:

@@ -17,6 +17,7 @@ The parent (``trials.py``) passes its settings in the file named by ``KERNELTRIA
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -143,9 +144,9 @@ class Stepper:
         order = sorted(self.marks)
         if self.cuda:
             self.marks[order[-1]].synchronize()
-            between = [float(self.marks[a].elapsed_time(self.marks[b])) for a, b in zip(order, order[1:])]
+            between = [float(self.marks[a].elapsed_time(self.marks[b])) for a, b in itertools.pairwise(order)]
         else:
-            between = [1000.0 * (self.marks[b] - self.marks[a]) for a, b in zip(order, order[1:])]
+            between = [1000.0 * (self.marks[b] - self.marks[a]) for a, b in itertools.pairwise(order)]
         return [round(t, 4) for t in between]
 
 

@@ -190,9 +190,13 @@ def test_sdpa_backend_for_the_whole_process_and_undone(applied):
 def test_hf_attention_calls_the_registration_with_the_root(applied, monkeypatch):
     seen = []
     fake = types.ModuleType("kerneltriage.kernels.hf_attention")
-    fake.use_flash_attention = lambda model: seen.append(model) or {"layers": 2, "implementation": "kerneltriage"}
+    fake.use_flash_attention = lambda model: (
+        seen.append(model) or {"layers": 2, "implementation": "kerneltriage"}
+    )
     monkeypatch.setitem(sys.modules, "kerneltriage.kernels.hf_attention", fake)
-    a = applied({"kind": "hf-attention", "causal": True, "softcap": None, "scale": 0.125, "sliding_window": None})
+    a = applied(
+        {"kind": "hf-attention", "causal": True, "softcap": None, "scale": 0.125, "sliding_window": None}
+    )
     model = tiny_llama()
     model(input_ids=torch.randint(0, 64, (1, 8)))
     assert seen == [model] and a.details["hf_attention"]["layers"] == 2
@@ -267,7 +271,13 @@ def test_liger_switches_on_only_the_candidates_kernel(applied, fake_liger):
     import liger_kernel.transformers as lt
 
     assert lt.CALLS == [
-        {"rope": False, "cross_entropy": False, "fused_linear_cross_entropy": False, "rms_norm": True, "geglu": False}
+        {
+            "rope": False,
+            "cross_entropy": False,
+            "fused_linear_cross_entropy": False,
+            "rms_norm": True,
+            "geglu": False,
+        }
     ]
     assert a.done and a.details["function"] == "apply_liger_kernel_to_gemma2"
     with pytest.raises(ApplyFailed, match="has no switch 'swiglu'"):

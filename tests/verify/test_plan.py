@@ -49,10 +49,22 @@ def test_plan_with_recipes_in_the_contracts_shape(naive):
     report, manifest = naive
     candidates = copy.deepcopy(report.candidates)
     by_id = {c.id: c for c in candidates}
-    by_id["C1"].recipe = recipe("sdpa-for-naive-attention", why_not="the script's own attention code must be edited")
-    by_id["C2"].recipe = recipe("liger-fused-linear-ce", apply={"kind": "liger", "arch": "llama", "kernel": "fused_linear_cross_entropy"})
+    by_id["C1"].recipe = recipe(
+        "sdpa-for-naive-attention", why_not="the script's own attention code must be edited"
+    )
+    by_id["C2"].recipe = recipe(
+        "liger-fused-linear-ce",
+        apply={"kind": "liger", "arch": "llama", "kernel": "fused_linear_cross_entropy"},
+    )
     by_id["C3"].recipe = recipe("builtin-norm", apply={"kind": "norm-swap", "classes": ["RMSNorm"]})
-    plan = make_plan(str(NAIVE), manifest, candidates, Settings(repeats=2, steps=10), step_ms=report.step_time_ms, ids=["C1", "C2", "c3"])
+    plan = make_plan(
+        str(NAIVE),
+        manifest,
+        candidates,
+        Settings(repeats=2, steps=10),
+        step_ms=report.step_time_ms,
+        ids=["C1", "C2", "c3"],
+    )
     c1, c2, c3 = plan.candidates
     assert c1.why_not == "the script's own attention code must be edited" and not c1.verifiable
     assert c2.verifiable and "needs liger_kernel" in c2.notes[0]
@@ -94,7 +106,10 @@ def test_verdicts():
     same = outcome.compare_losses([[1.0]], [[1.0]], 0.005)
     differs = outcome.compare_losses([[1.0]], [[1.1]], 0.005)
     assert outcome.judge(0.173, 0.182, same)[0] == "verified"
-    assert outcome.judge(0.095, 0.011, same) == ("refuted", "realized 1.1% against 9.5% predicted: below half the prediction")
+    assert outcome.judge(0.095, 0.011, same) == (
+        "refuted",
+        "realized 1.1% against 9.5% predicted: below half the prediction",
+    )
     assert outcome.judge(0.096, -0.62, same)[1].endswith("the step got slower")
     assert outcome.judge(0.447, 0.419, differs)[0] == "changes-results"
     base = outcome.timing([[92.0, 92.2, 91.9], [92.1, 92.3]])
@@ -114,9 +129,16 @@ def _file(entries):
 def _entry(cid, name, status, predicted, realized):
     timing = record.Timing(median_ms=40.0, spread_ms=0.4, run_medians_ms=[40.0], steps=20, runs=1)
     return record.CandidateResult(
-        id=cid, name=name, how="runner: norm-swap", status=status, predicted_saving_share=predicted,
-        realized_saving_share=realized, baseline=timing, fixed=timing,
-        loss_check=outcome.compare_losses([[1.0]], [[1.0]], 0.005), why="",
+        id=cid,
+        name=name,
+        how="runner: norm-swap",
+        status=status,
+        predicted_saving_share=predicted,
+        realized_saving_share=realized,
+        baseline=timing,
+        fixed=timing,
+        loss_check=outcome.compare_losses([[1.0]], [[1.0]], 0.005),
+        why="",
     )
 
 
@@ -128,11 +150,11 @@ def test_verify_json_round_trips_and_is_validated(tmp_path):
     assert record.read(tmp_path) == data
     raw["candidates"][0]["status"] = "probably"
     (tmp_path / "verify.json").write_text(json.dumps(raw))
-    with pytest.raises(RunDirError, match="verify.json: candidates.0.status"):
+    with pytest.raises(RunDirError, match=r"verify\.json: candidates\.0\.status"):
         record.read(tmp_path)
     raw["schema"] = "kerneltriage.verify/0"
     (tmp_path / "verify.json").write_text(json.dumps(raw))
-    with pytest.raises(RunDirError, match="expected 'kerneltriage.verify/1'"):
+    with pytest.raises(RunDirError, match=r"expected .kerneltriage\.verify/1."):
         record.read(tmp_path)
 
 

@@ -9,7 +9,6 @@ import shutil
 import sys
 from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
 
 from kerneltriage import rundir
@@ -88,7 +87,10 @@ def test_baseline_and_fixes_interleaved_with_the_loss_guard(tmp_path):
     assert c1.applied["swapped"] == 1 and c1.loss_check.status == "same"
     assert c1.status in ("verified", "refuted") and c1.fixed.steps == 4 and c1.baseline.steps == 4
     assert c2.status == "not verified"
-    assert c2.why == "the fix could not be applied: the script never called torch.compile, so there was no mode to change"
+    assert (
+        c2.why
+        == "the fix could not be applied: the script never called torch.compile, so there was no mode to change"
+    )
     assert c3.status == "changes-results" and c3.loss_check.max_rel_diff > 0.005
     assert c3.how.startswith("by hand: ")
 
@@ -101,5 +103,7 @@ def test_cli_by_hand_and_a_failing_script(tmp_path, monkeypatch):
     )
     assert result.exit_code == 3, result.output
     last = result.output.strip().splitlines()[-1]
-    assert last == "kerneltriage: error: the script failed in the baseline run: RuntimeError: CUDA out of memory"
+    assert (
+        last == "kerneltriage: error: the script failed in the baseline run: RuntimeError: CUDA out of memory"
+    )
     assert "Traceback" not in result.output

@@ -311,12 +311,30 @@ def report_for(
         timing=profile.step_timing(rank),
     )
     result.warnings = profile.warnings + result.warnings
+    _verified(result, profile.source_info().get("path"))
     if spec is None:
         # No ceilings: the report still gives shares, idle time, kinds, shapes and a ranking.
         reason = unresolved_reason(timeline.gpu_name, properties)
         result.source["gpu_unresolved"] = reason
         result.notes.insert(0, no_gpu_note(reason))
     return result
+
+
+def _verified(report: Report, path: Any) -> None:
+    """Put RUN/verify.json (``kerneltriage verify``) on the report, when the run has one."""
+    if not path or "://" in str(path) or not Path(path).is_dir():
+        return
+    from kerneltriage.analysis.verification import attach
+    from kerneltriage.errors import RunDirError
+    from kerneltriage.verify.record import read
+
+    try:
+        data = read(path)
+    except RunDirError as exc:  # the report stands without it
+        report.warnings.append(f"{exc}; the report shows no verification")
+        return
+    if data is not None:
+        attach(report, data.to_json())
 
 
 def no_gpu_note(reason: str) -> str:

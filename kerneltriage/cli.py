@@ -629,6 +629,103 @@ def profile(
 
 
 @main.command()
+@click.argument("run", type=click.Path(path_type=Path))
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.option(
+    "--candidates", help="Comma-separated candidate ids (default: every actionable one), e.g. C1,C3."
+)
+@click.option(
+    "--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Runs of each side."
+)
+@click.option(
+    "--steps", type=click.IntRange(min=1), default=20, show_default=True, help="Timed steps per run."
+)
+@click.option(
+    "--warmup", type=click.IntRange(min=0), default=3, show_default=True, help="Untimed steps first."
+)
+@click.option(
+    "--loss-rtol",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=0.005,
+    show_default=True,
+    help="Relative tolerance on the first steps' losses; beyond it a fix changes the model's results.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed set before the script runs.")
+@click.option("--plan", "plan_only", is_flag=True, help="Print what would run and an estimate; run nothing.")
+@click.option(
+    "--by-hand", "by_hand", metavar="ID", help="Verify candidate ID with your fixed command after --."
+)
+def verify(run, command, candidates, repeats, steps, warmup, loss_rtol, seed, plan_only, by_hand):
+    """Measure each fix's saving: re-run the run's recorded command, baseline and fixed.
+
+    Fresh processes, no profiler: the baseline and each candidate's fix (applied by the runner
+    to the unchanged script) run interleaved, REPEATS times each. The first steps' losses are
+    compared. Results go to RUN/verify.json; `kerneltriage report RUN` then shows predicted
+    beside realized savings.
+
+    \b
+    Examples:
+      kerneltriage verify runs/exp1 --plan
+      kerneltriage verify runs/exp1 --candidates C1,C3 --repeats 3 --steps 20
+      kerneltriage verify runs/exp1 --by-hand C2 -- python train_fixed.py --lr 3e-4
+    """
+    from kerneltriage.errors import InputError
+    from kerneltriage.report.verify_text import result_lines
+    from kerneltriage.verify.plan import Settings, describe
+    from kerneltriage.verify.trials import load_plan, run_verify
+
+    if by_hand and not command:
+        raise InputError("--by-hand needs your fixed command after --, e.g. -- python train_fixed.py")
+    if command and not by_hand:
+        raise InputError(f"unexpected arguments {' '.join(command)!r}: a command goes with --by-hand ID")
+    if by_hand and candidates:
+        raise InputError("--by-hand verifies one candidate; leave out --candidates")
+    settings = Settings(
+        repeats=repeats,
+        warmup=max(warmup, 1),
+        steps=steps,
+        loss_steps=min(3, max(warmup, 1)),
+        loss_rtol=loss_rtol,
+        seed=seed,
+    )
+    ids = [c.strip() for c in candidates.split(",") if c.strip()] if candidates else None
+    with _Progress(sys.stderr.isatty()) as progress:
+        progress("reading the run's report")
+        plan, manifest = load_plan(
+            str(run),
+            settings,
+            ids=ids,
+            by_hand=(by_hand, list(command)) if by_hand else None,
+            progress=progress,
+        )
+    text = "\n".join(describe(plan))
+    if plan_only:
+        click.echo(text)
+        return
+    click.echo(text, err=True)
+    data = run_verify(plan, manifest, _VerifyReporter())
+    click.echo("\n".join(result_lines(data)))
+    click.echo(f"wrote {Path(run) / 'verify.json'}", err=True)
+
+
+class _VerifyReporter:
+    """One line per run on stderr."""
+
+    def run_started(self, label: str, index: int, total: int) -> None:
+        click.echo(f"[{index}/{total}] {label} …", err=True, nl=False)
+
+    def run_done(self, label: str, result: dict, seconds: float) -> None:
+        import statistics
+
+        times = result.get("step_ms") or []
+        if result.get("status") == "ok" and times:
+            said = f"median {statistics.median(times):.2f} ms over {len(times)} steps"
+        else:
+            said = f"{result.get('status')}: {result.get('error')}"
+        click.echo(f" {seconds:.1f} s, {said}", err=True)
+
+
+@main.command()
 @click.option("--quick", is_flag=True, help="Smaller problems and fewer repetitions (a few seconds).")
 @click.option("--device", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device index.")
 @click.option("--json", "as_json", is_flag=True, help="Print the measurement as JSON.")

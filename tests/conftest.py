@@ -86,6 +86,7 @@ SLOW = (
     "tests/profile/test_fidelity.py",
     "tests/profile/test_distributed.py",
     "tests/profile/test_session.py",
+    "tests/verify/test_trials.py",
     "tests/ingest/test_kineto_stream.py",
     "tests/scaffold/test_scaffold.py::test_scaffold_renders_lints_and_passes_its_tests",
     "tests/scaffold/test_scaffold.py::test_bench_smoke_writes_json",

@@ -65,6 +65,9 @@ CANDIDATE_COLUMNS = (
     "ops",
     "kernel_count",
     "top_kernel",
+    "verification_status",  # kerneltriage verify: verified | refuted | not verified | changes-results
+    "realized_saving_share",
+    "realized_spread_ms",  # interquartile range of the fixed runs' steps
 )
 
 KERNEL_COLUMNS = (
@@ -150,6 +153,7 @@ def candidate_row(c: Any) -> dict[str, Any]:
         return None if cond is None else cond.passed
 
     top = max(c.kernels, key=lambda k: k.time_ms_per_step, default=None)
+    v = getattr(c, "verification", None) or {}
     return {
         "rank": c.rank,
         "id": c.id,
@@ -194,6 +198,9 @@ def candidate_row(c: Any) -> dict[str, Any]:
         "ops": " → ".join(c.ops),
         "kernel_count": len(c.kernels),
         "top_kernel": top.name if top else None,
+        "verification_status": v.get("status"),
+        "realized_saving_share": v.get("realized_saving_share"),
+        "realized_spread_ms": (v.get("fixed") or {}).get("spread_ms"),
     }
 
 
@@ -208,6 +215,8 @@ _FLOAT_COLUMNS = (
     "achieved_gbs",
     "achieved_tflops",
     "measured_dram_bytes",
+    "realized_saving_share",
+    "realized_spread_ms",
 )
 
 

@@ -109,6 +109,16 @@ class Candidate:
     attrs: dict[str, Any] = field(default_factory=dict)
     # The ops of one instance, in order, as recorded: [{"name", "dims", "types", "concrete"}].
     example: list[dict[str, Any]] = field(default_factory=list)
+    # What `kerneltriage verify` measured for its fix (an entry of RUN/verify.json: status,
+    # predicted and realized saving, step times, loss check); None when it was not verified.
+    verification: dict[str, Any] | None = None
+
+    @property
+    def acted_on(self) -> bool:
+        """Actionable and not disproved: a fix verify refuted, or one that changes the
+        model's results, is not worth acting on as pasted."""
+        status = (self.verification or {}).get("status")
+        return self.verdict != "skip" and status not in ("refuted", "changes-results")
 
     @property
     def expected_saving_ms(self) -> float:

@@ -20,6 +20,7 @@ or ``LayerNorm`` is left alone and listed as skipped, with the reason.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import torch
@@ -50,6 +51,10 @@ class PatchReport:
             lines.append(f"skipped {len(self.skipped)}")
             lines += [f"  {name}: {reason}" for name, reason in self.skipped]
         return "\n".join(lines)
+
+
+def _named(cls: type, names: Collection[str]) -> bool:
+    return cls.__name__ in names or _qualname(cls) in names
 
 
 def _qualname(cls: type) -> str:
@@ -153,7 +158,7 @@ def _decide(module: nn.Module, classes: dict, semantics: dict) -> tuple[nn.Modul
     return None, None
 
 
-def patch(model: nn.Module) -> PatchReport:
+def patch(model: nn.Module, *, only: Collection[str] | None = None) -> PatchReport:
     """Replace, inside ``model`` and in place, every ``torch.nn.RMSNorm`` / ``torch.nn.LayerNorm``
     with ``kerneltriage.kernels.RMSNorm`` / ``LayerNorm``, and every Hugging Face RMSNorm whose
     math a kernel matches (``kerneltriage/data/hf_norms.yaml``) with its drop-in. Returns a
@@ -161,7 +166,10 @@ def patch(model: nn.Module) -> PatchReport:
     the reason).
 
     A module shared by several parents is replaced by one shared new module. ``model`` itself
-    cannot be replaced in place: if it is a norm, it is reported as skipped."""
+    cannot be replaced in place: if it is a norm, it is reported as skipped.
+
+    ``only``: only modules whose class name (or ``module.qualname``) is listed are
+    considered; the others are left alone and not reported (one candidate's fix)."""
     classes, semantics = _hf_table()
     report = PatchReport()
     if type(model) in _TORCH_SWAPS or _hf_match(model, classes, semantics)[0] is not None:
@@ -170,6 +178,8 @@ def patch(model: nn.Module) -> PatchReport:
     # Depth-first, every occurrence of a shared module (list first: the tree changes below).
     for name, child in list(model.named_modules(remove_duplicate=False))[1:]:
         parent_name, _, attr = name.rpartition(".")
+        if only is not None and not _named(type(child), only):
+            continue
         if id(child) not in done:
             new, reason = _decide(child, classes, semantics)
             if reason is not None:

@@ -30,6 +30,7 @@ from kerneltriage.report.text import (
     roofline_line,
     verdict_text,
 )
+from kerneltriage.report.verify_text import realized_cell, verification_line
 from kerneltriage.resources import data_path
 
 CONDITIONS = ("headroom", "hotness", "stability")
@@ -271,7 +272,7 @@ def _summary(report: Report, candidates: list[Candidate]) -> list[dict[str, Any]
             "saving_ms": ms(c.expected_saving_ms) if c.expected_saving_share else None,
         }
         for c in candidates
-        if c.verdict != "skip"
+        if c.acted_on  # a fix verify refuted, or one that changes the results, is not worth acting on
     ]
 
 
@@ -350,6 +351,8 @@ def _candidate(c: Candidate, run_ref: str, rank: int | None = None) -> dict[str,
         "note": c.note,
         "saving": pct(c.expected_saving_share) if c.expected_saving_share else "—",
         "saving_ms": ms(c.expected_saving_ms) if c.expected_saving_share else None,
+        "realized": realized_cell(c.verification),
+        "verification": verification_line(c.verification),
         "conditions": conditions,
         "roofline_line": roofline_line(c),
         "roofline": roofline,

@@ -25,6 +25,7 @@ from kerneltriage.report.text import (
     roofline_line,
     verdict_text,
 )
+from kerneltriage.report.verify_text import realized_cell, verification_line
 
 FORMATS = ("terminal", "markdown", "json", "csv", "html")
 _VERDICT_STYLE = {"write": "bold green", "use-builtin": "bold cyan", "compile": "bold yellow", "skip": "dim"}
@@ -153,6 +154,9 @@ def terminal(
         title="Candidates (actionable first, by expected saving)", title_justify="left", expand=False
     )
     headers = ("#", "id", "candidate", "kind", "share", "headroom", "bound", "shapes", "verdict", "saving")
+    verified = any(c.verification for c in candidates)
+    if verified:
+        headers = (*headers, "realized")
     rows = [
         [
             str(c.rank),
@@ -165,12 +169,13 @@ def terminal(
             str(c.shapes.distinct),
             verdict_text(c, short=True),
             _saving(c),
+            *([realized_cell(c.verification)] if verified else []),
         ]
         for c in candidates
     ]
     # Names wrap between words or at their joints, never mid-word (see report.shared).
     widths = name_widths(console.width, headers, rows, {2: 52, 8: 44})
-    right = {"#", "share", "headroom", "shapes", "saving"}
+    right = {"#", "share", "headroom", "shapes", "saving", "realized"}
     for i, col in enumerate(headers):
         table.add_column(
             col,
@@ -208,6 +213,8 @@ def terminal(
                 f"  saving     up to {pct(c.expected_saving_share)} of step time "
                 f"({ms(c.expected_saving_ms)}) = share × (1 − 1/headroom)"
             )
+        if c.verification:
+            console.print(Text(f"  verify     {verification_line(c.verification)}"))
         if c.verdict != "skip":
             why = c.reason + (f"; {c.note}" if c.note else "")
             console.print(f"  why        {why}")
@@ -240,14 +247,17 @@ def markdown(report: Report, *, top: int | None, run_ref: str, rank: int | None 
     if report.compiled:
         out += ["```", *compiled_lines(report), "```", ""]
     candidates = report.candidates[:top] if top else report.candidates
+    verified = any(c.verification for c in candidates)
     out += [
-        "| # | id | candidate | kind | share | headroom | bound | shapes | verdict | saving |",
-        "|---:|---|---|---|---:|---:|---|---:|---|---:|",
+        "| # | id | candidate | kind | share | headroom | bound | shapes | verdict | saving |"
+        + (" realized |" if verified else ""),
+        "|---:|---|---|---|---:|---:|---|---:|---|---:|" + ("---:|" if verified else ""),
     ]
     for c in candidates:
         out.append(
             f"| {c.rank} | {c.id} | {_md_escape(c.name)} | {c.kind} | {pct(c.time_share)} | {headroom_text(c)} | "
             f"{c.roofline.bound or '—'} | {c.shapes.distinct} | {_md_escape(verdict_text(c, short=True))} | {_saving(c)} |"
+            + (f" {realized_cell(c.verification)} |" if verified else "")
         )
     for c in [c for c in candidates if c.verdict != "skip"]:
         out += ["", f"### {c.id} {_md_escape(c.name)} → {verdict_text(c)}", ""]
@@ -259,6 +269,8 @@ def markdown(report: Report, *, top: int | None, run_ref: str, rank: int | None 
             out.append(
                 f"- saving: up to {pct(c.expected_saving_share)} of step time ({ms(c.expected_saving_ms)})"
             )
+        if c.verification:
+            out.append(f"- verify: {_md_escape(verification_line(c.verification))}")
         out.append(f"- why: {c.reason}" + (f"; {c.note}" if c.note else ""))
         if c.fix:
             out += ["- fix:", "", "  ```python", *[f"  {line}" for line in c.fix.splitlines()], "  ```", ""]

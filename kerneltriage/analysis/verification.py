@@ -1,0 +1,70 @@
+"""What ``kerneltriage verify`` measured, put on the report's candidates (pure).
+
+Each entry of ``RUN/verify.json`` goes to the candidate with its id (and name: a report made
+with other rules numbers its candidates otherwise, and an entry is then left out with a
+warning). The ranking then uses the realized saving where a fix was verified; a fix refuted or
+one that changes the model's results goes after every actionable candidate, like a skip.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kerneltriage.analysis.model import Report
+
+_KEYS = (
+    "status",
+    "why",
+    "how",
+    "recipe_id",
+    "predicted_saving_share",
+    "realized_saving_share",
+    "baseline",
+    "fixed",
+    "loss_check",
+    "partial",
+)
+
+
+def attach(report: Report, data: dict[str, Any]) -> Report:
+    """Put ``data`` (a ``verify.json`` object) on ``report``'s candidates and re-rank them."""
+    by_id = {c.id.lower(): c for c in report.candidates}
+    counts: dict[str, int] = {}
+    for entry in data.get("candidates") or []:
+        c = by_id.get(str(entry.get("id", "")).lower())
+        if c is None or (entry.get("name") and entry["name"] != c.name):
+            report.warnings.append(
+                f"verify.json has {entry.get('id')} ({entry.get('name')}), which is not this report's candidate "
+                "of that id (made with other rules or thresholds?): its result is left out"
+            )
+            continue
+        c.verification = {k: entry.get(k) for k in _KEYS}
+        counts[entry.get("status", "not verified")] = counts.get(entry.get("status", "not verified"), 0) + 1
+    if counts:
+        said = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+        partial = "" if data.get("complete", True) else " (partial: verify was interrupted)"
+        report.notes.append(
+            f"verify.json: {said}{partial}; savings ranked by what was realized where measured"
+        )
+        report.source["verification"] = {
+            "device": data.get("device"),
+            "created": data.get("created"),
+            "settings": data.get("settings"),
+            "complete": data.get("complete", True),
+        }
+    report.candidates.sort(key=_rank_key, reverse=True)
+    for i, c in enumerate(report.candidates, 1):
+        c.rank = i
+    return report
+
+
+def saving(c) -> float:
+    """The saving a candidate is ranked by: realized when its fix was verified, else predicted."""
+    v = c.verification or {}
+    if v.get("status") == "verified" and v.get("realized_saving_share") is not None:
+        return float(v["realized_saving_share"])
+    return c.expected_saving_share
+
+
+def _rank_key(c) -> tuple:
+    return (c.acted_on, saving(c) if c.acted_on else c.expected_saving_share, c.time_share)

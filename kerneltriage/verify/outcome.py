@@ -1,0 +1,108 @@
+"""From the runs' results to each candidate's verdict (pure).
+
+- step times: median of every timed step of a side's runs, spread = their interquartile range;
+- realized saving: (baseline median − fixed median) ÷ baseline median, a share of the step as
+  the report's predicted saving is;
+- loss check: the first steps' losses of every fixed run against the first baseline run's,
+  relative difference; when the baseline runs already differ among themselves by more than
+  the tolerance, the script is not deterministic and the check is inconclusive;
+- status: ``changes-results`` when the losses differ; else ``refuted`` when the realized
+  saving is below half the prediction (a slowdown always is); else ``verified``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from kerneltriage.verify.record import LossCheck, Timing
+
+#: A fix is refuted when it realizes less than this share of its predicted saving.
+REFUTED_BELOW = 0.5
+
+
+def timing(runs: list[list[float]]) -> Timing | None:
+    steps = [t for run in runs for t in run]
+    if not steps:
+        return None
+    q = statistics.quantiles(steps, n=4) if len(steps) >= 2 else [steps[0]] * 3
+    return Timing(
+        median_ms=round(statistics.median(steps), 4),
+        spread_ms=round(q[2] - q[0], 4),
+        run_medians_ms=[round(statistics.median(run), 4) for run in runs if run],
+        steps=len(steps),
+        runs=sum(1 for run in runs if run),
+    )
+
+
+def realized(baseline: Timing | None, fixed: Timing | None) -> float | None:
+    if baseline is None or fixed is None or not baseline.median_ms:
+        return None
+    return round((baseline.median_ms - fixed.median_ms) / baseline.median_ms, 4)
+
+
+def loss_values(result: dict[str, Any]) -> list[float]:
+    return [float(x["value"]) for x in result.get("losses") or [] if x.get("value") is not None]
+
+
+def _rel(a: list[float], b: list[float]) -> float | None:
+    n = min(len(a), len(b))
+    if not n:
+        return None
+    return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a[:n], b[:n]))
+
+
+def compare_losses(baseline: list[list[float]], fixed: list[list[float]], rtol: float) -> LossCheck:
+    """The first steps' losses of the fixed runs against the baseline's."""
+    reference = next((run for run in baseline if run), [])
+    measured = [run for run in fixed if run]
+    if not reference or not measured:
+        side = "baseline" if not reference else "fixed"
+        return LossCheck(
+            status="not measured",
+            rtol=rtol,
+            baseline=reference,
+            fixed=measured[0] if measured else [],
+            detail=f"no scalar loss reached backward in the {side} runs' first steps",
+        )
+    noise = max((_rel(run, reference) or 0.0 for run in baseline[1:] if run), default=0.0)
+    diff = max(_rel(run, reference) or 0.0 for run in measured)
+    steps = min(len(reference), *(len(run) for run in measured))
+    worst = max(measured, key=lambda run: _rel(run, reference) or 0.0)
+    check = LossCheck(
+        status="same",
+        rtol=rtol,
+        max_rel_diff=round(diff, 8),
+        baseline_noise=round(noise, 8),
+        steps_compared=steps,
+        baseline=reference[:steps],
+        fixed=worst[:steps],
+    )
+    if noise > rtol:
+        check.status = "inconclusive"
+        check.detail = (
+            f"the baseline runs' losses differ by {noise:.2g} among themselves (above {rtol:g}): the script's "
+            "data or initialisation is not deterministic, so the fix's effect on them cannot be told"
+        )
+    elif diff > rtol:
+        check.status = "differs"
+        check.detail = f"losses differ by up to {diff:.2g} (relative), above the tolerance {rtol:g}"
+    else:
+        check.detail = f"losses within {diff:.2g} of the baseline's (tolerance {rtol:g})"
+    return check
+
+
+def judge(predicted: float | None, realized_share: float | None, loss: LossCheck | None) -> tuple[str, str]:
+    """(status, why) of a fix whose runs finished."""
+    if realized_share is None:
+        return "not verified", "no step was timed in its runs"
+    if loss is not None and loss.status == "differs":
+        return "changes-results", f"changes the model's results: {loss.detail}"
+    said = f"realized {realized_share:.1%}"
+    if predicted:
+        said += f" against {predicted:.1%} predicted"
+    if realized_share < 0:
+        return "refuted", f"{said}: the step got slower"
+    if predicted and realized_share < REFUTED_BELOW * predicted:
+        return "refuted", f"{said}: below half the prediction"
+    return "verified", said

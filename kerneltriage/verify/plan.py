@@ -1,0 +1,235 @@
+"""What ``verify`` would run for a run directory and its report (pure: no torch, no process).
+
+For each candidate chosen (``--candidates``, else every actionable one): its recipe, the text
+the report prints, how the runner applies it (the recipe's ``apply`` mapping) or why it
+cannot; then the number of runs (baseline and fixed, each ``repeats`` times, interleaved) and
+an estimate of the time they take.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kerneltriage.errors import InputError
+from kerneltriage.verify.apply import check
+
+
+@dataclass
+class Settings:
+    repeats: int = 3
+    warmup: int = 3
+    steps: int = 20
+    loss_steps: int = 3
+    loss_rtol: float = 0.005
+    seed: int = 0
+
+
+@dataclass
+class Planned:
+    """One candidate's fix and how it would be verified."""
+
+    id: str
+    name: str
+    verdict: str
+    predicted: float | None
+    recipe_id: str | None
+    text: str | None  # the fix as the report prints it
+    apply: dict[str, Any] | None  # what the runner applies (None: it cannot)
+    why_not: str | None  # why it is not verifiable here (None: it is)
+    command: list[str] | None = None  # --by-hand: the user's fixed command
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def verifiable(self) -> bool:
+        return self.why_not is None
+
+    @property
+    def how(self) -> str:
+        if self.command is not None:
+            return "by hand: " + " ".join(self.command)
+        if self.apply is not None and self.why_not is None:
+            return "runner: " + self.apply["kind"]
+        return "not applied"
+
+
+@dataclass
+class Plan:
+    run: str
+    command: list[str]
+    settings: Settings
+    candidates: list[Planned]
+    run_seconds: float | None  # one run of the script, estimated
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def verifiable(self) -> list[Planned]:
+        return [c for c in self.candidates if c.verifiable]
+
+    @property
+    def runs(self) -> int:
+        """Processes started: a baseline and each verifiable fix, ``repeats`` times each."""
+        n = len(self.verifiable)
+        return (n + 1) * self.settings.repeats if n else 0
+
+    @property
+    def seconds(self) -> float | None:
+        return self.run_seconds * self.runs if self.run_seconds is not None else None
+
+
+def recipe_of(candidate: Any) -> dict[str, Any] | None:
+    """The candidate's fix recipe (the contract's ``recipe`` mapping), None when it has none."""
+    recipe = getattr(candidate, "recipe", None)
+    if recipe is None and isinstance(getattr(candidate, "attrs", None), dict):
+        recipe = candidate.attrs.get("recipe")
+    return recipe if isinstance(recipe, dict) else None
+
+
+def select(candidates: list[Any], ids: list[str] | None, by_hand: str | None = None) -> list[Any]:
+    """The candidates asked for (``--candidates``, ``--by-hand``), else the actionable ones."""
+    wanted = [by_hand] if by_hand else ids
+    if not wanted:
+        return [c for c in candidates if c.verdict != "skip"]
+    by_id = {c.id.lower(): c for c in candidates}
+    missing = [i for i in wanted if i.lower() not in by_id]
+    if missing:
+        known = ", ".join(c.id for c in candidates[:12])
+        raise InputError(f"no candidate {', '.join(missing)} in this run's report (it has {known}, …)")
+    return [by_id[i.lower()] for i in wanted]
+
+
+def plan_candidate(candidate: Any, by_hand: list[str] | None = None, *, distributed: bool = False) -> Planned:
+    recipe = recipe_of(candidate)
+    planned = Planned(
+        id=candidate.id,
+        name=candidate.name,
+        verdict=candidate.verdict,
+        predicted=candidate.expected_saving_share or None,
+        recipe_id=recipe.get("id") if recipe else None,
+        text=candidate.fix,
+        apply=recipe.get("apply") if recipe and isinstance(recipe.get("apply"), dict) else None,
+        why_not=None,
+        command=list(by_hand) if by_hand is not None else None,
+    )
+    if distributed:
+        planned.why_not = "multi-process (torchrun) runs are not verified: run the script on one process"
+    elif by_hand is not None:
+        planned.apply = None  # the user's command carries the fix
+    elif candidate.verdict == "skip":
+        planned.why_not = "its verdict is skip: there is no fix to verify"
+    elif recipe is None:
+        planned.why_not = "the report gives no fix recipe for it" + _by_hand_hint(candidate)
+    elif recipe.get("blocked"):
+        planned.why_not = f"no fix offered: {recipe['blocked']}"
+    elif planned.apply is None:
+        planned.why_not = (recipe.get("apply_why_not") or "the runner cannot apply this fix") + _by_hand_hint(
+            candidate, short=bool(recipe.get("apply_why_not"))
+        )
+    else:
+        problem = check(planned.apply)
+        if problem:
+            planned.why_not = f"{problem}: the runner cannot apply it" + _by_hand_hint(candidate)
+            planned.apply = None
+        elif planned.apply["kind"] == "liger":
+            planned.notes.append(
+                "needs liger_kernel importable in the script's Python (checked when it runs)"
+            )
+    return planned
+
+
+def _by_hand_hint(candidate: Any, short: bool = False) -> str:
+    if short:
+        return ""
+    return f"; apply it by hand, then `kerneltriage verify RUN --by-hand {candidate.id} -- <fixed command>`"
+
+
+def make_plan(
+    run: str,
+    manifest: Any,
+    candidates: list[Any],
+    settings: Settings,
+    *,
+    step_ms: float | None = None,
+    ids: list[str] | None = None,
+    by_hand: tuple[str, list[str]] | None = None,
+) -> Plan:
+    """The plan for ``candidates`` (a report's) of the run whose ``manifest`` is given.
+    ``step_ms``: the report's step time, for the estimate."""
+    if settings.repeats < 1 or settings.steps < 1 or settings.warmup < 0:
+        raise InputError("--repeats and --steps must be at least 1, --warmup at least 0")
+    if settings.loss_rtol <= 0:
+        raise InputError("--loss-rtol must be above 0")
+    command = list(manifest.command)
+    chosen = select(candidates, ids, by_hand[0] if by_hand else None)
+    planned = [
+        plan_candidate(c, by_hand[1] if by_hand else None, distributed=_is_torchrun(command)) for c in chosen
+    ]
+    for c in planned:  # the hint names this run
+        if c.why_not:
+            c.why_not = c.why_not.replace("verify RUN ", f"verify {run} ")
+    notes = []
+    if not chosen:
+        notes.append("no candidate of this report is actionable: nothing to verify")
+    return Plan(run, command, settings, planned, run_seconds(manifest, settings, step_ms), notes)
+
+
+def _is_torchrun(command: list[str]) -> bool:
+    if not command:
+        return False
+    return command[0].rsplit("/", 1)[-1].startswith("torchrun") or "torch.distributed.run" in command
+
+
+def run_seconds(manifest: Any, settings: Settings, step_ms: float | None) -> float | None:
+    """One run: the script's start-up (phase 1's time less its steps) plus warm-up and timed
+    steps at the report's step time. None when the manifest does not say."""
+    timeline = (getattr(manifest, "phases", None) or {}).get("timeline") or {}
+    seconds, seen = timeline.get("seconds"), timeline.get("steps_seen")
+    step_time = (timeline.get("step_time") or {}).get("plain_median_ms") or step_ms
+    if not seconds or not step_time:
+        return None
+    startup = max(0.0, float(seconds) - float(seen or 0) * step_time / 1000.0)
+    return startup + (settings.warmup + settings.steps) * step_time / 1000.0
+
+
+def describe(plan: Plan) -> list[str]:
+    """``verify --plan``: each candidate's fix, how it is applied or why not, runs and time."""
+    lines = [f"verify plan for {plan.run}", f"  command: {' '.join(plan.command) or '(none recorded)'}"]
+    s = plan.settings
+    lines.append(
+        f"  each run: {s.warmup} warm-up + {s.steps} timed steps, losses of the first {s.loss_steps} "
+        f"compared within {s.loss_rtol:g} (relative), seed {s.seed}"
+    )
+    for c in plan.candidates:
+        predicted = f"predicted saving {c.predicted:.1%}" if c.predicted else "no predicted saving"
+        lines.append("")
+        lines.append(f"{c.id}  {c.name}  ({c.verdict}; {predicted})")
+        lines.append(f"  recipe   {c.recipe_id or '—'}")
+        if c.text:
+            lines.append("  fix      " + c.text.replace("\n", "\n           "))
+        if c.command is not None:
+            lines.append("  applied  by hand: " + " ".join(c.command))
+        elif c.apply is not None and c.verifiable:
+            fields = ", ".join(f"{k}={v!r}" for k, v in c.apply.items() if k != "kind")
+            lines.append(f"  applied  by the runner: {c.apply['kind']}" + (f" ({fields})" if fields else ""))
+        if c.why_not:
+            lines.append(f"  not verifiable: {c.why_not}")
+        lines += [f"  note     {n}" for n in c.notes]
+    lines.append("")
+    for n in plan.notes:
+        lines.append(n)
+    if plan.runs:
+        estimate = f", about {_duration(plan.seconds)}" if plan.seconds is not None else ""
+        n = len(plan.verifiable)
+        lines.append(
+            f"{plan.runs} runs ({s.repeats} × baseline + {s.repeats} × {n} fix{'es' if n > 1 else ''}, "
+            f"interleaved){estimate}"
+        )
+    else:
+        lines.append("nothing to run: no candidate can be verified here")
+    return lines
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min"

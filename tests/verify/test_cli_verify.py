@@ -1,0 +1,45 @@
+"""``kerneltriage verify`` through click: --plan on a shipped run (no GPU, nothing run), and
+one line with an exit code for what the user got wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from kerneltriage.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+NAIVE = ROOT / "examples" / "runs" / "gpt-naive-h200"
+
+
+def test_plan_on_a_shipped_run_runs_nothing(tmp_path):
+    before = sorted(p.name for p in NAIVE.iterdir())
+    result = CliRunner().invoke(main, ["verify", str(NAIVE), "--plan", "--candidates", "C1,C3"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == f"verify plan for {NAIVE}"
+    assert any(line.startswith("C1  attention (naive, causal)") for line in lines)
+    assert any(line.startswith("C3  residual add + RMSNorm") for line in lines)
+    assert "is_causal=True" in result.output  # the fix text the report prints
+    assert f"`kerneltriage verify {NAIVE} --by-hand C1 -- <fixed command>`" in result.output
+    assert sorted(p.name for p in NAIVE.iterdir()) == before  # no verify.json, no logs
+
+
+def test_bad_run_directory_is_one_line(tmp_path):
+    result = CliRunner().invoke(main, ["verify", str(tmp_path / "nope"), "--plan"])
+    assert result.exit_code == 2
+    assert result.output == f"kerneltriage: error: {tmp_path / 'nope'}: no such file or directory\n"
+    (tmp_path / "empty").mkdir()
+    result = CliRunner().invoke(main, ["verify", str(tmp_path / "empty")])
+    assert result.exit_code == 2 and "not a kerneltriage run directory" in result.output
+    assert len(result.output.splitlines()) == 1
+
+
+def test_by_hand_needs_a_command_and_a_command_needs_by_hand():
+    result = CliRunner().invoke(main, ["verify", str(NAIVE), "--by-hand", "C1"])
+    assert result.exit_code == 2 and "--by-hand needs your fixed command after --" in result.output
+    result = CliRunner().invoke(main, ["verify", str(NAIVE), "--", "python", "x.py"])
+    assert result.exit_code == 2 and "a command goes with --by-hand ID" in result.output
+    result = CliRunner().invoke(main, ["verify", str(NAIVE), "--plan", "--candidates", "C42"])
+    assert result.exit_code == 2 and "no candidate C42" in result.output

@@ -1,0 +1,187 @@
+"""``verify --plan`` and the pieces that judge a fix (pure): plans from recipes in the
+contract's shape, the loss guard, the verdicts, verify.json's schema and the report's use."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from kerneltriage import api, rundir
+from kerneltriage.analysis.verification import attach
+from kerneltriage.errors import InputError, RunDirError
+from kerneltriage.verify import outcome, record
+from kerneltriage.verify.plan import Settings, describe, make_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+NAIVE = ROOT / "examples" / "runs" / "gpt-naive-h200"
+
+
+@pytest.fixture(scope="module")
+def naive():
+    return api.report(NAIVE), rundir.read_manifest(NAIVE)
+
+
+def recipe(rid, apply=None, why_not=None, blocked=None):
+    return {
+        "id": rid,
+        "params": {},
+        "scope": "module-class",
+        "covers": {"instances_per_step": 8, "of_candidate": 8},
+        "blocked": blocked,
+        "apply": apply,
+        "apply_why_not": why_not,
+    }
+
+
+def test_plan_without_recipes_says_every_fix_needs_a_hand(naive):
+    report, manifest = naive
+    plan = make_plan(str(NAIVE), manifest, report.candidates, Settings(), step_ms=report.step_time_ms)
+    actionable = [c.id for c in report.candidates if c.verdict != "skip"]
+    assert [c.id for c in plan.candidates] == actionable and plan.runs == 0
+    assert all(f"--by-hand {c.id}" in c.why_not for c in plan.candidates)
+    assert describe(plan)[-1] == "nothing to run: no candidate can be verified here"
+
+
+def test_plan_with_recipes_in_the_contracts_shape(naive):
+    report, manifest = naive
+    candidates = copy.deepcopy(report.candidates)
+    by_id = {c.id: c for c in candidates}
+    by_id["C1"].recipe = recipe(
+        "sdpa-for-naive-attention", why_not="the script's own attention code must be edited"
+    )
+    by_id["C2"].recipe = recipe(
+        "liger-fused-linear-ce",
+        apply={"kind": "liger", "arch": "llama", "kernel": "fused_linear_cross_entropy"},
+    )
+    by_id["C3"].recipe = recipe("builtin-norm", apply={"kind": "norm-swap", "classes": ["RMSNorm"]})
+    plan = make_plan(
+        str(NAIVE),
+        manifest,
+        candidates,
+        Settings(repeats=2, steps=10),
+        step_ms=report.step_time_ms,
+        ids=["C1", "C2", "c3"],
+    )
+    c1, c2, c3 = plan.candidates
+    assert c1.why_not == "the script's own attention code must be edited" and not c1.verifiable
+    assert c2.verifiable and "needs liger_kernel" in c2.notes[0]
+    assert c3.how == "runner: norm-swap" and c3.recipe_id == "builtin-norm"
+    assert plan.runs == 2 * 3  # baseline + two fixes, twice each
+    # One run: phase 1's start-up (its seconds less its steps) plus 13 steps at the step time.
+    tl = manifest.phases["timeline"]
+    one = tl["seconds"] - tl["steps_seen"] * report.step_time_ms / 1000 + 13 * report.step_time_ms / 1000
+    assert plan.seconds == pytest.approx(6 * one)
+    text = "\n".join(describe(plan))
+    assert "applied  by the runner: norm-swap (classes=['RMSNorm'])" in text
+    assert "6 runs (2 × baseline + 2 × 2 fixes, interleaved), about" in text
+
+
+def test_plan_refuses_blocked_unknown_kinds_and_unknown_ids(naive):
+    report, manifest = naive
+    candidates = copy.deepcopy(report.candidates)
+    candidates[0].recipe = recipe("x", blocked="softcap 50.0: SDPA cannot carry a logit softcap")
+    candidates[1].recipe = recipe("y", apply={"kind": "rewrite"})
+    plan = make_plan(str(NAIVE), manifest, candidates, Settings(), ids=[candidates[0].id, candidates[1].id])
+    assert plan.candidates[0].why_not == "no fix offered: softcap 50.0: SDPA cannot carry a logit softcap"
+    assert plan.candidates[1].why_not.startswith("unknown apply kind 'rewrite': the runner cannot apply it")
+    with pytest.raises(InputError, match="no candidate C99"):
+        make_plan(str(NAIVE), manifest, candidates, Settings(), ids=["C99"])
+
+
+def test_loss_guard():
+    base = [[10.5896, 10.0653, 9.6383], [10.5896, 10.0653, 9.6383]]
+    same = outcome.compare_losses(base, [[10.5897, 10.0655, 9.6382]], 0.005)
+    assert same.status == "same" and same.max_rel_diff < 1e-4 and same.steps_compared == 3
+    wrong = outcome.compare_losses(base, [[10.5897, 9.71, 9.02]], 0.005)
+    assert wrong.status == "differs" and wrong.max_rel_diff == pytest.approx(0.0641, abs=1e-3)
+    noisy = outcome.compare_losses([[10.0, 9.0], [10.5, 9.4]], [[10.0, 9.0]], 0.005)
+    assert noisy.status == "inconclusive"
+    assert outcome.compare_losses(base, [[]], 0.005).status == "not measured"
+
+
+def test_verdicts():
+    same = outcome.compare_losses([[1.0]], [[1.0]], 0.005)
+    differs = outcome.compare_losses([[1.0]], [[1.1]], 0.005)
+    assert outcome.judge(0.173, 0.182, same)[0] == "verified"
+    assert outcome.judge(0.095, 0.011, same) == (
+        "refuted",
+        "realized 1.1% against 9.5% predicted: below half the prediction",
+    )
+    assert outcome.judge(0.096, -0.62, same)[1].endswith("the step got slower")
+    assert outcome.judge(0.447, 0.419, differs)[0] == "changes-results"
+    base = outcome.timing([[92.0, 92.2, 91.9], [92.1, 92.3]])
+    fixed = outcome.timing([[75.3, 75.2], [75.4, 75.3]])
+    assert base.median_ms == 92.1 and base.runs == 2 and base.steps == 5
+    assert outcome.realized(base, fixed) == pytest.approx((92.1 - 75.3) / 92.1, abs=1e-4)
+
+
+def _file(entries):
+    return record.VerifyFile(
+        run="r",
+        settings=record.Settings(repeats=3, warmup=3, steps=20, loss_steps=3, loss_rtol=0.005, seed=0),
+        candidates=entries,
+    )
+
+
+def _entry(cid, name, status, predicted, realized):
+    timing = record.Timing(median_ms=40.0, spread_ms=0.4, run_medians_ms=[40.0], steps=20, runs=1)
+    return record.CandidateResult(
+        id=cid,
+        name=name,
+        how="runner: norm-swap",
+        status=status,
+        predicted_saving_share=predicted,
+        realized_saving_share=realized,
+        baseline=timing,
+        fixed=timing,
+        loss_check=outcome.compare_losses([[1.0]], [[1.0]], 0.005),
+        why="",
+    )
+
+
+def test_verify_json_round_trips_and_is_validated(tmp_path):
+    data = _file([_entry("C1", "attention", "verified", 0.65, 0.6)])
+    record.write(tmp_path, data)
+    raw = json.loads((tmp_path / "verify.json").read_text())
+    assert raw["schema"] == "kerneltriage.verify/1"
+    assert record.read(tmp_path) == data
+    raw["candidates"][0]["status"] = "probably"
+    (tmp_path / "verify.json").write_text(json.dumps(raw))
+    with pytest.raises(RunDirError, match=r"verify\.json: candidates\.0\.status"):
+        record.read(tmp_path)
+    raw["schema"] = "kerneltriage.verify/0"
+    (tmp_path / "verify.json").write_text(json.dumps(raw))
+    with pytest.raises(RunDirError, match=r"expected .kerneltriage\.verify/1."):
+        record.read(tmp_path)
+
+
+def test_the_report_ranks_by_realized_and_drops_refuted_fixes(naive):
+    from kerneltriage.report.html import _summary
+    from kerneltriage.report.render import render
+
+    report = copy.deepcopy(naive[0])
+    c1, c2, c3 = (report.candidate(i) for i in ("C1", "C2", "C3"))
+    data = _file(
+        [
+            _entry("C1", c1.name, "refuted", c1.expected_saving_share, 0.01),
+            _entry("C2", c2.name, "verified", c2.expected_saving_share, 0.03),
+            _entry("C3", c3.name, "verified", c3.expected_saving_share, 0.05),
+            _entry("C4", "not this report's C4", "verified", 0.1, 0.1),
+        ]
+    ).to_json()
+    attach(report, data)
+    order = [c.id for c in report.candidates]
+    assert order[:2] == ["C3", "C2"]  # by realized saving (5% before 3%)
+    assert order.index("C1") > max(order.index(c.id) for c in report.candidates if c.acted_on)
+    assert "C1" not in [s["id"] for s in _summary(report, report.candidates)]
+    assert any("verify.json has C4" in w for w in report.warnings)
+    text = render(report, "terminal", width=200, color=False)
+    assert "verify     ✗ refuted · predicted 65.2% · realized 1.0% (40.00 ms ±0.20 → 40.00 ms ±0.20)" in text
+    assert "| 5.0% ✓ |" in render(report, "markdown")
+    frame = report.to_frame()
+    assert frame.set_index("id").loc["C1", "verification_status"] == "refuted"
+    assert frame.set_index("id").loc["C3", "realized_saving_share"] == 0.05
+    assert json.loads(render(report, "json"))["candidates"][0]["verification"]["status"] == "verified"

@@ -52,7 +52,8 @@ if [ "$lint" = 1 ]; then
   "$PYTHON" -m ruff format --check .
   # The manual in docs/: a broken link, a page missing from the nav or a bad anchor fails.
   site=$(mktemp -d)
-  "$PYTHON" -m mkdocs build --strict --quiet --site-dir "$site"
+  trap 'rm -rf "$site"' EXIT
+  "$PYTHON" -m mkdocs build --strict --site-dir "$site"  # not --quiet: it hides the warnings strict counts
   rm -rf "$site"
 fi
 exec "$PYTHON" -m pytest -q "$@"

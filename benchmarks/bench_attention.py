@@ -1,7 +1,10 @@
 """GPU benchmark of kerneltriage's flash attention against SDPA, FlexAttention and naive eager.
 
-    PYTHONPATH=. python benchmarks/bench_attention.py --out $OUT/attention.json \
+    PYTHONPATH=. python benchmarks/bench_attention.py --out results/attention.json \
         [--parts check,sweep,table,variants] [--budget-s 540]
+
+Needs a CUDA GPU, torch with CUDA (FlexAttention: torch >= 2.5) and triton;
+``benchmarks/gpu_kernels.sh`` runs it with the settings BENCHMARKS.md's tables were measured with.
 
 Parts (each writes its results into the JSON as soon as it finishes):
   check     correctness on the GPU first: odd shapes (ragged lengths, Sq != Sk, GQA, window,

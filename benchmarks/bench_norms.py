@@ -1,6 +1,10 @@
 """GPU benchmark of the built-in norm kernels (kerneltriage/kernels/norms).
 
-    PYTHONPATH=. python3 benchmarks/bench_norms.py --out $OUT/norms.json
+    PYTHONPATH=. python3 benchmarks/bench_norms.py --out results/norms.json
+
+Needs a CUDA GPU, torch with CUDA and triton; Liger-Kernel (``pip install liger-kernel``) is a
+baseline when it imports. ``benchmarks/gpu_kernels.sh`` runs it with the settings BENCHMARKS.md's
+tables were measured with.
 
 1. Checks every kernel on the GPU first, against a float64 reference with outputs and workspaces
    poisoned with NaN: RMSNorm, LayerNorm and the fused residual-add + RMSNorm, forward and every
@@ -25,7 +29,7 @@
 ``--dry-run`` runs the same code path on CPU through Triton's interpreter on tiny shapes, with a
 wall-clock timer instead of do_bench, to check the script itself. ``--shapes``, ``--methods``
 (``ours-triton``: ours with every launch through ``kernel[grid](...)``, the fast launch path
-off) and ``--checks`` narrow a run to what a short GPU session has time for.
+off) and ``--checks`` narrow a run to the shapes, baselines and checks wanted.
 """
 
 from __future__ import annotations

@@ -1,31 +1,32 @@
 #!/usr/bin/env bash
-# Does `kerneltriage calibrate --run RUN` find the matmul peak the run's own GEMMs reach? One
-# GPU call (torch with CUDA, under 2 minutes): calibrate with examples/runs/gpt2-eager-h100's
-# GEMM shapes on a copy of that run (so the manifest it records into is a scratch one), then
-# `kerneltriage report` of the copy, whose ceilings are then the calibration's.
+# Does `kerneltriage calibrate --run RUN` find the matmul peak the run's own GEMMs reach?
+# Calibrates with the GEMM shapes of RUN (default examples/runs/gpt2-eager-h100) on a copy of
+# that run (so the manifest it records into is a scratch one), then runs `kerneltriage report`
+# of the copy, whose ceilings are then the calibration's. BENCHMARKS.md's "calibrate --run"
+# table comes from it (under 2 minutes on an H100).
 #
-#   run: command "bash benchmarks/calibrate_run.sh", kind nvidia-h100-x1, carry [".whl"]
-#        (an orjson wheel for the image's Python), timeout_s 150
+#   bash benchmarks/calibrate_run.sh OUT_DIR [RUN]
 #
-# $OUT gets calibration.json (the measurement: every shape's TFLOP/s), calibrate.txt (the
-# command's own lines), report.json and summary.txt.
+# Needs: a CUDA GPU; torch with CUDA and triton; kerneltriage's dependencies (pip install -e .).
+#
+# OUT_DIR gets calibration.json (every shape's TFLOP/s), calibrate.txt (the command's own
+# lines), gpu.txt (name, max SM clock, power limit), report.json and summary.txt.
 set -u -o pipefail
-OUT=${OUT:-/tmp/out}
-RUN=${RUN:-examples/runs/gpt2-eager-h100}
-mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-    >"$OUT/pip.log" 2>&1 || echo "pip install of .whl failed (see pip.log)"
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
+if [ $# -lt 1 ]; then
+  sed -n '2,/^set -u/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+  exit 2
 fi
-export XDG_CACHE_HOME=/tmp/kt-cache
-rm -rf /tmp/kt-run && cp -r "$RUN" /tmp/kt-run
+mkdir -p "$1"
+OUT=$(cd "$1" && pwd)
+RUN=$(cd "${2:-$(dirname "$0")/../examples/runs/gpt2-eager-h100}" && pwd)
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+SCRATCH=$(mktemp -d)
+cp -r "$RUN" "$SCRATCH/run"
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader >"$OUT/gpu.txt" 2>&1
-python3 -m kerneltriage.cli calibrate --run /tmp/kt-run --json >"$OUT/calibration.json" 2>"$OUT/calibrate.txt"
+python3 -m kerneltriage.cli calibrate --run "$SCRATCH/run" --json >"$OUT/calibration.json" 2>"$OUT/calibrate.txt"
 echo "calibrate exit $?" >>"$OUT/calibrate.txt"
-python3 -m kerneltriage.cli report /tmp/kt-run --format json -o "$OUT/report.json" 2>"$OUT/report.txt"
+python3 -m kerneltriage.cli report "$SCRATCH/run" --format json -o "$OUT/report.json" 2>"$OUT/report.txt"
 echo "report exit $?" >>"$OUT/report.txt"
 python3 - "$OUT" <<'PY' | tee "$OUT/summary.txt"
 import json, sys

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Does `kerneltriage profile` time the program as the user runs it? One GPU session (one GPU,
-# ncu on PATH, torch and transformers installed, at most 10 minutes), three workloads:
+# Does `kerneltriage profile` time the program as the user runs it? Three workloads on one GPU;
+# BENCHMARKS.md's "Profile fidelity" tables come from it (about 10 minutes on an H100):
 #   gpt          examples/train_gpt.py at GPT-2 124M size (12 layers, 768 wide, batch 8 × 1024,
 #                vocab 50304, SDPA, bf16 autocast), eager
 #   gpt-compile  the same under torch.compile
@@ -13,34 +13,36 @@
 # report's GPU busy time comes from; the recorded steps give ops and modules), torch.compile
 # graph breaks / graphs plain vs phase 1 vs phase 2, phase-2 seconds, hot-kernel counter coverage.
 #
-#   run: command "bash benchmarks/gpu_fidelity.sh", carry [".whl"] (orjson and pydantic wheels
-#        for the image's Python; the image lacks both), timeout_s 600
-#   WORKLOADS="llama" bash benchmarks/gpu_fidelity.sh     # a subset, e.g. what a first call skipped
+#   bash benchmarks/gpu_fidelity.sh OUT_DIR
+#   WORKLOADS="llama" bash benchmarks/gpu_fidelity.sh OUT_DIR     # a subset
 #
-# $OUT gets (4 files): summary.txt (the table and what failed), results.json, runs.tgz (the
-# run directories without .ncu-rep, at most 16 MB) and logs.tgz (every command's output).
-# A workload that fails or runs out of time is reported as such; the others go on.
+# Needs: a CUDA GPU with bf16 (measured on an 80 GB H100); torch with CUDA and
+# triton; transformers; Nsight Compute's ncu on PATH; kerneltriage's dependencies (pip install
+# -e .). BUDGET_S (default 3000) bounds the workloads' total time: one that no longer fits is
+# skipped and named.
+#
+# OUT_DIR gets summary.txt (the table and what failed), results.json, runs.tgz (the run
+# directories without .ncu-rep) and logs.tgz (every command's output). A workload that fails
+# or runs out of time is reported as such; the others go on.
 set -u -o pipefail
-OUT=${OUT:-/tmp/out}
-WORK=${WORK:-/tmp/fidelity}
-BUDGET_S=${BUDGET_S:-550}    # for the workloads; packing the results takes the rest of 10 minutes
+if [ $# -lt 1 ]; then
+  sed -n '2,/^set -u/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+  exit 2
+fi
+mkdir -p "$1"
+OUT=$(cd "$1" && pwd)
+cd "$(dirname "$0")/.."
+WORK=$(mktemp -d)
+BUDGET_S=${BUDGET_S:-3000}
 WORKLOADS=${WORKLOADS:-"gpt llama gpt-compile"}  # compile last: its first compile takes longest
 START=$SECONDS
-mkdir -p "$OUT"
-rm -rf "$WORK"
 mkdir -p "$WORK/runs" "$WORK/logs"
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
 say() { echo "$*" | tee -a "$SUMMARY"; }
 left() { echo $((BUDGET_S - (SECONDS - START))); }
 
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-    >"$WORK/logs/pip.log" 2>&1 || say "pip install of .whl failed (see logs/pip.log)"
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
-fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 # One Inductor cache for every process: the profiled runs reuse what the plain run compiled.
 export TORCHINDUCTOR_CACHE_DIR=$WORK/inductor-cache
@@ -50,10 +52,8 @@ say "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format
 say "$(python3 -c 'import sys, torch, triton; print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__)' 2>&1 | tail -1)"
 say "$(python3 -c 'import transformers; print("transformers", transformers.__version__)' 2>&1 | tail -1)"
 say "$(ncu --version 2>&1 | tail -1)"
-if ! python3 -c "import orjson, pydantic" 2>/dev/null; then
-  say "FATAL: orjson or pydantic is not importable: carry .whl with their wheels for this Python, e.g."
-  say "  pip download orjson pydantic pydantic_core annotated-types typing-inspection typing_extensions \\"
-  say "    --only-binary=:all: --platform manylinux_2_17_x86_64 --python-version 3.12 --no-deps -d .whl"
+if ! python3 -c "import kerneltriage.cli" 2>/dev/null; then
+  say "FATAL: kerneltriage's dependencies are not importable: pip install -e . first"
   exit 1
 fi
 
@@ -248,15 +248,8 @@ else
   say "all workloads ran"
 fi
 
-# The run directories, small enough to commit as examples (16 MB a file comes back at most).
-pack() { tar czf "$OUT/runs.tgz" -C "$WORK" --exclude='*.ncu-rep' --exclude='*.tmp*' "$@" runs; }
-pack
-for extra in "--exclude=shapes.rank*" "--exclude=shapes.rank* --exclude=*.stdout --exclude=*.stderr"; do
-  [ "$(stat -c %s "$OUT/runs.tgz")" -le 16000000 ] && break
-  # shellcheck disable=SC2086
-  pack $extra
-  say "runs.tgz was over 16 MB: packed again with $extra"
-done
-[ "$(stat -c %s "$OUT/runs.tgz")" -le 16000000 ] || { rm -f "$OUT/runs.tgz"; say "runs.tgz still over 16 MB: left out"; }
+# The run directories without the large Nsight Compute reports (examples/runs holds three).
+tar czf "$OUT/runs.tgz" -C "$WORK" --exclude='*.ncu-rep' --exclude='*.tmp*' runs
 tar czf "$OUT/logs.tgz" -C "$WORK" logs
+rm -rf "$WORK"
 say "== done in $((SECONDS - START)) s, $(date -u +%FT%TZ); $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"

@@ -1,8 +1,11 @@
 """What this GPU reaches, for kerneltriage's ceilings: the per-launch floor of a kernel, the
 achievable matmul peaks, copy bandwidth, and SDPA's rate per backend (attention table rows).
 
-Run on the GPU machine: ``python benchmarks/probes/gpu_ceilings.py --out $OUT/ceilings.json``.
-Prints a short summary; the JSON holds every figure. Nothing here is a test.
+    PYTHONPATH=. python benchmarks/probes/gpu_ceilings.py --out results/ceilings.json
+
+Needs a CUDA GPU, torch with CUDA and triton. Prints a short summary; the JSON holds every
+figure (BENCHMARKS.md: "What the H100 reaches", the launch floor and the SDPA backend rates;
+``kerneltriage/data/gpus.yaml`` and ``attention_perf.yaml`` cite it). Nothing here is a test.
 
 Per-launch floor: the GPU duration of a kernel with (almost) no work, as the PyTorch profiler
 records it (that is what a trace shows), and the start-to-start interval of back-to-back

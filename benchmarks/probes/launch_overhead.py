@@ -5,7 +5,10 @@ the fast path; the state of every cached launcher; and a cProfile of the wrapper
 the Python path (bound closures, ``autograd.Function``), then the C++ bound calls
 (``kernels/native.py``, built between the passes).
 
-    PYTHONPATH=. python3 benchmarks/probes/launch_overhead.py --out $OUT/launch_overhead.json
+    PYTHONPATH=. python3 benchmarks/probes/launch_overhead.py --out results/launch_overhead.json
+
+Needs a CUDA GPU, torch with CUDA and triton; the C++ pass needs ninja and a C++ compiler
+(without them it reports why and times the Python path only). BENCHMARKS.md's host µs tables.
 
 Host µs per call: best of 30 rounds of 100 calls issued without a synchronization (one
 synchronization between rounds, so the launch queue never fills).

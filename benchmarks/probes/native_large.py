@@ -1,5 +1,10 @@
-"""The C++ bound norm call at a large shape: do_bench and the kernel's GPU time, Python path
-against C++ path, in one process (a probe for kernels/native.py)."""
+"""The C++ bound norm call at large shapes: do_bench and the kernel's GPU time, Python path
+against C++ path, in one process (a probe for kernels/native.py). BENCHMARKS.md, "Build
+robustness": the same kernel time either way at 16384x4096 and 32768x8192.
+
+    PYTHONPATH=. python3 benchmarks/probes/native_large.py
+
+Needs a CUDA GPU, torch with CUDA, triton, ninja and a C++ compiler."""
 
 import sys
 from pathlib import Path

@@ -1,7 +1,12 @@
 """Which errors cross from kernels/csrc/norm_node.cpp into Python safely in this torch build
 (a probe for kernels/native.py): each case runs in its own process, so a crash shows as a
 return code. (A launch of a function handle that is not one, e.g. 1, crashes inside libcuda:
-the handles come from Triton's compiled kernels only.)"""
+the handles come from Triton's compiled kernels only.) BENCHMARKS.md, "One fault found and
+fixed": the reason the extension throws std::runtime_error only.
+
+    PYTHONPATH=. python3 benchmarks/probes/native_throw.py
+
+Needs torch, triton, ninja and a C++ compiler; a CUDA GPU for the launch and allocation cases."""
 
 import subprocess
 import sys

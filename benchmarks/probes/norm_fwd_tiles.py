@@ -4,6 +4,9 @@ tile configuration and the compiled eager RMSNorm, and prints the Inductor kerne
 configuration.
 
     PYTHONPATH=. TORCH_LOGS=output_code python3 benchmarks/probes/norm_fwd_tiles.py 2>inductor.log
+
+Needs a CUDA GPU, torch with CUDA and triton. BENCHMARKS.md, "RMSNorm forward at 32768×8192
+against torch.compile".
 """
 
 from __future__ import annotations

@@ -9,10 +9,10 @@ unrelated captures) are analysed one by one, each from its own temp dir under /t
 
 Runs with HTA's own virtualenv (outside the repo), not the project's:
 
-    python3 -m venv /work/hta-venv
-    /work/hta-venv/bin/pip install HolisticTraceAnalysis==0.5.0 'pandas==2.3.3'  # HTA 0.5.0 breaks on pandas 3
-    /work/hta-venv/bin/python benchmarks/validation/hta_baseline.py            # all traces
-    /work/hta-venv/bin/python benchmarks/validation/hta_baseline.py --only hta-cnn-v100
+    python3 -m venv ~/hta-venv
+    ~/hta-venv/bin/pip install HolisticTraceAnalysis==0.5.0 'pandas==2.3.3'  # HTA 0.5.0 breaks on pandas 3
+    ~/hta-venv/bin/python benchmarks/validation/hta_baseline.py            # all traces
+    ~/hta-venv/bin/python benchmarks/validation/hta_baseline.py --only hta-cnn-v100
 
 Each trace unit runs in its own child process (one at a time) with a wall-clock limit; a unit
 that runs past it is recorded as "timeout". Exceptions HTA raises are recorded, not hidden.

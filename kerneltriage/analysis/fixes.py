@@ -98,6 +98,7 @@ FIELDS = frozenset(
         "bias_arg",
         "backend",
         "kernels",
+        "in_module",
     }
 )
 #: Liger-Kernel's boolean kernel switches of ``apply_liger_kernel_to_<arch>`` (liger-kernel
@@ -220,7 +221,9 @@ def parse_recipes(entries: Any, where: str) -> tuple[Recipe, ...]:
             try:
                 when[k] = re.compile(v)
             except re.error as exc:
-                raise RulesError(f"recipe {m.id}: when.{k}: bad regular expression {v!r} ({exc})", path=where) from None
+                raise RulesError(
+                    f"recipe {m.id}: when.{k}: bad regular expression {v!r} ({exc})", path=where
+                ) from None
         for name in ("carries", "cannot_carry"):
             unknown = sorted(set(getattr(m, name)) - set(PARAMS))
             if unknown:
@@ -299,7 +302,9 @@ def load_recipes(path: str | Path | None = None, extra: tuple[Recipe, ...] = ())
     for r in recipes:
         missing = [a for a in r.alternatives if a not in known]
         if missing:
-            raise RulesError(f"recipe {r.id}: alternatives name unknown recipe(s) {', '.join(missing)}", path=where)
+            raise RulesError(
+                f"recipe {r.id}: alternatives name unknown recipe(s) {', '.join(missing)}", path=where
+            )
     return recipes
 
 
@@ -360,7 +365,9 @@ def _version(text: str) -> tuple[int, ...]:
 def _compare(have: tuple[int, ...], op: str, want: tuple[int, ...]) -> bool:
     n = max(len(have), len(want))
     have, want = have + (0,) * (n - len(have)), want + (0,) * (n - len(want))
-    return {">=": have >= want, "<=": have <= want, "==": have == want, "<": have < want, ">": have > want}[op]
+    return {">=": have >= want, "<=": have <= want, "==": have == want, "<": have < want, ">": have > want}[
+        op
+    ]
 
 
 def unmet(recipe: Recipe, env: Environment, params: dict[str, Any]) -> str | None:
@@ -371,7 +378,11 @@ def unmet(recipe: Recipe, env: Environment, params: dict[str, Any]) -> str | Non
         if env.torch:
             if not _compare(_version(env.torch), op, _version(want)):
                 return f"PyTorch {env.torch} (needs {req.torch})"
-        elif env.torch_below and op in (">=", ">", "==") and _compare(_version(want), ">=", _version(env.torch_below)):
+        elif (
+            env.torch_below
+            and op in (">=", ">", "==")
+            and _compare(_version(want), ">=", _version(env.torch_below))
+        ):
             return f"{env.torch_source} (needs {req.torch})"
     if req.capability and env.capability and env.vendor in (None, "nvidia"):
         op, want = _VERSION.match(req.capability).groups()
@@ -382,7 +393,9 @@ def unmet(recipe: Recipe, env: Environment, params: dict[str, Any]) -> str | Non
         return f"{env.gpu or 'the GPU'} has no bf16 tensor cores"
     if req.fused_linear_ce_gain:
         judged = params.get("fused_linear_ce")
-        if judged and judged["gain_ms"] <= 0:
+        if not judged:
+            return "no lm_head GEMM of this loss in the trace to judge a fused linear CE against"
+        if judged["gain_ms"] <= 0:
             return judged["why"]
     return None
 
@@ -430,7 +443,12 @@ def _attention_params(c: Any, by_module: dict[str, Any]) -> dict[str, Any]:
     elif mask == "custom-mask":
         # An HF decoder's eager attention adds the model's S×S mask (causal, and the sliding
         # window where the config has one): use_flash_attention rebuilds it from the config.
-        if mask_shape and len(mask_shape) >= 2 and mask_shape[-1] == mask_shape[-2] == seq and _HF_ARCH.match(cls):
+        if (
+            mask_shape
+            and len(mask_shape) >= 2
+            and mask_shape[-1] == mask_shape[-2] == seq
+            and _HF_ARCH.match(cls)
+        ):
             params["causal"] = True
             params["mask_from"] = "the model's S×S causal mask"
         else:
@@ -459,9 +477,8 @@ def _attention_params(c: Any, by_module: dict[str, Any]) -> dict[str, Any]:
                         break
                 break
         params["softcap"] = round(cap, 6) if cap else True
-    if scale is not None and head_dim:
-        if abs(scale * math.sqrt(head_dim) - 1.0) > 1e-3:
-            params["scale"] = round(scale, 6)
+    if scale is not None and head_dim and abs(scale * math.sqrt(head_dim) - 1.0) > 1e-3:
+        params["scale"] = round(scale, 6)
     if a.get("dropout"):
         p = None
         for o, n in zip(ops, names):
@@ -668,7 +685,8 @@ def candidate_fields(c: Any, params: dict[str, Any]) -> dict[str, Any]:
         "builtin": c.builtin or "",
         "kind": c.kind,
         "written": str(c.attrs.get("written") or ""),
-        "module_class": cls or "the matching",
+        "module_class": cls or "matching",
+        "in_module": f" in {path}" if path else "",
         "module_path": path or "?",
         "module_list": head or "?",
         "module_leaf": leaf or "?",
@@ -686,7 +704,9 @@ def candidate_fields(c: Any, params: dict[str, Any]) -> dict[str, Any]:
         "sliding_window": None,  # read from the model's config by use_flash_attention
         "gqa": params.get("gqa") or 1,
         "gqa_arg": ", enable_gqa=True" if (params.get("gqa") or 1) > 1 else "",
-        "dropout_arg": f", dropout_p={_fmt(params['dropout'])}" if isinstance(params.get("dropout"), float) else "",
+        "dropout_arg": f", dropout_p={_fmt(params['dropout'])}"
+        if isinstance(params.get("dropout"), float)
+        else "",
         "ce_args": ", ".join(ce),
         "bias_arg": ", bias=lm_head.bias" if params.get("bias") else "",
         "backend": backend[1] if backend else "",
@@ -753,7 +773,9 @@ def _blocking(recipe: Recipe, params: dict[str, Any]) -> str | None:
     return None
 
 
-def choose(c: Any, recipes: tuple[Recipe, ...], env: Environment, params: dict[str, Any]) -> dict[str, Any] | None:
+def choose(
+    c: Any, recipes: tuple[Recipe, ...], env: Environment, params: dict[str, Any]
+) -> dict[str, Any] | None:
     """The recipe of a candidate (the contract's ``recipe`` mapping, with ``text``), or None
     when no recipe matches it. ``blocked`` is set when every matching recipe was stopped."""
     fields = candidate_fields(c, params)
@@ -762,11 +784,13 @@ def choose(c: Any, recipes: tuple[Recipe, ...], env: Environment, params: dict[s
         return None
     first_block = None
     chosen = None
+    declined = {}
     for r in matched:
         why = _blocking(r, params) or unmet(r, env, params)
         if why is None:
             chosen = r
             break
+        declined[r.id] = why
         if first_block is None:
             first_block = (r, why)
     shown = {k: v for k, v in params.items() if k != "fused_linear_ce"}
@@ -803,6 +827,7 @@ def choose(c: Any, recipes: tuple[Recipe, ...], env: Environment, params: dict[s
         "apply": apply,
         "apply_why_not": why_not,
         "text": text,
+        "declined": declined,
         "needs": notes,
         "fuses_residual_add": chosen.fuses_residual_add,
     }
@@ -826,6 +851,7 @@ def combine_overlaps(candidates: list[Any]) -> None:
         gemm.expected_saving_share = max(0.0, combined - c.expected_saving_share)
         if gemm_alone:
             gemm.attrs["saving_alone"] = gemm_alone
+            gemm.attrs["saving_scoped"] = f"counted once with {c.id}'s fused linear CE"
             gemm.note = "; ".join(
                 x
                 for x in (
@@ -840,7 +866,12 @@ def combine_overlaps(candidates: list[Any]) -> None:
 
 # --- GEMM shape diagnostics ------------------------------------------------------------------
 
-_PROJECTIONS = ({"q_proj", "k_proj", "v_proj"}, {"query", "key", "value"}, {"gate_proj", "up_proj"}, {"wq", "wk", "wv"})
+_PROJECTIONS = (
+    {"q_proj", "k_proj", "v_proj"},
+    {"query", "key", "value"},
+    {"gate_proj", "up_proj"},
+    {"wq", "wk", "wv"},
+)
 _TILE = 128
 
 
@@ -860,13 +891,17 @@ def gemm_diagnostics(c: Any, candidates: list[Any], env: Environment) -> list[st
     out = []
     for name, v in (("N", n), ("K", k)):
         if v % 64:
-            out.append(f"{name}={v} is not a multiple of 64: pad it to {math.ceil(v / 64) * 64} (a vocabulary padded as GPT-2 scripts pad 50257 to 50304)")
+            out.append(
+                f"{name}={v} is not a multiple of 64: pad it to {math.ceil(v / 64) * 64} (a vocabulary padded as GPT-2 scripts pad 50257 to 50304)"
+            )
     if env.sms:
         tiles = math.ceil(m / _TILE) * math.ceil(n / _TILE)
         waves = tiles / env.sms
         last = waves - math.floor(waves)
         if waves < 4 and 0 < last <= 0.5:
-            out.append(f"{tiles} output tiles of {_TILE}x{_TILE} fill {waves:.2f} waves of {env.sms} SMs: the last wave runs {last:.0%} full")
+            out.append(
+                f"{tiles} output tiles of {_TILE}x{_TILE} fill {waves:.2f} waves of {env.sms} SMs: the last wave runs {last:.0%} full"
+            )
     for name, v in (("N", n), ("K", k)):
         if v <= 128:
             out.append(f"skinny {name}={v}: too little work per output tile to keep the tensor cores busy")

@@ -259,7 +259,9 @@ def _fixes(entries: Any, where: str) -> tuple[Recipe, ...]:
     """A rules file's own fix recipes (the shape of ``fixes.yaml``'s), tried before the
     shipped ones."""
     if not isinstance(entries, list):
-        raise RulesError("fixes must be a list of recipes (the shape of kerneltriage/data/fixes.yaml)", path=where)
+        raise RulesError(
+            "fixes must be a list of recipes (the shape of kerneltriage/data/fixes.yaml)", path=where
+        )
     return parse_recipes(entries, where)
 
 

@@ -388,6 +388,9 @@ def _fix(c: Candidate, candidates: list[Candidate], rules: Rules, env: Environme
         c.attrs["fused_linear_ce"] = {k: v for k, v in judged.items() if k != "why"}
     text = recipe.pop("text")
     needs = recipe.pop("needs", [])
+    declined = recipe.pop("declined", {})
+    if recipe["blocked"] is None:
+        needs = [*needs, *(f"not {rid}: {why}" for rid, why in declined.items())]
     fuses_add = recipe.pop("fuses_residual_add", True)
     c.recipe = recipe
     if recipe["blocked"]:
@@ -400,11 +403,13 @@ def _fix(c: Candidate, candidates: list[Candidate], rules: Rules, env: Environme
     if judged and recipe["id"].startswith("liger-fused-linear-ce"):
         # Judged as the lm_head GEMM + the loss it replaces, not the loss region alone.
         c.expected_saving_share = judged["saving_share"]
+        c.attrs["saving_scoped"] = "lm_head GEMM + loss, fused linear CE model"
         c.note = "; ".join(x for x in (c.note, judged["why"]) if x)
     elif params.get("residual-add") and not fuses_add and c.headroom and c.headroom > 1.0:
         # The fix swaps the norm; the residual add stays an eager op (3 streams beside the
         # fused kernel's 4): the prediction counts what the fix covers.
         c.expected_saving_share = max(0.0, c.time_share * (1.0 - 1.25 / c.headroom))
+        c.attrs["saving_scoped"] = "the norm without its residual add"
         c.note = "; ".join(
             x for x in (c.note, "the fix swaps the norm only: the residual add before it stays eager") if x
         )
@@ -583,5 +588,6 @@ def compiled_graph_advice(
         if recipe and not recipe["blocked"]:
             g["fix"] = recipe.pop("text")
             recipe.pop("needs", None)
+            recipe.pop("declined", None)
             recipe.pop("fuses_residual_add", None)
             g["recipe"] = recipe

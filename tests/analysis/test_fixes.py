@@ -114,7 +114,9 @@ def recipes():
 
 def test_every_recipe_renders_with_its_apply_kind():
     fields = {name: "x" for name in FIELDS}
-    fields.update(classes=["LayerNorm"], gqa=2, causal_value=True, softcap=50.0, scale=0.1, sliding_window=None)
+    fields.update(
+        classes=["LayerNorm"], gqa=2, causal_value=True, softcap=50.0, scale=0.1, sliding_window=None
+    )
     ids = set()
     for r in recipes():
         text, apply, why = render(r, fields)
@@ -127,7 +129,14 @@ def test_every_recipe_renders_with_its_apply_kind():
 
 
 def test_unknown_template_field_and_apply_kind_are_refused():
-    base = {"id": "x", "title": "t", "when": {}, "scope": "model", "text": "{nope}", "apply": {"kind": "tf32"}}
+    base = {
+        "id": "x",
+        "title": "t",
+        "when": {},
+        "scope": "model",
+        "text": "{nope}",
+        "apply": {"kind": "tf32"},
+    }
     with pytest.raises(RulesError, match="unknown template field"):
         parse_recipes([base], "test")
     with pytest.raises(RulesError, match="apply kind"):
@@ -138,7 +147,16 @@ def test_unknown_template_field_and_apply_kind_are_refused():
 
 def test_user_recipes_go_in_front():
     mine = parse_recipes(
-        [{"id": "mine", "title": "t", "when": {"verdict": "^compile$"}, "scope": "model", "text": "mine()", "apply": {"kind": "tf32"}}],
+        [
+            {
+                "id": "mine",
+                "title": "t",
+                "when": {"verdict": "^compile$"},
+                "scope": "model",
+                "text": "mine()",
+                "apply": {"kind": "tf32"},
+            }
+        ],
         "user",
     )
     merged = load_recipes(extra=mine)
@@ -153,7 +171,14 @@ def test_gemma2_softcap_attention_gets_the_hf_attention_function_with_its_parame
     r = choose(c, recipes(), H100, params)
     assert r["id"] == "hf-attention-builtin" and r["blocked"] is None
     assert "use_flash_attention(model)" in r["text"]
-    assert r["apply"] == {"kind": "hf-attention", "causal": True, "softcap": 50.0, "scale": 0.0625, "sliding_window": None, "gqa": 1}
+    assert r["apply"] == {
+        "kind": "hf-attention",
+        "causal": True,
+        "softcap": 50.0,
+        "scale": 0.0625,
+        "sliding_window": None,
+        "gqa": 1,
+    }
 
 
 def test_gqa_from_the_projections_and_causal_sdpa():
@@ -164,9 +189,23 @@ def test_gqa_from_the_projections_and_causal_sdpa():
         op("aten::softmax", [[2, 8, 512, 512]], [BF]),
         op("aten::matmul", [[2, 8, 512, 512], [2, 8, 512, 64]], [BF, BF]),
     ]
-    c = attention("blocks.*.attn (Attention)", ex, "causal", builtin="torch.nn.functional.scaled_dot_product_attention")
-    q = cand("gemm", "skip", module="blocks.*.attn.q_proj (Linear)", example=[op("aten::linear", [[2, 512, 512], [512, 512], []], [BF, BF, ""])], id="C2")
-    k = cand("gemm", "skip", module="blocks.*.attn.k_proj (Linear)", example=[op("aten::linear", [[2, 512, 512], [128, 512], []], [BF, BF, ""])], id="C3")
+    c = attention(
+        "blocks.*.attn (Attention)", ex, "causal", builtin="torch.nn.functional.scaled_dot_product_attention"
+    )
+    q = cand(
+        "gemm",
+        "skip",
+        module="blocks.*.attn.q_proj (Linear)",
+        example=[op("aten::linear", [[2, 512, 512], [512, 512], []], [BF, BF, ""])],
+        id="C2",
+    )
+    k = cand(
+        "gemm",
+        "skip",
+        module="blocks.*.attn.k_proj (Linear)",
+        example=[op("aten::linear", [[2, 512, 512], [128, 512], []], [BF, BF, ""])],
+        id="C3",
+    )
     params = detect_params(c, [c, q, k], H100, 50.0)
     assert params == {"causal": True, "gqa": 4}  # scale 1/8 = 1/sqrt(64): the default, not carried
     r = choose(c, recipes(), H100, params)
@@ -175,16 +214,28 @@ def test_gqa_from_the_projections_and_causal_sdpa():
 
 
 def test_sdpa_cannot_carry_a_softcap_and_says_so():
-    c = attention("blocks.*.attn (Attention)", GEMMA2_ATTENTION, "causal", softcap=True, builtin="torch.nn.functional.scaled_dot_product_attention")
+    c = attention(
+        "blocks.*.attn (Attention)",
+        GEMMA2_ATTENTION,
+        "causal",
+        softcap=True,
+        builtin="torch.nn.functional.scaled_dot_product_attention",
+    )
     r = choose(c, recipes(), H100, detect_params(c, [c], H100, 50.0))
-    assert r["blocked"].startswith("softcap 50") and r["text"] is None and r["id"] == "sdpa-for-naive-attention"
+    assert (
+        r["blocked"].startswith("softcap 50") and r["text"] is None and r["id"] == "sdpa-for-naive-attention"
+    )
 
 
 def test_precision_fix_follows_gpu_and_pytorch_version():
     c = cand("convolution", reason="fp32-off-tensor-cores", builtin="fp16 autocast with a GradScaler")
     v100 = choose(c, recipes(), V100_PT19, {})
     assert v100["id"] == "autocast-fp16-legacy"
-    assert "torch.cuda.amp.autocast()" in v100["text"] and "GradScaler" in v100["text"] and "bfloat16" not in v100["text"]
+    assert (
+        "torch.cuda.amp.autocast()" in v100["text"]
+        and "GradScaler" in v100["text"]
+        and "bfloat16" not in v100["text"]
+    )
     a100 = Environment(torch="2.1", capability=(8, 0), bf16=True, vendor="nvidia")
     assert choose(c, recipes(), a100, {})["id"] == "tf32"
     v100_new = Environment(torch="2.1", capability=(7, 0), bf16=False, vendor="nvidia")
@@ -198,25 +249,60 @@ def test_no_compile_below_pytorch_2():
 
 
 def test_compile_covers_every_module_class_holding_the_region():
-    c = cand("norm", verdict="compile", builtin="torch.compile", module="encoder.layer.*.attention.output.LayerNorm (LayerNorm)",
-             attrs={"enclosing_modules": ["encoder.layer.*.attention.output:BertSelfOutput", "encoder.layer.*.output:BertOutput"]})
+    c = cand(
+        "norm",
+        verdict="compile",
+        builtin="torch.compile",
+        module="encoder.layer.*.attention.output.LayerNorm (LayerNorm)",
+        attrs={
+            "enclosing_modules": [
+                "encoder.layer.*.attention.output:BertSelfOutput",
+                "encoder.layer.*.output:BertOutput",
+            ]
+        },
+    )
     r = choose(c, recipes(), H100, {})
     assert r["id"] == "compile-module-class"
     assert r["apply"] == {"kind": "compile-module", "classes": ["BertOutput", "BertSelfOutput"], "mode": None}
 
 
 def test_liger_norm_switches_on_only_its_kernel():
-    c = cand("norm", builtin="kerneltriage.kernels.rms_norm", module="model.layers.*.input_layernorm (Gemma2RMSNorm)")
+    c = cand(
+        "norm",
+        builtin="kerneltriage.kernels.rms_norm",
+        module="model.layers.*.input_layernorm (Gemma2RMSNorm)",
+    )
     r = choose(c, recipes(), H100, {})
     assert r["apply"] == {"kind": "norm-swap", "classes": ["Gemma2RMSNorm"]}
-    assert "apply_liger_kernel_to_gemma2(rope=False, cross_entropy=False, fused_linear_cross_entropy=False, rms_norm=True, geglu=False)" in r["text"]
+    assert (
+        "apply_liger_kernel_to_gemma2(rope=False, cross_entropy=False, fused_linear_cross_entropy=False, rms_norm=True, geglu=False)"
+        in r["text"]
+    )
 
 
 def _gpt2_loss(weight_type):
-    lm = cand("gemm", "skip", module="lm_head (Linear)", id="C2", time_ms=2.0,
-              example=[op("aten::linear", [[8, 1024, 768], [50257, 768], []], [BF, weight_type, ""])])
-    loss = cand("cross-entropy", builtin="liger_kernel.transformers.LigerFusedLinearCrossEntropyLoss", module="GPT2LMHeadModel (GPT2LMHeadModel)", time_ms=3.0,
-                example=[op("aten::cross_entropy_loss", [[8192, 50257], [8192], [], [], [], []], ["float", "long int", "", "Scalar", "Scalar", "Scalar"], ["", "", "", "1", "-100", "0."])])
+    lm = cand(
+        "gemm",
+        "skip",
+        module="lm_head (Linear)",
+        id="C2",
+        time_ms=2.0,
+        example=[op("aten::linear", [[8, 1024, 768], [50257, 768], []], [BF, weight_type, ""])],
+    )
+    loss = cand(
+        "cross-entropy",
+        builtin="liger_kernel.transformers.LigerFusedLinearCrossEntropyLoss",
+        module="GPT2LMHeadModel (GPT2LMHeadModel)",
+        time_ms=3.0,
+        example=[
+            op(
+                "aten::cross_entropy_loss",
+                [[8192, 50257], [8192], [], [], [], []],
+                ["float", "long int", "", "Scalar", "Scalar", "Scalar"],
+                ["", "", "", "1", "-100", "0."],
+            )
+        ],
+    )
     return lm, loss
 
 
@@ -231,10 +317,25 @@ def test_fused_linear_ce_is_refused_where_it_loses():
 
 
 def test_loss_parameters_and_bias():
-    lm = cand("gemm", "skip", module="cls.predictions.decoder (Linear)", id="C2",
-              example=[op("aten::linear", [[8, 512, 768], [30522, 768], [30522]], [BF, BF, BF])])
-    loss = cand("cross-entropy", builtin="liger_kernel.transformers.LigerCrossEntropyLoss",
-                example=[op("aten::cross_entropy_loss", [[4096, 30522], [4096], [], [], [], []], ["float", "long int", "", "Scalar", "Scalar", "Scalar"], ["", "", "", "1", "0", "0.1"])])
+    lm = cand(
+        "gemm",
+        "skip",
+        module="cls.predictions.decoder (Linear)",
+        id="C2",
+        example=[op("aten::linear", [[8, 512, 768], [30522, 768], [30522]], [BF, BF, BF])],
+    )
+    loss = cand(
+        "cross-entropy",
+        builtin="liger_kernel.transformers.LigerCrossEntropyLoss",
+        example=[
+            op(
+                "aten::cross_entropy_loss",
+                [[4096, 30522], [4096], [], [], [], []],
+                ["float", "long int", "", "Scalar", "Scalar", "Scalar"],
+                ["", "", "", "1", "0", "0.1"],
+            )
+        ],
+    )
     params = detect_params(loss, [lm, loss], H100, 50.0)
     assert params == {"ignore-index": 0, "label-smoothing": 0.1, "bias": True}
     r = choose(loss, recipes(), H100, params)
@@ -252,14 +353,27 @@ def test_overlapping_savings_count_once():
 
 
 def test_gemm_shape_diagnostics():
-    dec = cand("gemm", "compile", module="cls.predictions.decoder (Linear)", headroom=1.6, attrs={"library_op": True},
-               example=[op("aten::linear", [[8, 512, 768], [30522, 768], [30522]], [BF, BF, BF])])
+    dec = cand(
+        "gemm",
+        "compile",
+        module="cls.predictions.decoder (Linear)",
+        headroom=1.6,
+        attrs={"library_op": True},
+        example=[op("aten::linear", [[8, 512, 768], [30522, 768], [30522]], [BF, BF, BF])],
+    )
     notes = " | ".join(gemm_diagnostics(dec, [dec], H100))
     assert "N=30522 is not a multiple of 64: pad it to 30528" in notes
     assert "masked positions" in notes
     qkv = [
-        cand("gemm", "skip", module=f"encoder.layer.*.attention.self.{n} (Linear)", headroom=2.0, attrs={"library_op": True}, id=f"C{i}",
-             example=[op("aten::linear", [[8, 512, 768], [768, 768], [768]], [BF, BF, BF])])
+        cand(
+            "gemm",
+            "skip",
+            module=f"encoder.layer.*.attention.self.{n} (Linear)",
+            headroom=2.0,
+            attrs={"library_op": True},
+            id=f"C{i}",
+            example=[op("aten::linear", [[8, 512, 768], [768, 768], [768]], [BF, BF, BF])],
+        )
         for i, n in enumerate(("query", "key", "value"))
     ]
     assert any("one fused projection (2304x768" in n for n in gemm_diagnostics(qkv[0], qkv, H100))

@@ -32,6 +32,7 @@ CANDIDATE_COLUMNS = (
     "reason",
     "builtin",
     "fix",  # code to paste for use-builtin and compile verdicts
+    "recipe_id",  # the fixes.yaml recipe behind the fix (or the one a parameter blocked)
     "note",
     "time_share",
     "gpu_share",
@@ -165,6 +166,7 @@ def candidate_row(c: Any) -> dict[str, Any]:
         "reason": c.reason,
         "builtin": c.builtin,
         "fix": getattr(c, "fix", None),
+        "recipe_id": (getattr(c, "recipe", None) or {}).get("id"),
         "note": c.note,
         "time_share": c.time_share,
         "gpu_share": c.gpu_share,

@@ -17,7 +17,7 @@ from typing import Any
 from kerneltriage.analysis.attribution import Attribution
 from kerneltriage.analysis.compiled import FLAVOURS, decode_inductor, inductor_work
 from kerneltriage.analysis.estimate import tensor_inputs
-from kerneltriage.analysis.regions import OpInfo, Segment, segment
+from kerneltriage.analysis.regions import OpInfo, Segment, enclosing_module, segment
 from kerneltriage.analysis.rules import Rules
 from kerneltriage.ingest.kernel_names import base_name
 from kerneltriage.ingest.tables import Timeline
@@ -149,6 +149,7 @@ def group_candidates(timeline: Timeline, attr: Attribution, rules: Rules) -> dic
                 )
             info = op_info(r, names[r], kind, compute_types.get(r))
             info.boundary = boundary
+            info.module = attr.cpu_module[r]
             ops.append(info)
         region_of = [attr.cpu_region[r] for r in rows]
         for seg in _segments_with_regions(ops, region_of, rules):
@@ -157,6 +158,13 @@ def group_candidates(timeline: Timeline, attr: Attribution, rules: Rules) -> dic
             if g is None:
                 g = groups[key] = _new_group(key, seg, rules)
             g.segments.append((int(step), seg))
+            if seg.level == "region" and seg.kind != "attention":
+                # The modules a compile must cover to fuse every instance of the region.
+                holder = enclosing_module(seg.ops)
+                holder = holder and re.sub(r"\.\d+(?=\.|:|$)", ".*", holder)
+                held = g.attrs.setdefault("enclosing_modules", [])
+                if holder and holder not in held:
+                    held.append(holder)
             for r in seg.rows:
                 row_group[(int(step), r)] = key
 

@@ -104,6 +104,8 @@ class Candidate:
     builtin: str | None = None
     note: str = ""
     fix: str | None = None  # code to paste for use-builtin and compile verdicts, chosen for this model
+    # The fix's recipe (fixes.yaml): id, params, scope, covers, blocked, apply, apply_why_not.
+    recipe: dict[str, Any] | None = None
     expected_saving_share: float = 0.0
     rank: int = 0
     attrs: dict[str, Any] = field(default_factory=dict)

@@ -36,6 +36,7 @@ class OpInfo:
     concrete: Any
     compute_type: str | None = None
     boundary: bool = False  # ends a region whatever its kind (an extension op, an op of GEMM kernels)
+    module: str | None = None  # innermost module annotation ("path:Class"), when recorded
 
 
 @dataclass
@@ -80,10 +81,50 @@ def segment(ops: list[OpInfo], rules: Rules) -> list[Segment]:
             flush()
             segments.append(Segment("op", op.kind, None, [op]))
         else:
+            if run and not _same_branch(run, op):
+                flush()
             run.append(op)
         i += 1
     flush()
     return segments
+
+
+def _module_path(op: OpInfo) -> str | None:
+    return op.module.partition(":")[0] if op.module else None
+
+
+def _nested(a: str, b: str) -> bool:
+    """One module path holds the other (``model.layers.0`` and ``model.layers.0.norm``)."""
+    return a == b or b.startswith(a + ".") or a.startswith(b + ".") or not a or not b
+
+
+def _same_branch(run: list[OpInfo], op: OpInfo) -> bool:
+    """``op`` may join ``run``: its module and every module of the run lie on one branch of the
+    module tree. Sibling modules (the rotary embedding's cos/sin and the first layer's norm, a
+    mask built in the model and a norm in a layer) are separate work a kernel of one module
+    would not fuse: they are never one region."""
+    path = _module_path(op)
+    if path is None:
+        return True
+    return all(_nested(path, p) for p in {_module_path(o) for o in run} if p is not None)
+
+
+def enclosing_module(ops: list[OpInfo]) -> str | None:
+    """The innermost module (``path:Class``) that holds every op of ``ops``: the module a
+    compile must cover for a fused kernel of the whole region. None when unknown."""
+    modules = [o.module for o in ops if o.module]
+    if not modules or len(modules) < len(ops):
+        return None
+    paths = [m.partition(":")[0] for m in modules]
+    common = paths[0].split(".")
+    for p in paths[1:]:
+        parts = p.split(".")
+        n = 0
+        while n < min(len(common), len(parts)) and common[n] == parts[n]:
+            n += 1
+        common = common[:n]
+    path = ".".join(common)
+    return next((m for m, p in zip(modules, paths) if p == path), None)
 
 
 def _is_activation_matmul(op: OpInfo) -> bool:

@@ -16,6 +16,7 @@ from typing import Any, get_type_hints
 
 import yaml
 
+from kerneltriage.analysis.fixes import Recipe, load_recipes, parse_recipes
 from kerneltriage.analysis.kernel_classes import KernelClass, classify_kernel
 from kerneltriage.analysis.rules_schema import check_rules_file
 from kerneltriage.errors import RulesError
@@ -82,10 +83,18 @@ class Rules:
     kernel_kinds: dict[str, str] = field(default_factory=dict)
     unabsorbed_kinds: frozenset[str] = frozenset()
     extension_ops: tuple[re.Pattern[str], ...] = ()
-    # Pasteable fixes: (field -> pattern, template), first match wins.
-    fixes: tuple[tuple[dict[str, re.Pattern[str]], str], ...] = ()
+    # A rules file's own fix recipes (fixes.yaml's shape), tried before the shipped ones.
+    fixes: tuple[Recipe, ...] = ()
     # Classifications are asked for the same few hundred names millions of times.
     _memo: dict[tuple, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def recipes(self) -> tuple[Recipe, ...]:
+        """The fix recipes: the rules file's ``fixes`` in front of ``fixes.yaml``'s."""
+        key = ("recipes",)
+        if key not in self._memo:
+            self._memo[key] = load_recipes(extra=self.fixes)
+        return self._memo[key]
 
     def classify(self, op: str | None, kernel: str | None, activity: str = "kernel") -> str:
         """Kind of a kernel: by activity, then by its op, then by its own name."""
@@ -246,29 +255,14 @@ def _thresholds(given: dict[str, Any], where: str, overridden: set[str]) -> Thre
     return Thresholds(**values)
 
 
-FIX_FIELDS = ("verdict", "reason", "builtin", "kind", "module_class", "module_path", "written")
-
-
-def _fixes(entries: Any, where: str) -> tuple[tuple[dict[str, re.Pattern[str]], str], ...]:
+def _fixes(entries: Any, where: str) -> tuple[Recipe, ...]:
+    """A rules file's own fix recipes (the shape of ``fixes.yaml``'s), tried before the
+    shipped ones."""
     if not isinstance(entries, list):
-        raise RulesError("fixes must be a list of {when, fix} entries", path=where)
-    out = []
-    for i, entry in enumerate(entries):
-        if (
-            not isinstance(entry, dict)
-            or not isinstance(entry.get("fix"), str)
-            or not isinstance(entry.get("when"), dict)
-        ):
-            raise RulesError(f"fixes[{i}] needs a 'when' mapping and a 'fix' string", path=where)
-        unknown = sorted(set(entry["when"]) - set(FIX_FIELDS))
-        if unknown:
-            raise RulesError(
-                f"fixes[{i}].when: unknown field(s) {', '.join(unknown)}; known: {', '.join(FIX_FIELDS)}",
-                path=where,
-            )
-        when = {k: _compile(v, f"fixes[{i}].when.{k}") for k, v in entry["when"].items()}
-        out.append((when, entry["fix"]))
-    return tuple(out)
+        raise RulesError(
+            "fixes must be a list of recipes (the shape of kerneltriage/data/fixes.yaml)", path=where
+        )
+    return parse_recipes(entries, where)
 
 
 def _validate(raw: dict[str, Any], sources: list[str], overridden: set[str]) -> Rules:

@@ -20,6 +20,7 @@ import numpy as np
 from kerneltriage.analysis.attribution import Attribution, attribute
 from kerneltriage.analysis.candidates import build_candidate
 from kerneltriage.analysis.compiled import compiled_graphs
+from kerneltriage.analysis.fixes import environment
 from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.analysis.grouping import group_candidates
 from kerneltriage.analysis.idle import communication_overlap, idle_gaps, unlaunched_busy_ns
@@ -95,7 +96,8 @@ def triage(
     if raised:
         holders = {i: c.name for g, c in zip(groups.values(), candidates) for i in g.kernel_index}
         warnings += [r.warning(holders.get(r.launch, "")) for r in raised]
-    decide(candidates, rules, gpu)
+    env = environment(gpu, source, timeline.meta)
+    decide(candidates, rules, gpu, env)
     idle_scale = float((source.get("timing") or {}).get("idle_scale", 1.0))
     compiled = compiled_graphs(timeline, attr, rules, n_steps, step_ms, idle_scale=idle_scale)
     if source.get("dynamo"):
@@ -103,7 +105,7 @@ def triage(
         # (a wrapper or resume frame in a trace is not a graph break).
         compiled = dict(compiled or {})
         compiled["dynamo"] = source["dynamo"]
-    compiled_graph_advice(compiled, rules)
+    compiled_graph_advice(compiled, rules, env)
     candidates.sort(key=lambda c: (c.verdict != "skip", c.expected_saving_share, c.time_share), reverse=True)
     for i, c in enumerate(candidates, 1):
         c.rank = i

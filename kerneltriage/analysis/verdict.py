@@ -27,6 +27,14 @@ from typing import Any
 
 from kerneltriage.analysis.attention_rates import BACKENDS, HOW, attention_rates
 from kerneltriage.analysis.estimate import attention_work, tensor_inputs
+from kerneltriage.analysis.fixes import (
+    Environment,
+    choose,
+    combine_overlaps,
+    detect_params,
+    environment,
+    gemm_diagnostics,
+)
 from kerneltriage.analysis.gpus import GPUSpec, attention_perf
 from kerneltriage.analysis.model import Candidate, Condition
 from kerneltriage.analysis.roofline import AT_ROOF
@@ -44,8 +52,11 @@ _CAUSAL_ARG = {
 _SWITCH_RATIO = 1.15
 
 
-def decide(candidates: list[Candidate], rules: Rules, gpu: GPUSpec | None) -> None:
-    """Ids (by time), the three conditions, expected saving and verdict of every candidate."""
+def decide(
+    candidates: list[Candidate], rules: Rules, gpu: GPUSpec | None, env: Environment | None = None
+) -> None:
+    """Ids (by time), the three conditions, expected saving, verdict and fix (a recipe of
+    ``fixes.yaml``, checked against the trace's ``env``) of every candidate."""
     t = rules.thresholds
     by_time = sorted(candidates, key=lambda c: -c.time_share)
     top_n = max(1, math.ceil(t.top_fraction * len(candidates)))
@@ -90,7 +101,14 @@ def decide(candidates: list[Candidate], rules: Rules, gpu: GPUSpec | None) -> No
         c.expected_saving_share = c.time_share * (1.0 - 1.0 / h) if h and h > 1.0 else 0.0
         _verdict(c, rules, gpu)
         _library_advice(c, gpu)
-        c.fix = _fix(c, rules)
+    env = env or environment(gpu, None, None)
+    for c in candidates:
+        _fix(c, candidates, rules, env)
+    combine_overlaps(candidates)
+    for c in candidates:
+        shape = gemm_diagnostics(c, candidates, env)
+        if shape:
+            c.note = "; ".join([c.note, *shape] if c.note else shape)
 
 
 def _headroom_detail(c: Candidate) -> str:
@@ -325,11 +343,8 @@ def _library_advice(c: Candidate, gpu: GPUSpec | None) -> None:
     fp32 = sum(k.time_ms_per_step for k in c.kernels if _fp32_simt(k))
     if fp32 >= 0.5 * total:
         tf32 = gpu is not None and "tf32" in gpu.peak_tflops
-        fix = (
-            "allow TF32 (torch.backends.cuda.matmul.allow_tf32 = True, torch.backends.cudnn.allow_tf32 = True) or autocast to bf16"
-            if tf32
-            else "torch.autocast(device_type='cuda', dtype=torch.float16)"
-        )
+        # Words, not code: the fix line (a recipe) gives the code for this GPU and PyTorch.
+        fix = "TF32 or bf16 autocast" if tf32 else "fp16 autocast with a GradScaler"
         advice.append(f"{fp32 / total:.0%} of its time is FP32 SIMT kernels, off the tensor cores: {fix}")
         if (
             gpu is not None
@@ -356,52 +371,48 @@ def _library_advice(c: Candidate, gpu: GPUSpec | None) -> None:
         c.note = "; ".join([c.note, *advice]) if c.note else "; ".join(advice)
 
 
-_HF_ARCH = re.compile(r"^(Llama|Mistral|Mixtral|Qwen3Moe|Qwen3|Qwen2|Phi3|Granite|Olmo2|Gemma3|Gemma2|Gemma)")
-
-
-class _Blank(dict):
-    def __missing__(self, key: str) -> str:
-        return "?"
-
-
-def _fix(c: Candidate, rules: Rules) -> str | None:
-    """Code the user can paste for a use-builtin or compile verdict (the rules' ``fixes``), and
-    for a `write` on an Inductor kernel: what Inductor could try first."""
+def _fix(c: Candidate, candidates: list[Candidate], rules: Rules, env: Environment) -> None:
+    """The fix of a use-builtin or compile verdict, and of a `write` on an Inductor kernel
+    (what Inductor could try first): the first recipe that matches it, whose preconditions the
+    trace meets and that carries every parameter detected on it. The prediction counts what
+    that recipe covers."""
     if c.verdict not in ("use-builtin", "compile") and not (c.verdict == "write" and c.attrs.get("inductor")):
-        return None
-    path, _, cls = (c.module or "").partition(" (")
-    cls = cls.rstrip(")")
-    arch = _HF_ARCH.match(cls)
-    fields = {
-        "verdict": c.verdict,
-        "reason": c.reason or "",
-        "builtin": c.builtin or "",
-        "kind": c.kind,
-        "module_class": cls,
-        "module_path": path,
-        "written": str(c.attrs.get("written") or ""),
-    }
-    for when, template in rules.fixes:
-        if all(p.search(fields.get(k, "")) for k, p in when.items()):
-            head, _, leaf = path.partition(".*.")
-            backend = re.search(r"SDPBackend\.\w+", c.builtin or "")
-            values = _Blank(
-                fields,
-                arch=arch[1].lower() if arch else "?",
-                causal=str(c.attrs.get("mask") == "causal"),
-                module_path=path or "?",
-                module_list=head or "?",
-                module_leaf=leaf or "?",
-                module_class=cls or "the matching",
-                builtin_code=(
-                    f"with sdpa_kernel({backend[0]}):\n    out = torch.nn.functional.scaled_dot_product_attention(q, k, v)"
-                    if backend
-                    else ""
-                ),
-                kernels=f"{c.roofline.launches_per_step:.0f}",
-            )
-            return template.format_map(values)
-    return None
+        return
+    step_ms = c.time_ms_per_step / c.time_share if c.time_share else 0.0
+    params = detect_params(c, candidates, env, step_ms)
+    recipe = choose(c, rules.recipes, env, params)
+    if recipe is None:
+        return
+    judged = params.get("fused_linear_ce")
+    if judged:
+        c.attrs["fused_linear_ce"] = {k: v for k, v in judged.items() if k != "why"}
+    text = recipe.pop("text")
+    needs = recipe.pop("needs", [])
+    declined = recipe.pop("declined", {})
+    if recipe["blocked"] is None:
+        needs = [*needs, *(f"not {rid}: {why}" for rid, why in declined.items())]
+    fuses_add = recipe.pop("fuses_residual_add", True)
+    c.recipe = recipe
+    if recipe["blocked"]:
+        c.fix = None
+        c.note = "; ".join(x for x in (c.note, f"no fix offered: {recipe['blocked']}") if x)
+        return
+    c.fix = text
+    if needs:
+        c.note = "; ".join([c.note, *needs] if c.note else needs)
+    if judged and recipe["id"].startswith("liger-fused-linear-ce"):
+        # Judged as the lm_head GEMM + the loss it replaces, not the loss region alone.
+        c.expected_saving_share = judged["saving_share"]
+        c.attrs["saving_scoped"] = "lm_head GEMM + loss, fused linear CE model"
+        c.note = "; ".join(x for x in (c.note, judged["why"]) if x)
+    elif params.get("residual-add") and not fuses_add and c.headroom and c.headroom > 1.0:
+        # The fix swaps the norm; the residual add stays an eager op (3 streams beside the
+        # fused kernel's 4): the prediction counts what the fix covers.
+        c.expected_saving_share = max(0.0, c.time_share * (1.0 - 1.25 / c.headroom))
+        c.attrs["saving_scoped"] = "the norm without its residual add"
+        c.note = "; ".join(
+            x for x in (c.note, "the fix swaps the norm only: the residual add before it stays eager") if x
+        )
 
 
 def _already_uses(c: Candidate, rec: dict[str, Any]) -> str | None:
@@ -542,7 +553,20 @@ def _attention_choice(c: Candidate, rec: dict[str, Any], gpu: GPUSpec) -> tuple[
     )
 
 
-def compiled_graph_advice(compiled: dict[str, Any] | None, rules: Rules) -> None:
+class _GraphCandidate:
+    """A launch-bound compiled graph seen as a candidate by the recipes."""
+
+    def __init__(self, g: dict[str, Any]) -> None:
+        self.verdict, self.reason, self.builtin = "compile", "launch-bound", g.get("builtin")
+        self.kind, self.variant, self.module = "other", None, None
+        self.attrs = {"compiled": True}
+        self.instances_per_step = 1.0
+        self.roofline = type("R", (), {"launches_per_step": float(g.get("kernels_per_step") or 0.0)})()
+
+
+def compiled_graph_advice(
+    compiled: dict[str, Any] | None, rules: Rules, env: Environment | None = None
+) -> None:
     """A launch-bound compiled graph (many small kernels, the GPU idle between them) gets
     `compile (launch-bound)`: mode="reduce-overhead" (CUDA graphs), with its fix and note."""
     if not compiled:
@@ -551,12 +575,7 @@ def compiled_graph_advice(compiled: dict[str, Any] | None, rules: Rules) -> None
     for g in compiled.get("graphs", []):
         if not g.get("launch_bound"):
             continue
-        fields = {
-            "verdict": "compile",
-            "reason": "launch-bound",
-            "builtin": 'torch.compile(mode="reduce-overhead")',
-        }
-        g.update(verdict="compile", reason="launch-bound", builtin=fields["builtin"])
+        g.update(verdict="compile", reason="launch-bound", builtin='torch.compile(mode="reduce-overhead")')
         idle = f"{g['host_launch_idle_ms_per_step']:.2f} ms per step"
         g["note"] = str(lb.get("note", "")).format(
             kernels=g["kernels_per_step"],
@@ -564,7 +583,11 @@ def compiled_graph_advice(compiled: dict[str, Any] | None, rules: Rules) -> None
             idle=idle,
             idle_share=g["idle_share_of_span"],
         )
-        for when, template in rules.fixes:
-            if all(p.search(fields.get(k, "")) for k, p in when.items()):
-                g["fix"] = template.format_map(_Blank(fields, kernels=f"{g['kernels_per_step']:.0f}"))
-                break
+        graph = _GraphCandidate(g)
+        recipe = choose(graph, rules.recipes, env or Environment(), {})
+        if recipe and not recipe["blocked"]:
+            g["fix"] = recipe.pop("text")
+            recipe.pop("needs", None)
+            recipe.pop("declined", None)
+            recipe.pop("fuses_residual_add", None)
+            g["recipe"] = recipe

@@ -672,7 +672,7 @@ class _Builder:
         """Take over another builder's columns, re-numbering its interned arguments."""
         self.events += events
         for kind, count in skipped.items():
-            self.skipped[kind] += count
+            self.skipped[kind] = self.skipped.get(kind, 0) + count
         remap = self._arg_ids(args, "")  # validated by the worker
         for table, chunks in parts.items():
             for cols in chunks:
@@ -727,6 +727,8 @@ class _Builder:
                 if cat is not None:
                     skipped["other"] += 1
                 continue
+            if cat == "Operator":  # Kineto's categories before PyTorch 1.10
+                skipped["legacy"] = skipped.get("legacy", 0) + 1
             cat = _CATEGORY_ALIASES.get(cat) or _CATEGORY_ALIASES.get(cat.lower())
             if cat is None:
                 continue
@@ -862,6 +864,8 @@ class _Builder:
                     "them would mislead",
                     path=source,
                 )
+        if self.skipped.pop("legacy", 0):
+            meta["kineto_legacy_categories"] = True  # the PyTorch version is below 1.10
         warnings += [f"skipped {n} {_SKIPPED_TEXT[kind]}" for kind, n in self.skipped.items() if n]
         # The pieces' columns are let go table by table, column by column, as the tables are
         # built, so they and the tables are never all in memory at once.

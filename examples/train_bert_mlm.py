@@ -73,7 +73,9 @@ def main(argv=None):
     mask_id = 103 if args.vocab > 103 else 0
     loss = None
     for _ in range(args.steps):
-        ids = torch.randint(1000 if args.vocab > 2000 else 1, args.vocab, (args.batch, args.seq), generator=gen)
+        ids = torch.randint(
+            1000 if args.vocab > 2000 else 1, args.vocab, (args.batch, args.seq), generator=gen
+        )
         masked = torch.rand(args.batch, args.seq, generator=gen) < 0.15
         labels = torch.where(masked, ids, torch.full_like(ids, -100))
         inputs = torch.where(masked, torch.full_like(ids, mask_id), ids)

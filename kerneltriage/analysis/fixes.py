@@ -73,6 +73,7 @@ WHEN_FIELDS = (
     "variant",
     "compiled",
     "classes",
+    "norm_classes",
 )
 #: Fields a template may name.
 FIELDS = frozenset(
@@ -694,6 +695,8 @@ def candidate_fields(c: Any, params: dict[str, Any]) -> dict[str, Any]:
         "compiled": str(bool(c.attrs.get("inductor") or c.attrs.get("compiled"))),
         "classes": classes,
         "classes_repr": repr(set(classes)) if classes else "set()",
+        # A norm swap replaces the norm's own class, whatever module holds the region.
+        "norm_classes": [cls] if cls else classes,
         "arch": arch,
         "causal": str(causal),
         "causal_value": causal,

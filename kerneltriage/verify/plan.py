@@ -39,6 +39,10 @@ class Planned:
     why_not: str | None  # why it is not verifiable here (None: it is)
     command: list[str] | None = None  # --by-hand: the user's fixed command
     notes: list[str] = field(default_factory=list)
+    # One fix that several candidates share (patch(model) swaps the norms of two candidates):
+    # it runs once, under the first one's id, and is judged against their combined saving.
+    run_as: str | None = None
+    shared_with: list[str] = field(default_factory=list)
 
     @property
     def verifiable(self) -> bool:
@@ -67,9 +71,14 @@ class Plan:
         return [c for c in self.candidates if c.verifiable]
 
     @property
+    def to_run(self) -> list[Planned]:
+        """The verifiable fixes with a run of their own (a shared fix runs once)."""
+        return [c for c in self.verifiable if c.run_as is None]
+
+    @property
     def runs(self) -> int:
         """Processes started: a baseline and each verifiable fix, ``repeats`` times each."""
-        n = len(self.verifiable)
+        n = len(self.to_run)
         return (n + 1) * self.settings.repeats if n else 0
 
     @property
@@ -167,10 +176,34 @@ def make_plan(
     for c in planned:  # the hint names this run
         if c.why_not:
             c.why_not = c.why_not.replace("verify RUN ", f"verify {run} ")
+    _share_identical_fixes(planned)
     notes = []
     if not chosen:
         notes.append("no candidate of this report is actionable: nothing to verify")
     return Plan(run, command, settings, planned, run_seconds(manifest, settings, step_ms), notes)
+
+
+def _share_identical_fixes(planned: list[Planned]) -> None:
+    """Candidates whose fixes the runner applies identically share one run; the prediction it
+    is judged against is their combined saving (their ops are distinct, so the shares add)."""
+    first: dict[str, Planned] = {}
+    for c in planned:
+        if not c.verifiable or c.apply is None or c.command is not None:
+            continue
+        key = repr(sorted(c.apply.items()))
+        lead = first.setdefault(key, c)
+        if lead is not c:
+            c.run_as = lead.id
+            lead.shared_with.append(c.id)
+    for lead in first.values():
+        if not lead.shared_with:
+            continue
+        group = [lead, *(c for c in planned if c.run_as == lead.id)]
+        combined = sum(c.predicted or 0.0 for c in group) or None
+        ids = ", ".join(c.id for c in group)
+        for c in group:
+            c.predicted = combined
+            c.notes.append(f"one fix covers {ids}: run once, judged against their combined saving")
 
 
 def _is_torchrun(command: list[str]) -> bool:
@@ -208,6 +241,8 @@ def describe(plan: Plan) -> list[str]:
             lines.append("  fix      " + c.text.replace("\n", "\n           "))
         if c.command is not None:
             lines.append("  applied  by hand: " + " ".join(c.command))
+        elif c.run_as is not None:
+            lines.append(f"  applied  by the runner, in {c.run_as}'s run (the same fix)")
         elif c.apply is not None and c.verifiable:
             fields = ", ".join(f"{k}={v!r}" for k, v in c.apply.items() if k != "kind")
             lines.append(f"  applied  by the runner: {c.apply['kind']}" + (f" ({fields})" if fields else ""))
@@ -219,7 +254,7 @@ def describe(plan: Plan) -> list[str]:
         lines.append(n)
     if plan.runs:
         estimate = f", about {_duration(plan.seconds)}" if plan.seconds is not None else ""
-        n = len(plan.verifiable)
+        n = len(plan.to_run)
         lines.append(
             f"{plan.runs} runs ({s.repeats} × baseline + {s.repeats} × {n} fix{'es' if n > 1 else ''}, "
             f"interleaved){estimate}"

@@ -79,7 +79,7 @@ def run_verify(plan: Plan, manifest: rundir.Manifest, reporter: Reporter | None 
     say = reporter or Reporter()
     run = Path(plan.run)
     base_cmd, cwd = _recorded_command(manifest, run)
-    todo = plan.verifiable
+    todo = plan.to_run
     commands: dict[str, tuple[Command, Path]] = {BASELINE: (base_cmd, cwd)}
     for c in todo:
         if c.command is not None:
@@ -212,7 +212,9 @@ def _file(plan: Plan, manifest: rundir.Manifest, trials: Trials, *, complete: bo
     s = plan.settings
     baseline = trials.results.get(BASELINE, [])
     previous = _previous(Path(plan.run))
-    entries = [_entry(c, baseline, trials.results.get(c.id, []), s, complete) for c in plan.candidates]
+    entries = [
+        _entry(c, baseline, trials.results.get(c.run_as or c.id, []), s, complete) for c in plan.candidates
+    ]
     done = {e.id for e in entries}
     kept = [e for e in previous if e.id not in done]
     return record.VerifyFile(

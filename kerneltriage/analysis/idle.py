@@ -170,12 +170,14 @@ def find_idle(attr: Attribution, timeline: Timeline, min_gap_ns: float) -> IdleF
             between.append((step_i, next_start - prev_end, cause, kind, fix))
     n = max(1, len(attr.steps))
     busy_median = float(np.median(busy_steps)) if busy_steps else 0.0
+    stalls = _single_stalls(between, edges, step_windows(attr.steps, k), busy_median)
     by_cause: dict[str, list[float]] = defaultdict(list)
     meta: dict[str, tuple[str, _Fix | None]] = {}
-    for step_i, length, cause, kind, fix in between:
-        if busy_median > 0 and length > busy_median:
-            # One gap longer than a step's GPU work: a one-off, reported on its own so that it
-            # neither hides as one more instance of its cause nor dilutes every share.
+    for j, (step_i, length, cause, kind, fix) in enumerate(between):
+        if j in stalls:
+            # One gap longer than a step's GPU work and than the rest of its step's idle: a
+            # one-off, reported on its own so that it neither hides as one more instance of its
+            # cause nor dilutes every share.
             cause, kind = f"{STALL} in {attr.steps[step_i].name}: {cause}", STALL
         by_cause[cause].append(length / 1e6)
         meta[cause] = (kind, fix)
@@ -205,6 +207,33 @@ def find_idle(attr: Attribution, timeline: Timeline, min_gap_ns: float) -> IdleF
             )
     gaps.sort(key=lambda g: -g.ms_per_step)
     return IdleFound(busy_ns=sum(busy_steps), busy_median_ns=busy_median, gaps=gaps)
+
+
+def _single_stalls(
+    between: list[tuple[int, int, str, str, _Fix | None]],
+    edges: dict[str, list[tuple[int, int]]],
+    windows: list[tuple[int, int]],
+    busy_median: float,
+) -> set[int]:
+    """Indices (into ``between``) of the single stalls: per step, its longest gap between
+    kernels when that is longer than the median step's busy time and than all the step's other
+    idle time together (a step whose GPU idles in many long gaps has no single stall)."""
+    idle_of: dict[int, int] = defaultdict(int)
+    longest: dict[int, int] = {}
+    for j, (step_i, length, *_) in enumerate(between):
+        idle_of[step_i] += length
+        if step_i not in longest or length > between[longest[step_i]][1]:
+            longest[step_i] = j
+    for a, b in itertools.chain.from_iterable(edges.values()):
+        for step_i, (w0, w1) in enumerate(windows):
+            if w0 <= a < w1:
+                idle_of[step_i] += b - a
+                break
+    return {
+        j
+        for step_i, j in longest.items()
+        if busy_median > 0 and between[j][1] > busy_median and between[j][1] > idle_of[step_i] - between[j][1]
+    }
 
 
 def _fix_text(fix: _Fix | None) -> str | None:

@@ -118,7 +118,7 @@ def _share(report: Report, x: float, kind: str = "") -> str:
 
 
 def _spread(report: Report) -> str:
-    return f"; steps' spread {ms(report.step_spread_ms)}" if report.step_spread_ms else ""
+    return f" per step; steps' spread {ms(report.step_spread_ms)}" if report.step_spread_ms else " per step"
 
 
 def _cause_name(cause: str | None) -> str:
@@ -137,7 +137,7 @@ def _cause_name(cause: str | None) -> str:
 
 
 _LEAD_TEXT = {
-    HOST_BUSY: "host work between kernel launches (the host is too slow to feed the GPU)",
+    HOST_BUSY: "the host busy with its own work while the GPU waits for launches",
     HOST_SYNC: "the host blocked in calls that wait for the GPU",
     DEPENDENCY: "kernels queued but waiting on another stream, an event or a graph",
     DATA_LOADING: "data loading",
@@ -154,7 +154,7 @@ def idle_headline(report: Report) -> str:
             "No kernel fixes an idle GPU — every saving below shrinks only the busy part."
         )
     comm = idle.classes.get(COMMUNICATION, 0.0)
-    text = f"The GPU is idle {report.idle_pct:.0f}% of the step ({ms(idle.ms_per_step)}{_spread(report)} per step)"
+    text = f"The GPU is idle {report.idle_pct:.0f}% of the step ({ms(idle.ms_per_step)}{_spread(report)})"
     if comm >= 0.01 * report.step_time_ms:
         text += f" and waits {_share(report, comm)} more on exposed communication"
     lead = idle.lead
@@ -232,7 +232,7 @@ def idle_lines(report: Report) -> list[str]:
             count = f"{g.count_per_step:.0f}" if g.count_per_step >= 1 else f"{g.count_per_step:.2g}"
             lines.append(f"  {ms(g.ms_per_step)} per step in {count} gap(s): {g.cause}")
         if g.fix:
-            lines.append(f"    fix: {g.fix}")
+            lines.append(f"    → {g.fix}")
     return lines
 
 

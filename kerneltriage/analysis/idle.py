@@ -1,25 +1,37 @@
-"""GPU idle time inside the steps, and what the host was doing during it.
+"""GPU idle time inside the steps, what the host was doing during it, and its cause class.
 
 A step's wall is an interval (``attribution.step_windows``): its CPU range, or its GPU period
 when that is longer. Busy time is the part of that interval during which any GPU activity runs,
 on any stream, whoever launched it: work launched before the profiled window keeps the GPU busy
 too. Idle = wall − busy.
 
-Each stretch of idle time gets a cause:
+Each stretch of idle time gets a cause, named after what spans it, and a class
+(``CAUSE_CLASSES``):
 
+- **host sync**: a blocking runtime call (a synchronize, a copy, a free) on the thread that
+  launched the next kernel covers most of the gap; named with the op that made it;
+- **dependency wait**: the next kernel was already queued for most of the gap (launched before
+  it, or before the profiled window): it waited on another stream, an event or a graph;
+- **host busy** / **data loading**: the next kernel was launched late; named after the op on the
+  launching thread that overlaps the time before the launch most (data loading when that op or
+  an annotation around it is a data loader's, ``data/idle_causes.yaml``);
 - **before the first kernel / after the last**: the host had not launched the step's work yet,
-  or had nothing left to launch (preprocessing, data loading, logging). The CPU ops, annotations
-  and, when the trace has them, Python frames running then are named, with the time they cover;
-- **between two kernels** where the second was launched only after the first had finished:
-  the CPU work on the launching thread in between (an ``aten::item`` sync, ``nonzero``, Python);
-- **between two kernels** where the next was already queued: a dependency (another stream,
-  an event).
+  or had nothing left to launch. The CPU ops, annotations and, when the trace has them, Python
+  frames running then are named, with the time they cover;
+- **single stall**: one gap between kernels longer than the median step's busy time. It is
+  reported on its own (a one-off, not the step's pattern), whatever spans it.
+
+A cause whose spanning op has a known fix (``data/idle_causes.yaml``: DDP's buffer broadcast,
+a device-to-host read) carries it.
 """
 
 from __future__ import annotations
 
 import itertools
+import re
 from collections import defaultdict
+from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 
@@ -32,6 +44,7 @@ from kerneltriage.analysis.attribution import (
 )
 from kerneltriage.analysis.model import Gap
 from kerneltriage.ingest.tables import Timeline
+from kerneltriage.resources import load_yaml
 
 #: Causes of the idle time at a step's edges; the report prints them apart from gap counts.
 BEFORE_FIRST = "host before the first kernel"
@@ -39,6 +52,53 @@ AFTER_LAST = "host after the last kernel"
 _NO_OP = "in no profiled op (Python, data loading or untraced work)"
 # A Python frame is named for an edge when it covers at least this share of the edge's time.
 _FRAME_COVER = 0.5
+
+HOST_BUSY = "host busy"
+HOST_SYNC = "host sync"
+DEPENDENCY = "dependency wait"
+STALL = "single stall"
+COMMUNICATION = "exposed communication"
+DATA_LOADING = "data loading"
+#: The classes a headline may name; ``COMMUNICATION`` is GPU time, not idle (``Report``).
+CAUSE_CLASSES = (HOST_BUSY, HOST_SYNC, DEPENDENCY, STALL, COMMUNICATION, DATA_LOADING)
+# A call or op spans a gap when it covers at least this share of it; a kernel waited queued
+# when it was in the queue for at least this share of the gap.
+_SPAN = 0.5
+_QUEUED = "dependency wait (kernel queued, waiting on another stream or event)"
+
+
+@dataclass(frozen=True)
+class _Fix:
+    op: re.Pattern[str]
+    within: re.Pattern[str] | None
+    name: str
+    fix: str
+
+
+@cache
+def _causes() -> tuple[tuple[re.Pattern[str], ...], tuple[_Fix, ...]]:
+    data = load_yaml("idle_causes.yaml")
+    loading = tuple(re.compile(p) for p in data.get("data_loading") or [])
+    fixes = tuple(
+        _Fix(re.compile(f["op"]), re.compile(f["within"]) if f.get("within") else None, f["name"], f["fix"])
+        for f in data.get("fixes") or []
+    )
+    return loading, fixes
+
+
+def is_data_loading(name: str) -> bool:
+    return any(p.search(name) for p in _causes()[0])
+
+
+def known_fix(op: str | None, around: list[str]) -> _Fix | None:
+    """The fix of ``data/idle_causes.yaml`` for host work in ``op`` with ``around`` (the
+    annotations and ops enclosing it), or None."""
+    if not op:
+        return None
+    for f in _causes()[1]:
+        if f.op.search(op) and (f.within is None or any(f.within.search(a) for a in around)):
+            return f
+    return None
 
 
 def _union(starts: np.ndarray, ends: np.ndarray) -> list[tuple[int, int]]:
@@ -53,28 +113,47 @@ def _union(starts: np.ndarray, ends: np.ndarray) -> list[tuple[int, int]]:
     return [(s, e) for s, e in merged]
 
 
+@dataclass
+class IdleFound:
+    """What ``find_idle`` measured: GPU-busy ns summed over the steps, the median step's busy
+    ns, and every idle cause averaged per step, biggest first (single stalls included, with
+    ``kind == STALL``)."""
+
+    busy_ns: int
+    busy_median_ns: float
+    gaps: list[Gap]
+
+
 def idle_gaps(
     attr: Attribution, timeline: Timeline, min_gap_ns: float, top: int = 5
 ) -> tuple[int, list[Gap]]:
     """(busy ns summed over steps, the biggest idle causes averaged per step)."""
+    found = find_idle(attr, timeline, min_gap_ns)
+    return found.busy_ns, found.gaps[:top]
+
+
+def find_idle(attr: Attribution, timeline: Timeline, min_gap_ns: float) -> IdleFound:
+    """Busy time and every idle cause of the steps (see the module's docstring)."""
     k = attr.kernels
     host = _HostIndex(timeline, attr)
     starts_all = k["start"].to_numpy()
     ends_all = starts_all + k["dur"].to_numpy()
     launches_all = k["launch_start"].to_numpy()
     tids_all = k["launch_tid"].to_numpy()
-    busy_total = 0
-    by_cause: dict[str, list[float]] = defaultdict(list)
+    busy_steps: list[int] = []
+    # (step, length ns, cause, class, fix) of every gap between kernels.
+    between: list[tuple[int, int, str, str, _Fix | None]] = []
     edges: dict[str, list[tuple[int, int]]] = {BEFORE_FIRST: [], AFTER_LAST: []}
-    for w0, w1 in step_windows(attr.steps, k):
+    for step_i, (w0, w1) in enumerate(step_windows(attr.steps, k)):
         sel = np.flatnonzero((starts_all < w1) & (ends_all > w0))
         if len(sel) == 0:
+            busy_steps.append(0)
             if w1 - w0 >= min_gap_ns:
                 edges[BEFORE_FIRST].append((w0, w1))
             continue
         starts, ends = starts_all[sel], ends_all[sel]
         spans = _union(np.maximum(starts, w0), np.minimum(ends, w1))
-        busy_total += sum(e - s for s, e in spans)
+        busy_steps.append(sum(e - s for s, e in spans))
         if spans[0][0] - w0 >= min_gap_ns:
             edges[BEFORE_FIRST].append((w0, spans[0][0]))
         if w1 - spans[-1][1] >= min_gap_ns:
@@ -84,33 +163,81 @@ def idle_gaps(
             if s not in first_launch or launch < first_launch[s][0]:
                 first_launch[s] = (launch, tid)
         for (_, prev_end), (next_start, _) in itertools.pairwise(spans):
-            gap = next_start - prev_end
-            if gap < min_gap_ns:
+            if next_start - prev_end < min_gap_ns:
                 continue
             launch, tid = first_launch.get(next_start, (-1, -1))
-            if launch > prev_end:
-                cause = host.cause(tid, prev_end, launch)
-            else:
-                cause = "dependency wait (kernel queued, waiting on another stream or event)"
-            by_cause[cause].append(gap / 1e6)
+            cause, kind, fix = host.classify(tid, prev_end, next_start, launch)
+            between.append((step_i, next_start - prev_end, cause, kind, fix))
     n = max(1, len(attr.steps))
+    busy_median = float(np.median(busy_steps)) if busy_steps else 0.0
+    stalls = _single_stalls(between, edges, step_windows(attr.steps, k), busy_median)
+    by_cause: dict[str, list[float]] = defaultdict(list)
+    meta: dict[str, tuple[str, _Fix | None]] = {}
+    for j, (step_i, length, cause, kind, fix) in enumerate(between):
+        if j in stalls:
+            # One gap longer than a step's GPU work and than the rest of its step's idle: a
+            # one-off, reported on its own so that it neither hides as one more instance of its
+            # cause nor dilutes every share.
+            cause, kind = f"{STALL} in {attr.steps[step_i].name}: {cause}", STALL
+        by_cause[cause].append(length / 1e6)
+        meta[cause] = (kind, fix)
     gaps = [
-        Gap(cause=c, ms_per_step=sum(v) / n, count_per_step=len(v) / n, example_ms=max(v))
+        Gap(
+            cause=c,
+            ms_per_step=sum(v) / n,
+            count_per_step=len(v) / n,
+            example_ms=max(v),
+            kind=meta[c][0],
+            fix=_fix_text(meta[c][1]),
+        )
         for c, v in by_cause.items()
     ]
     for label, intervals in edges.items():
         if intervals:
             lengths = [(b - a) / 1e6 for a, b in intervals]
+            text, kind = host.describe(intervals, n)
             gaps.append(
                 Gap(
-                    cause=f"{label}: {_ms(sum(lengths) / n)} per step ({host.describe(intervals, n)})",
+                    cause=f"{label}: {_ms(sum(lengths) / n)} per step ({text})",
                     ms_per_step=sum(lengths) / n,
                     count_per_step=len(lengths) / n,
                     example_ms=max(lengths),
+                    kind=kind,
                 )
             )
     gaps.sort(key=lambda g: -g.ms_per_step)
-    return busy_total, gaps[:top]
+    return IdleFound(busy_ns=sum(busy_steps), busy_median_ns=busy_median, gaps=gaps)
+
+
+def _single_stalls(
+    between: list[tuple[int, int, str, str, _Fix | None]],
+    edges: dict[str, list[tuple[int, int]]],
+    windows: list[tuple[int, int]],
+    busy_median: float,
+) -> set[int]:
+    """Indices (into ``between``) of the single stalls: per step, its longest gap between
+    kernels when that is longer than the median step's busy time and than all the step's other
+    idle time together (a step whose GPU idles in many long gaps has no single stall)."""
+    idle_of: dict[int, int] = defaultdict(int)
+    longest: dict[int, int] = {}
+    for j, (step_i, length, *_) in enumerate(between):
+        idle_of[step_i] += length
+        if step_i not in longest or length > between[longest[step_i]][1]:
+            longest[step_i] = j
+    for a, b in itertools.chain.from_iterable(edges.values()):
+        for step_i, (w0, w1) in enumerate(windows):
+            if w0 <= a < w1:
+                idle_of[step_i] += b - a
+                break
+    return {
+        j
+        for step_i, j in longest.items()
+        if busy_median > 0 and between[j][1] > busy_median and between[j][1] > idle_of[step_i] - between[j][1]
+    }
+
+
+def _fix_text(fix: _Fix | None) -> str | None:
+    return f"{fix.name}; fix: {fix.fix}" if fix else None
 
 
 def unlaunched_busy_ns(attr: Attribution) -> int:
@@ -135,7 +262,10 @@ def _ms(x: float) -> str:
     return f"{x:.0f} ms" if x >= 100 else (f"{x:.1f} ms" if x >= 1 else f"{x * 1000:.0f} µs")
 
 
-_SYNC = ("Synchronize", "Memcpy", "cudaStreamWait", "EventSynchronize")
+# Runtime calls that can hold the host until the GPU has drained (a synchronize, a copy to or
+# from pageable memory, a free). cudaStreamWaitEvent is not one: it queues a wait on the GPU and
+# returns in microseconds.
+_SYNC = ("Synchronize", "Memcpy", "cudaFree", "hipFree")
 
 
 class _HostIndex:
@@ -196,24 +326,45 @@ class _HostIndex:
             s, e = np.maximum(s, t0), np.minimum(e, t1)
         return int(hits[int(np.argmax(e - s))])
 
-    def cause(self, tid: int, t0: int, t1: int) -> str:
-        """The longest sync call, else the longest op, else the longest annotation (other than
-        a step), overlapping (t0, t1) on the thread."""
+    def classify(self, tid: int, t0: int, t1: int, launch: int) -> tuple[str, str, _Fix | None]:
+        """(cause, class, fix) of the idle gap (t0, t1) before a kernel launched at ``launch``
+        (-1: before the profiled window) from thread ``tid``: see the module's docstring."""
+        gap = t1 - t0
         rt = self.runtime.get(tid)
         if rt is not None:
             hits = self._overlapping(rt, t0, t1)
             if len(hits):
-                i = self._longest(rt, hits)
-                op = self._enclosing(tid, int(rt[0][i]))
-                return f"host sync: {rt[3][i]}" + (f" in {op}" if op else "")
+                i = self._longest(rt, hits, t0, t1)
+                if min(int(rt[1][i]), t1) - max(int(rt[0][i]), t0) >= _SPAN * gap:
+                    op = self._enclosing(tid, int(rt[0][i]))
+                    cause = f"{HOST_SYNC}: {rt[3][i]}" + (f" in {op}" if op else "")
+                    return cause, HOST_SYNC, known_fix(op, self._around(tid, t0, t1))
+        if launch < 0 or t1 - max(launch, t0) >= _SPAN * gap:
+            return _QUEUED, DEPENDENCY, None
+        # Launched late: what the launching thread did before the launch.
+        end = min(launch, t1)
+        around = self._around(tid, t0, end)
+        loading = next((a for a in around if is_data_loading(a)), None)
         for table in (self.threads, self.annotations):
             index = table.get(tid)
             if index is None:
                 continue
-            hits = self._overlapping(index, t0, t1)
+            hits = self._overlapping(index, t0, end)
             if len(hits):
-                return f"host busy: {index[3][self._longest(index, hits, t0, t1)]}"
-        return "host: no profiled CPU activity (Python, data loading, or untraced work)"
+                name = index[3][self._longest(index, hits, t0, end)]
+                if loading or is_data_loading(name):
+                    return f"{DATA_LOADING}: {loading or name}", DATA_LOADING, None
+                return f"{HOST_BUSY}: {name}", HOST_BUSY, known_fix(name, around)
+        return "host: no profiled CPU activity (Python, data loading, or untraced work)", HOST_BUSY, None
+
+    def _around(self, tid: int, t0: int, t1: int) -> list[str]:
+        """Names of the annotations and ops on the thread that overlap (t0, t1)."""
+        names: list[str] = []
+        for table in (self.annotations, self.threads):
+            index = table.get(tid)
+            if index is not None:
+                names += [index[3][i] for i in self._overlapping(index, t0, t1).tolist()]
+        return names
 
     def _enclosing(self, tid: int, t: int) -> str | None:
         ops = self.threads.get(tid)
@@ -223,10 +374,13 @@ class _HostIndex:
         return ops[3][self._longest(ops, hits)] if len(hits) else None
 
     @classmethod
-    def _cover(cls, index, intervals: list[tuple[int, int]]) -> tuple[dict[str, int], list[tuple[int, int]]]:
-        """Time (ns) each name overlaps the intervals, and the overlapped pieces."""
+    def _cover(
+        cls, index, intervals: list[tuple[int, int]]
+    ) -> tuple[dict[str, int], list[tuple[int, int, str]]]:
+        """Time (ns) each name overlaps the intervals, and the overlapped pieces (start, end,
+        name)."""
         by_name: dict[str, int] = defaultdict(int)
-        pieces: list[tuple[int, int]] = []
+        pieces: list[tuple[int, int, str]] = []
         if index is None:
             return by_name, pieces
         start, end, _, names = index
@@ -235,12 +389,13 @@ class _HostIndex:
             lo, hi = np.maximum(start[hits], t0).tolist(), np.minimum(end[hits], t1).tolist()
             for i, a, b in zip(hits.tolist(), lo, hi):
                 by_name[names[i]] += b - a
-                pieces.append((a, b))
+                pieces.append((a, b, names[i]))
         return by_name, pieces
 
-    def describe(self, intervals: list[tuple[int, int]], n: int) -> str:
+    def describe(self, intervals: list[tuple[int, int]], n: int) -> tuple[str, str]:
         """What the host ran during the intervals (n steps' worth): the top-level CPU ops and
-        annotations by time covered, a Python frame, and the time no op or annotation covers."""
+        annotations by time covered, a Python frame, and the time no op or annotation covers;
+        and the class: data loading when a data loader's ops or annotations cover most of it."""
         total = sum(b - a for a, b in intervals)
         ops, op_pieces = self._cover(self.top, intervals)
         anns, ann_pieces = self._cover(self.ann_all, intervals)
@@ -261,7 +416,16 @@ class _HostIndex:
         uncovered = total - covered
         if uncovered >= 0.01 * total:
             parts.append(f"{_ms(uncovered / n / 1e6)} {_NO_OP}")
-        return "; ".join(parts) if parts else _NO_OP
+        loading = [p for p in pieces if is_data_loading(p[2])]
+        loading_ns = (
+            sum(
+                e - s for s, e in _union(np.array([p[0] for p in loading]), np.array([p[1] for p in loading]))
+            )
+            if loading
+            else 0
+        )
+        kind = DATA_LOADING if loading_ns >= _SPAN * total else HOST_BUSY
+        return ("; ".join(parts) if parts else _NO_OP), kind
 
     def _python_frame(self, intervals: list[tuple[int, int]], uncovered: int) -> tuple[str, int] | None:
         """The innermost Python frame that covers most of the time no op covers."""

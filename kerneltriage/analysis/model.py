@@ -131,10 +131,37 @@ class Candidate:
 
 @dataclass
 class Gap:
-    cause: str
+    cause: str  # what spans the gap, e.g. "host busy: aten::unflatten_dense_tensors"
     ms_per_step: float
     count_per_step: float
     example_ms: float
+    kind: str = ""  # its class (analysis.idle.CAUSE_CLASSES)
+    fix: str | None = None  # the known fix for the work that spans it (data/idle_causes.yaml)
+
+
+@dataclass
+class Idle:
+    """The step's GPU idle time and what leads it.
+
+    ``ms_per_step`` = step − busy; ``spread_ms``: the spread (interquartile range) of the step
+    times it is measured from, its noise (None: one step). ``classes``: ms per step of each
+    cause class, idle causes scaled to ``ms_per_step``, plus the exposed communication (GPU
+    time, but time the step waits for). ``lead``: the class with the most time, when the idle
+    and exposed communication together are clearly above the noise (``above_noise``).
+    ``stall_ms_per_step``: single stalls, left out of the step that candidates' shares are
+    computed against (``share_step_ms``).
+    """
+
+    ms_per_step: float
+    spread_ms: float | None
+    share: float  # of the step
+    above_noise: bool
+    classes: dict[str, float]
+    lead: str | None
+    lead_cause: str | None  # the biggest cause of the leading class, as the gaps name it
+    lead_fix: str | None
+    stall_ms_per_step: float
+    share_step_ms: float
 
 
 @dataclass
@@ -161,10 +188,19 @@ class Report:
     rank: int | None = None
     # torch.compile: compiled regions, graph breaks, recompiles, launch-bound graphs (None: none)
     compiled: dict[str, Any] | None = None
+    idle: Idle | None = None  # idle time by cause class (None: a report made before it)
+    step_spread_ms: float | None = None  # interquartile range of the step times (None: one step)
+    # Of ``unattributed_ms_per_step``: GPU work launched before the profiled window that runs
+    # inside the steps (no op of the trace launched it).
+    unattributed_before_window_ms: float = 0.0
     schema: str = SCHEMA
 
     @property
     def idle_bound(self) -> bool:
+        """The report leads with the idle GPU: idle (and exposed communication) is at least
+        ``idle_warn`` of the step and ``idle_noise`` times the steps' spread."""
+        if self.idle is not None:
+            return self.idle.above_noise
         return self.idle_pct / 100.0 >= self.thresholds.idle_warn
 
     def candidate(self, ident: str) -> Candidate | None:

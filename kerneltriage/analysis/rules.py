@@ -38,6 +38,7 @@ class Thresholds:
     max_shapes: int
     min_dominant_coverage: float
     idle_warn: float
+    idle_noise: float
     gap_us: float
     join_warn: float
     join_max_duration_ratio: float

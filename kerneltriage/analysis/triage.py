@@ -23,10 +23,17 @@ from kerneltriage.analysis.compiled import compiled_graphs
 from kerneltriage.analysis.fixes import environment
 from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.analysis.grouping import group_candidates
-from kerneltriage.analysis.idle import communication_overlap, idle_gaps, unlaunched_busy_ns
+from kerneltriage.analysis.idle import (
+    COMMUNICATION,
+    HOST_BUSY,
+    STALL,
+    communication_overlap,
+    find_idle,
+    unlaunched_busy_ns,
+)
 from kerneltriage.analysis.invariants import check_report, clean_timeline
 from kerneltriage.analysis.join import JoinResult, join_counters
-from kerneltriage.analysis.model import Report
+from kerneltriage.analysis.model import Gap, Idle, Report
 from kerneltriage.analysis.roofline import raised_roofs, with_raised_roofs
 from kerneltriage.analysis.rules import Rules
 from kerneltriage.analysis.verdict import compiled_graph_advice, decide
@@ -75,14 +82,21 @@ def triage(
                 "the roofline from shape estimates"
             )
     n_steps = len(attr.steps)
-    step_ms = float(np.mean(step_walls(attr))) / 1e6
-    busy_ns, gaps = idle_gaps(attr, timeline, rules.thresholds.gap_us * 1000)
-    busy_ms = busy_ns / n_steps / 1e6
+    walls = step_walls(attr)
+    step_ms = float(np.mean(walls)) / 1e6
+    spread_ms = spread(np.asarray(walls) / 1e6)
+    found = find_idle(attr, timeline, rules.thresholds.gap_us * 1000)
+    gaps = found.gaps
+    busy_ms = found.busy_ns / n_steps / 1e6
     source = dict(source or {"trace": timeline.source})
     if timing:
         step_ms, busy_ms, gaps = _timed_as_run(timing, step_ms, busy_ms, gaps, source)
+        spread_ms = spread(timing.get("plain_ms") or [])
     comm_ns, exposed_ns = communication_overlap(attr, lambda n: rules.classify(None, n) == "communication")
     idle_pct = max(0.0, 100.0 * (1.0 - busy_ms / step_ms)) if step_ms else 0.0
+    idle = idle_by_class(step_ms, busy_ms, spread_ms, gaps, exposed_ns / n_steps / 1e6, rules)
+    # Shares are of the step without its single stalls: a one-off must not dilute them all.
+    share_step_ms = idle.share_step_ms
 
     groups = group_candidates(timeline, attr, rules)
     raised = raised_roofs(in_step, join.row, counters, gpu) if join is not None else []
@@ -90,7 +104,7 @@ def triage(
         # A kernel measured above its roof: the roof was wrong. Raise it before placing anything.
         gpu = with_raised_roofs(gpu, raised)
     candidates = [
-        build_candidate(g, attr, join, counters, gpu, n_steps, step_ms, busy_ms, rules)
+        build_candidate(g, attr, join, counters, gpu, n_steps, share_step_ms, busy_ms, rules)
         for g in groups.values()
     ]
     if raised:
@@ -99,7 +113,7 @@ def triage(
     env = environment(gpu, source, timeline.meta)
     decide(candidates, rules, gpu, env)
     idle_scale = float((source.get("timing") or {}).get("idle_scale", 1.0))
-    compiled = compiled_graphs(timeline, attr, rules, n_steps, step_ms, idle_scale=idle_scale)
+    compiled = compiled_graphs(timeline, attr, rules, n_steps, share_step_ms, idle_scale=idle_scale)
     if source.get("dynamo"):
         # Counted by Dynamo itself in the plain steps: these replace what the trace suggests
         # (a wrapper or resume frame in a trace is not a graph break).
@@ -110,11 +124,12 @@ def triage(
     for i, c in enumerate(candidates, 1):
         c.rank = i
     unattributed = in_step[(in_step["op"] < 0) & in_step["module"].isna() & in_step["region"].isna()]
-    unattributed_ms = float(unattributed["dur"].sum()) / n_steps / 1e6
+    early_ms = unlaunched_busy_ns(attr) / n_steps / 1e6
+    # Work launched before the profiled window that runs inside the steps has no op either.
+    unattributed_ms = float(unattributed["dur"].sum()) / n_steps / 1e6 + early_ms
     breakdown: dict[str, float] = defaultdict(float)
     for c in candidates:
         breakdown[c.kind] += c.time_ms_per_step
-    early_ms = unlaunched_busy_ns(attr) / n_steps / 1e6
     if early_ms > 0:
         # GPU work launched before the profiled window that ran inside a step: busy, but no
         # op of the trace launched it, so no candidate holds it.
@@ -129,7 +144,9 @@ def triage(
         gpu_busy_ms=busy_ms,
         gpu_busy_pct=100.0 * busy_ms / step_ms if step_ms else 0.0,
         idle_pct=idle_pct,
-        gaps=gaps,
+        # The biggest causes, and any single stall or cause with a known fix beyond them.
+        gaps=gaps[:5]
+        + [g for g in gaps[5:] if (g.fix or g.kind == STALL) and g.ms_per_step >= 0.01 * step_ms][:3],
         join=join.to_json() if join else None,
         unattributed_ms_per_step=unattributed_ms,
         unattributed_share=unattributed_ms / busy_ms if busy_ms else 0.0,
@@ -138,11 +155,55 @@ def triage(
         exposed_communication_ms_per_step=exposed_ns / n_steps / 1e6,
         rank=timeline.rank,
         compiled=compiled,
+        idle=idle,
+        step_spread_ms=spread_ms,
+        unattributed_before_window_ms=early_ms,
         candidates=candidates,
         thresholds=rules.thresholds,
         warnings=warnings,
     )
     return check_report(report, timeline, attr.steps)  # nothing impossible is rendered
+
+
+def spread(values) -> float | None:
+    """The interquartile range of step times (ms); None for fewer than two steps."""
+    values = np.asarray(values, dtype=float)
+    if len(values) < 2:
+        return None
+    q1, q3 = np.percentile(values, [25, 75])
+    return float(q3 - q1)
+
+
+def idle_by_class(
+    step_ms: float, busy_ms: float, spread_ms: float | None, gaps: list[Gap], exposed_ms: float, rules: Rules
+) -> Idle:
+    """The step's idle time by cause class, the class that leads, and whether idle and exposed
+    communication together are clearly above the noise (``idle_warn`` of the step and
+    ``idle_noise`` times the steps' spread)."""
+    idle_ms = max(0.0, step_ms - busy_ms)
+    classes: dict[str, float] = defaultdict(float)
+    for g in gaps:
+        classes[g.kind or HOST_BUSY] += g.ms_per_step
+    if exposed_ms > 0:
+        classes[COMMUNICATION] += exposed_ms
+    waiting = idle_ms + exposed_ms
+    t = rules.thresholds
+    above = step_ms > 0 and waiting >= t.idle_warn * step_ms and waiting >= t.idle_noise * (spread_ms or 0.0)
+    lead = max(classes, key=lambda c: classes[c]) if classes else None
+    mine = [g for g in gaps if g.kind == lead]
+    stall_ms = min(sum(g.ms_per_step for g in gaps if g.kind == STALL), idle_ms)
+    return Idle(
+        ms_per_step=idle_ms,
+        spread_ms=spread_ms,
+        share=idle_ms / step_ms if step_ms else 0.0,
+        above_noise=bool(above),
+        classes=dict(sorted(classes.items(), key=lambda kv: -kv[1])),
+        lead=lead,
+        lead_cause=mine[0].cause if mine else None,
+        lead_fix=next((g.fix for g in mine if g.fix), None),
+        stall_ms_per_step=stall_ms,
+        share_step_ms=step_ms - stall_ms,
+    )
 
 
 def _timed_as_run(

@@ -19,15 +19,18 @@ from kerneltriage.report.gpu_text import NO_CEILINGS, tflops_text, unresolved_te
 from kerneltriage.report.shared import RANK_HEAD, offers_scaffold, rank_rows, scaffold_command
 from kerneltriage.report.text import (
     bytes_,
+    communication_line,
     compiled_lines,
     condition_line,
     counters_text,
     flops,
     headroom_text,
+    idle_line,
     idle_lines,
     ms,
     pct,
     roofline_line,
+    unattributed_text,
     verdict_text,
 )
 from kerneltriage.report.verify_text import realized_cell, verification_line
@@ -246,14 +249,16 @@ def _header(report: Report) -> dict[str, Any]:
         "versions": source.get("versions") or {},
         "status": source.get("status"),
         "steps": f"{report.steps} ({report.step_source})",
-        "step_time": ms(report.step_time_ms),
+        "step_time": ms(report.step_time_ms)
+        + (f" (spread {ms(report.step_spread_ms)})" if report.step_spread_ms is not None else ""),
         "gpu_busy": f"{ms(report.gpu_busy_ms)} ({report.gpu_busy_pct:.1f}%)",
         "idle": f"{report.idle_pct:.1f}%",
         "idle_bound": report.idle_bound,
         "counters": counters,
         "counters_ok": counters_ok,
-        "unattributed": f"{ms(report.unattributed_ms_per_step)} per step "
-        f"({pct(report.unattributed_share)} of GPU-busy time)",
+        "unattributed": unattributed_text(report),
+        "idle_line": idle_line(report),
+        "communication": communication_line(report),
         "roofline_sources": ", ".join(
             f"{n} from {s}" for s, n in sorted(sources.items(), key=lambda kv: -kv[1])
         ),

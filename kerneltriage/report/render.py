@@ -15,14 +15,17 @@ from kerneltriage.analysis.model import Candidate, Report
 from kerneltriage.report.gpu_text import gpu_lines
 from kerneltriage.report.shared import name_widths, offers_scaffold, scaffold_command, wrap_name
 from kerneltriage.report.text import (
+    communication_line,
     compiled_lines,
     condition_line,
     counters_text,
     headroom_text,
+    idle_line,
     idle_lines,
     ms,
     pct,
     roofline_line,
+    unattributed_text,
     verdict_text,
 )
 from kerneltriage.report.verify_text import realized_cell, verification_line
@@ -95,21 +98,22 @@ def _timing_line(t: dict) -> str:
 def _header_lines(report: Report) -> list[str]:
     lines = [
         *gpu_lines(report),
-        f"Steps: {report.steps} ({report.step_source}) · step time {ms(report.step_time_ms)} · "
-        f"GPU busy {report.gpu_busy_pct:.1f}% · idle {report.idle_pct:.1f}%",
+        f"Steps: {report.steps} ({report.step_source}) · step time {ms(report.step_time_ms)}"
+        + (f" (spread {ms(report.step_spread_ms)})" if report.step_spread_ms is not None else "")
+        + f" · GPU busy {report.gpu_busy_pct:.1f}% · idle {report.idle_pct:.1f}%",
     ]
     if report.source.get("timing"):
         lines.append(_timing_line(report.source["timing"]))
+    for extra in (idle_line(report), communication_line(report)):
+        if extra:
+            lines.append(extra)
     if report.join:
         lines.append(f"Counters: {counters_text(report.join)}")
     else:
         lines.append(
             "Counters: none (roofline from shape estimates; run `kerneltriage profile` for ncu counters)"
         )
-    lines.append(
-        f"Unattributed kernel time: {ms(report.unattributed_ms_per_step)} per step "
-        f"({pct(report.unattributed_share)} of GPU-busy time)"
-    )
+    lines.append(f"Unattributed kernel time: {unattributed_text(report)}")
     return lines
 
 

@@ -2,6 +2,16 @@
 
 from __future__ import annotations
 
+from kerneltriage.analysis.idle import (
+    AFTER_LAST,
+    BEFORE_FIRST,
+    COMMUNICATION,
+    DATA_LOADING,
+    DEPENDENCY,
+    HOST_BUSY,
+    HOST_SYNC,
+    STALL,
+)
 from kerneltriage.analysis.model import Candidate, Condition, Report
 
 
@@ -99,21 +109,130 @@ def roofline_line(c: Candidate) -> str:
     return line
 
 
+def _share(report: Report, x: float, kind: str = "") -> str:
+    """``x`` ms as a share of the step: of the step without its single stalls, unless ``x`` is
+    a stall itself."""
+    idle = report.idle
+    base = idle.share_step_ms if idle is not None and kind != STALL else report.step_time_ms
+    return pct(x / base if base else 0.0, 0)
+
+
+def _spread(report: Report) -> str:
+    return f" per step; steps' spread {ms(report.step_spread_ms)}" if report.step_spread_ms else " per step"
+
+
+def _cause_name(cause: str | None) -> str:
+    """What a gap cause names: without its class prefix, or (a stall) without the stall's."""
+    if not cause:
+        return ""
+    if cause.startswith(f"{STALL} in "):
+        return cause.split(": ", 1)[1]
+    for edge in (BEFORE_FIRST, AFTER_LAST):
+        if cause.startswith(edge):
+            return edge
+    for prefix in (HOST_BUSY, HOST_SYNC, DATA_LOADING):
+        if cause.startswith(f"{prefix}: "):
+            return cause[len(prefix) + 2 :]
+    return cause
+
+
+_LEAD_TEXT = {
+    HOST_BUSY: "the host busy with its own work while the GPU waits for launches",
+    HOST_SYNC: "the host blocked in calls that wait for the GPU",
+    DEPENDENCY: "kernels queued but waiting on another stream, an event or a graph",
+    DATA_LOADING: "data loading",
+    COMMUNICATION: "communication that no compute kernel overlaps",
+}
+
+
+def idle_headline(report: Report) -> str:
+    """The idle GPU's headline: how much, and the cause class that leads it with its share."""
+    idle = report.idle
+    if idle is None:  # a report made before idle was split by cause
+        return (
+            f"The GPU is idle {report.idle_pct:.0f}% of the step: the step is bound by the host, not by kernels. "
+            "No kernel fixes an idle GPU — every saving below shrinks only the busy part."
+        )
+    comm = idle.classes.get(COMMUNICATION, 0.0)
+    text = f"The GPU is idle {report.idle_pct:.0f}% of the step ({ms(idle.ms_per_step)}{_spread(report)})"
+    if comm >= 0.01 * report.step_time_ms:
+        text += f" and waits {_share(report, comm)} more on exposed communication"
+    lead = idle.lead
+    lead_ms = idle.classes.get(lead, 0.0) if lead else 0.0
+    if lead == STALL:
+        text += (
+            f". One stall leads it: {ms(lead_ms)} ({_share(report, lead_ms, STALL)} of the step) in a single gap, "
+            f"{_cause_name(idle.lead_cause)}. It is a one-off, not the step's pattern: the shares below are of the "
+            f"step without it ({ms(idle.share_step_ms)})."
+        )
+    elif lead:
+        text += f". Led by {lead}: {ms(lead_ms)} per step ({_share(report, lead_ms)} of the step), {_LEAD_TEXT[lead]}"
+        biggest = next((g for g in report.gaps if g.kind == lead), None)
+        named = _cause_name(idle.lead_cause)
+        if named and biggest is not None and lead != DEPENDENCY:
+            text += f"; the largest: {named}, {ms(biggest.ms_per_step)} per step"
+        text += "."
+    if lead != COMMUNICATION:
+        text += " No kernel fixes an idle GPU — every saving below shrinks only the busy part."
+    fixed = next((g for g in report.gaps if g.fix and g.kind == lead), None)
+    if fixed is not None:
+        text += f" {_cause_name(fixed.cause)} ({ms(fixed.ms_per_step)} per step) is {fixed.fix}."
+    return text
+
+
+def idle_line(report: Report) -> str | None:
+    """The one line idle gets when it is not the headline (below the noise or the cut-off)."""
+    idle = report.idle
+    if idle is None or idle.above_noise or idle.ms_per_step <= 0:
+        return None
+    t = report.thresholds
+    why = (
+        f"under {pct(t.idle_warn, 0)} of the step"
+        if idle.share < t.idle_warn
+        else (f"within {t.idle_noise:g}× the steps' spread ({ms(report.step_spread_ms)})")
+    )
+    text = f"Idle: {ms(idle.ms_per_step)} per step ({pct(idle.share)}), {why}: not a headline"
+    causes = [c for c in idle.classes if c != COMMUNICATION]
+    if causes:
+        biggest = next((g for g in report.gaps if (g.kind or HOST_BUSY) == causes[0]), None)
+        text += f"; mostly {causes[0]}" + (f" ({_cause_name(biggest.cause)})" if biggest is not None else "")
+    return text
+
+
+def communication_line(report: Report) -> str | None:
+    """Communication per step and the part of it no compute overlaps (None: none)."""
+    if report.communication_ms_per_step <= 0:
+        return None
+    exposed = report.exposed_communication_ms_per_step
+    return (
+        f"Communication: {ms(report.communication_ms_per_step)} per step, {ms(exposed)} exposed "
+        f"({_share(report, exposed)} of the step: no compute kernel runs beside it)"
+    )
+
+
+def unattributed_text(report: Report) -> str:
+    """Kernel time in the steps that no op, module or region holds, and how much of it was
+    launched before the profiled window."""
+    text = (
+        f"{ms(report.unattributed_ms_per_step)} per step ({pct(report.unattributed_share)} of GPU-busy time"
+    )
+    if report.unattributed_before_window_ms > 0:
+        text += f"; {ms(report.unattributed_before_window_ms)} of it launched before the profiled window"
+    return text + ")"
+
+
 def idle_lines(report: Report) -> list[str]:
     """The idle-GPU warning: its headline, then the biggest idle causes. Idle time before a
     step's first kernel or after its last is named with what the host ran then."""
-    from kerneltriage.analysis.idle import AFTER_LAST, BEFORE_FIRST
-
-    lines = [
-        f"The GPU is idle {report.idle_pct:.0f}% of the step: the step is bound by the host, not by kernels. "
-        "No kernel fixes an idle GPU — every saving below shrinks only the busy part."
-    ]
-    for g in report.gaps[:5]:
+    lines = [idle_headline(report)]
+    for g in report.gaps[:8]:
         if g.cause.startswith((BEFORE_FIRST, AFTER_LAST)):
             lines.append(f"  {g.cause}")
-            continue
-        count = f"{g.count_per_step:.0f}" if g.count_per_step >= 1 else f"{g.count_per_step:.2g}"
-        lines.append(f"  {ms(g.ms_per_step)} per step in {count} gap(s): {g.cause}")
+        else:
+            count = f"{g.count_per_step:.0f}" if g.count_per_step >= 1 else f"{g.count_per_step:.2g}"
+            lines.append(f"  {ms(g.ms_per_step)} per step in {count} gap(s): {g.cause}")
+        if g.fix:
+            lines.append(f"    → {g.fix}")
     return lines
 
 

@@ -216,7 +216,11 @@ def test_report_json_per_device():
     for rep in data["ranks"].values():
         assert rep["schema"] == "kerneltriage.report/1"
         assert rep["step_source"] == "whole trace"
-        assert rep["unattributed_share"] < 0.01
+        # Kernels whose launch the export holds all have an op; the few launched before the
+        # capture began have none, and are counted as unattributed.
+        own = rep["unattributed_ms_per_step"] - rep["unattributed_before_window_ms"]
+        assert own / rep["gpu_busy_ms"] < 0.01
+        assert rep["unattributed_share"] < 0.05
         assert rep["candidates"] and all(c["verdict"] == "skip" for c in rep["candidates"])
         kinds = {c["kind"] for c in rep["candidates"]}
         assert {"attention", "gemm", "norm"} <= kinds

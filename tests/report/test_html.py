@@ -11,6 +11,8 @@ from click.testing import CliRunner
 from markupsafe import escape
 
 from kerneltriage.analysis.model import Gap
+from kerneltriage.analysis.rules import load_rules
+from kerneltriage.analysis.triage import idle_by_class
 from kerneltriage.cli import main
 from kerneltriage.report import render
 from kerneltriage.report.gpu_text import tflops_text
@@ -185,8 +187,11 @@ def test_header(report, page):
 def test_idle_warning_comes_first(report):
     idle = copy.deepcopy(report)
     idle.idle_pct = 42.0
-    idle.gaps = [Gap("host sync: cudaStreamSynchronize in aten::item", 8.0, 2.0, 5.5)]
+    idle.gaps = [Gap("host sync: cudaStreamSynchronize in aten::item", 8.0, 2.0, 5.5, kind="host sync")]
+    step = idle.step_time_ms
+    idle.idle = idle_by_class(step, 0.58 * step, idle.step_spread_ms, idle.gaps, 0.0, load_rules())
     assert idle.idle_bound
+    assert "Led by host sync: 8.00 ms per step" in html(idle)
     text = html(idle)
     assert 'id="idle-warning"' in text
     assert "The GPU is idle 42% of the step" in text

@@ -31,6 +31,7 @@ from kerneltriage.ingest.kineto import read_trace
 from kerneltriage.ingest.ncu_csv import Counters, merge_counters, read_counters
 from kerneltriage.ingest.schemas import read_regions
 from kerneltriage.ingest.tables import Timeline
+from kerneltriage.inputs import check_file, is_directory
 
 
 @dataclass
@@ -122,8 +123,9 @@ def load_profile(
     empty, with ``trace_files`` naming each rank's file (``kerneltriage.parallel`` reads them)."""
     path = Path(path)
     say = progress or (lambda _msg: None)
-    if not path.exists():
-        raise InputError("no such file or directory", path=str(path))
+    if not is_directory(path):
+        # Missing, a named pipe or device (a read would block or never end), a name too long.
+        check_file(path, "trace file", TraceFormatError)
     if path.is_dir() and not rundir.is_run_dir(path):
         return _load_trace_folder(path, ncu, ranks, say, read_traces)
     if path.is_dir():

@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from kerneltriage.analysis import frames
 from kerneltriage.analysis.diff import Diff as _Diff
-from kerneltriage.analysis.gpus import GPUSpec, known_gpus, resolve_gpu, unresolved_reason
+from kerneltriage.analysis.gpus import (
+    GPUSpec,
+    implausible_calibration,
+    known_gpus,
+    resolve_gpu,
+    unresolved_reason,
+)
 from kerneltriage.analysis.model import Report
 from kerneltriage.analysis.rules import Rules, load_rules
 from kerneltriage.analysis.triage import require_gpu_activity, triage
@@ -306,10 +312,14 @@ def report_for(
     timeline = profile.timelines[rank]
     require_gpu_activity(timeline)
     properties = timeline.gpu_properties
+    doubt = None  # why the run's calibration is not applied
     if isinstance(gpu, GPUSpec):
         spec: GPUSpec | None = gpu
     else:
         calibration = profile.manifest.calibration if profile.manifest else None
+        doubt = implausible_calibration(calibration, timeline.gpu_name)
+        if doubt:
+            calibration = None
         spec = resolve_gpu(timeline.gpu_name, gpu, calibration, properties)
     if progress:
         progress(f"analysing {Path(timeline.source).name}")
@@ -326,6 +336,8 @@ def report_for(
         timing=profile.step_timing(rank),
     )
     result.warnings = profile.warnings + result.warnings
+    if doubt:
+        result.warnings.append(doubt)
     if spec is None:
         # No ceilings: the report still gives shares, idle time, kinds, shapes and a ranking.
         reason = unresolved_reason(timeline.gpu_name, properties)

@@ -281,7 +281,8 @@ def _thresholds(given: dict[str, Any], where: str, overridden: set[str]) -> Thre
             raise RulesError(f"threshold {name!r} must be a whole number, got {given[name]!r}", path=path)
         low, high, meaning = RANGES[name]
         if not (value >= low if name not in _ABOVE else value > low) or value > high:
-            raise RulesError(f"{name} is {meaning}; got {given[name]!r}", path=path)
+            got = "" if name in overridden else f"; got {given[name]!r}"  # a flag's value is in view
+            raise RulesError(f"{name} is {meaning}{got}", path=path)
         values[name] = value
     return Thresholds(**values)
 

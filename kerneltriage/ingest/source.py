@@ -18,6 +18,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import os
 import re
 import zlib
 from collections.abc import Callable
@@ -124,7 +125,9 @@ def load_profile(
     path = Path(path)
     say = progress or (lambda _msg: None)
     if not is_directory(path):
-        # Missing, a named pipe or device (a read would block or never end), a name too long.
+        if not os.path.lexists(path) and len(path.name) < 255:
+            raise InputError("no such file or directory", path=str(path))
+        # A named pipe or device (a read would block or never end), a name too long.
         check_file(path, "trace file", TraceFormatError)
     if path.is_dir() and not rundir.is_run_dir(path):
         return _load_trace_folder(path, ncu, ranks, say, read_traces)

@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from kerneltriage.analysis import frames
 from kerneltriage.analysis.diff import Diff as _Diff
-from kerneltriage.analysis.gpus import GPUSpec, known_gpus, resolve_gpu, unresolved_reason
+from kerneltriage.analysis.gpus import (
+    GPUSpec,
+    implausible_calibration,
+    known_gpus,
+    resolve_gpu,
+    unresolved_reason,
+)
 from kerneltriage.analysis.model import Report
 from kerneltriage.analysis.rules import Rules, load_rules
 from kerneltriage.analysis.triage import require_gpu_activity, triage
@@ -215,6 +221,13 @@ def report(
     """``kerneltriage report PATH`` as a ``Report``, for one rank: ``rank``, else the only one,
     else (several ranks) the one Nsight Compute profiled; ``Report.rank`` says which.
     ``reports()`` gives every rank."""
+    check_options(
+        gpu=gpu,
+        step_marker=step_marker,
+        min_headroom=min_headroom,
+        min_share=min_share,
+        max_shapes=max_shapes,
+    )
     profile = load(path, ncu=ncu, ranks=None if rank is None else [rank], rules_file=rules_file)
     return profile.report(
         rank,
@@ -240,6 +253,13 @@ def reports(
 ) -> dict[int, Report]:
     """Every rank's report (or those of ``ranks``): ``{rank: Report}``, ``{0: …}`` for one
     process."""
+    check_options(
+        gpu=gpu,
+        step_marker=step_marker,
+        min_headroom=min_headroom,
+        min_share=min_share,
+        max_shapes=max_shapes,
+    )
     profile = load(path, ncu=ncu, ranks=ranks, rules_file=rules_file)
     return profile.reports(
         gpu=gpu,
@@ -288,13 +308,18 @@ def report_for(
     """One rank's report. ``gpu``: a ``--gpu`` key or device name, or a ready ``GPUSpec``;
     left out, the GPU comes from the run's calibration, the trace's name or deviceProperties,
     and without any of them the report has no ceilings (``report.gpu`` is None)."""
+    check_options(gpu=gpu, step_marker=step_marker)
     timeline = profile.timelines[rank]
     require_gpu_activity(timeline)
     properties = timeline.gpu_properties
+    doubt = None  # why the run's calibration is not applied
     if isinstance(gpu, GPUSpec):
         spec: GPUSpec | None = gpu
     else:
         calibration = profile.manifest.calibration if profile.manifest else None
+        doubt = implausible_calibration(calibration, timeline.gpu_name)
+        if doubt:
+            calibration = None
         spec = resolve_gpu(timeline.gpu_name, gpu, calibration, properties)
     if progress:
         progress(f"analysing {Path(timeline.source).name}")
@@ -311,6 +336,8 @@ def report_for(
         timing=profile.step_timing(rank),
     )
     result.warnings = profile.warnings + result.warnings
+    if doubt:
+        result.warnings.append(doubt)
     _verified(result, profile.source_info().get("path"))
     if spec is None:
         # No ceilings: the report still gives shares, idle time, kinds, shapes and a ranking.
@@ -335,6 +362,27 @@ def _verified(report: Report, path: Any) -> None:
         return
     if data is not None:
         attach(report, data.to_json())
+
+
+def check_options(
+    *,
+    gpu: Any = None,
+    step_marker: Any = None,
+    min_headroom: Any = None,
+    min_share: Any = None,
+    max_shapes: Any = None,
+) -> None:
+    """The checks the command line's flags get, for keyword arguments: an ``InputError`` before
+    any work. Thresholds are checked by the rules (``load_rules``), as a rules file's are."""
+    if gpu is not None and not isinstance(gpu, GPUSpec) and not (isinstance(gpu, str) and gpu.strip()):
+        raise InputError(f"gpu must be a GPU table key such as 'H100-SXM' or a GPUSpec, got {gpu!r}")
+    if step_marker is not None:
+        from kerneltriage.analysis.attribution import step_marker_pattern
+
+        step_marker_pattern(step_marker)
+    overrides = {"min_headroom": min_headroom, "min_share": min_share, "max_shapes": max_shapes}
+    if any(v is not None for v in overrides.values()):
+        load_rules(None, overrides)
 
 
 def no_gpu_note(reason: str) -> str:
@@ -409,6 +457,8 @@ def export_tables(
     from kerneltriage.outputs import atomic_path
 
     check_export_format(fmt)
+    if not reports_by_rank:
+        raise InputError("no report to export (the report set is empty)", path=str(out_dir))
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InputError("--export needs a directory, and this is a file", path=str(out))

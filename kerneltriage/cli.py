@@ -6,6 +6,8 @@ Core errors (``KernelTriageError``) become a one-line message and their exit cod
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import sys
 from pathlib import Path
@@ -52,6 +54,9 @@ class _Main(click.Group):
             raise _Failure("interrupted", 130) from None
         except BrokenPipeError:  # `kerneltriage report … | head`
             raise click.exceptions.Exit(0) from None
+        except (OSError, RecursionError, MemoryError) as exc:
+            # The last net under the core's own checks: still one line, naming the file.
+            raise _Failure(_environment_message(exc), 2) from None
         except ModuleNotFoundError as exc:  # an optional package a command needs: exit 3
             package = (exc.name or "").partition(".")[0]
             if package not in _OPTIONAL_PACKAGES:
@@ -61,6 +66,17 @@ class _Main(click.Group):
                 f"(pip install {_OPTIONAL_PACKAGES[package]})",
                 3,
             ) from None
+
+
+def _environment_message(exc: BaseException) -> str:
+    if isinstance(exc, OSError):
+        from kerneltriage.inputs import os_reason
+
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{os_reason(exc)}"
+    if isinstance(exc, RecursionError):
+        return "an input is nested too deeply to be read (a JSON or YAML file of thousands of levels?)"
+    return "out of memory: an input asks for more memory than this machine has (a corrupt size?)"
 
 
 # Packages some commands need and the base install lacks -> what to install.
@@ -138,6 +154,22 @@ def _gpu_option(note: str = ""):
     )
 
 
+def _finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """click's ranges let NaN through (every comparison with NaN is false)."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number", ctx, param)
+    return value
+
+
+def _step_marker(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A ``--step-marker`` that is not a linear-time regular expression fails before any work."""
+    if value is not None:
+        from kerneltriage.analysis.attribution import step_marker_pattern
+
+        step_marker_pattern(value)
+    return value
+
+
 def _not_empty(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """An empty value (``--gpu ""``, an unset shell variable) is refused, not ignored."""
     if value is not None and not value.strip():
@@ -208,6 +240,7 @@ def _threshold_option(flag: str, kind, text: str):
 )
 @click.option(
     "--step-marker",
+    callback=_step_marker,
     help="Regex on annotation names that mark steps, if not ProfilerStep/optimizer/kerneltriage.step.",
 )
 @click.option(
@@ -413,8 +446,19 @@ def _emit(text: str, output: Path | None) -> None:
 
         write_atomic(output, text)
         click.echo(f"wrote {output}", err=True)
-    else:
+        return
+    try:
         click.echo(text, nl=False)
+    except BrokenPipeError:
+        raise
+    except OSError as exc:  # a full disk behind `> file`, /dev/full
+        from kerneltriage.errors import OutputError
+        from kerneltriage.inputs import os_reason
+
+        # What is still buffered would fail again at exit, with a traceback of its own.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise OutputError(f"cannot write to standard output ({os_reason(exc)})") from None
 
 
 # --- profile / calibrate --------------------------------------------------------------------
@@ -514,6 +558,7 @@ class _ProfileReporter:
 @click.option(
     "--coverage",
     type=click.FloatRange(0.1, 1.0),
+    callback=_finite,
     default=0.95,
     show_default=True,
     help="Profile the kernels covering this share of GPU time.",
@@ -538,6 +583,7 @@ class _ProfileReporter:
 @click.option(
     "--ncu-timeout",
     type=click.FloatRange(min=10),
+    callback=_finite,
     default=900,
     show_default=True,
     help="Seconds each Nsight Compute pass may take; past it ncu is stopped and the timeline kept.",
@@ -549,7 +595,11 @@ class _ProfileReporter:
     show_default=True,
     help="Phase 1 under the PyTorch profiler, or Nsight Systems (falls back to torch when nsys cannot report).",
 )
-@click.option("--step-marker", help="Regex on record_function names that mark steps; records the whole run.")
+@click.option(
+    "--step-marker",
+    callback=_step_marker,
+    help="Regex on record_function names that mark steps; records the whole run.",
+)
 @click.option(
     "--cpu", is_flag=True, help="Dry run without a GPU: CPU ops only (checks steps and module hooks)."
 )

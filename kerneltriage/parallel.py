@@ -264,6 +264,18 @@ def _fsspec():
     return fsspec
 
 
+def _url_to_fs(url: str) -> tuple[Any, str]:
+    """fsspec's filesystem for ``url``: a protocol it does not know is bad input (exit 2), one
+    whose package is missing (s3fs, gcsfs, …) a missing tool (exit 3)."""
+    try:
+        return _fsspec().core.url_to_fs(url)
+    except ImportError as exc:
+        raise ToolError(f"{exc}".rstrip(".") + " (pip install it to read this URL)", path=url) from None
+    except ValueError as exc:
+        known = "file, s3, gs, az, http, https, …"
+        raise InputError(f"{exc} (a URL's protocol must be one fsspec reads: {known})", path=url) from None
+
+
 @contextmanager
 def _local_file(trace: str) -> Iterator[str]:
     """A local path for ``trace``: itself, or a URL's object copied to a temporary file (the
@@ -271,7 +283,7 @@ def _local_file(trace: str) -> Iterator[str]:
     if not is_url(trace):
         yield trace
         return
-    fs, inner = _fsspec().core.url_to_fs(trace)
+    fs, inner = _url_to_fs(trace)
     if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
         yield inner
         return
@@ -289,7 +301,7 @@ def _local_file(trace: str) -> Iterator[str]:
 def _plan_url(url: str, ncu: Any, ranks: list[int] | None, say: Callable[[str], None]) -> source.Profile:
     """A folder of per-rank traces named by a URL: which object is which rank."""
     fsspec = _fsspec()
-    fs, root = fsspec.core.url_to_fs(url)
+    fs, root = _url_to_fs(url)
     if not fs.isdir(root):
         raise InputError("a URL must name a folder of per-rank traces", path=url)
     say(f"listing {url}")

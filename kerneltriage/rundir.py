@@ -106,15 +106,18 @@ def is_run_dir(path: Path) -> bool:
 
 
 def read_manifest(path: Path) -> Manifest:
+    from kerneltriage.inputs import read_text
+
     file = path / MANIFEST
+    if not os.path.lexists(file):
+        raise RunDirError("no manifest.json: not a kerneltriage run directory", path=str(path))
+    text = read_text(file, "manifest", RunDirError)  # a directory, a pipe, not UTF-8: refused
     try:
-        data = json.loads(file.read_text())
-    except FileNotFoundError:
-        raise RunDirError("no manifest.json: not a kerneltriage run directory", path=str(path)) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
         raise RunDirError(f"manifest.json is not valid JSON ({exc})", path=str(path)) from None
-    except OSError as exc:  # a directory, unreadable
-        raise RunDirError(f"cannot read manifest.json ({exc.strerror or exc})", path=str(path)) from None
+    except RecursionError:
+        raise RunDirError("manifest.json is nested too deeply to be a manifest", path=str(path)) from None
     if not isinstance(data, dict):
         raise RunDirError("manifest.json is not a JSON object", path=str(path))
     schema = data.get("schema", "")

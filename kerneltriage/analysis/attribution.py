@@ -37,6 +37,7 @@ import pandas as pd
 
 from kerneltriage.annotate import MODULE_PREFIX, REGION_PREFIX, STEP_RANGE
 from kerneltriage.ingest.tables import Timeline
+from kerneltriage.patterns import Pattern, compile_user_pattern
 
 _PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
 _OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
@@ -139,12 +140,7 @@ def find_steps(tl: Timeline, marker: str | None = None) -> tuple[list[Step], str
         return _drop_stubs(tl, steps, source, warnings), source, warnings
 
     if marker:
-        try:
-            pattern = re.compile(marker)
-        except re.error as exc:
-            from kerneltriage.errors import InputError
-
-            raise InputError(f"--step-marker {marker!r} is not a valid regular expression ({exc})") from None
+        pattern = step_marker_pattern(marker)
         found = ranges(names.map(lambda n: bool(pattern.search(n))), f"--step-marker {marker}")
         if found:
             return found
@@ -170,6 +166,19 @@ def find_steps(tl: Timeline, marker: str | None = None) -> tuple[list[Step], str
         "no step annotations (ProfilerStep, optimizer step, kerneltriage.step): the whole trace is one step"
     )
     return [Step(0, "whole trace", start, end)], "whole trace", warnings
+
+
+def step_marker_pattern(marker: object) -> Pattern:
+    """``--step-marker`` compiled for linear-time matching (RE2), or one ``InputError``."""
+    from kerneltriage.errors import InputError
+
+    if not isinstance(marker, str):
+        raise InputError(f"--step-marker must be a regular expression (a string), got {marker!r}")
+    try:
+        re.compile(marker)
+    except re.error as exc:
+        raise InputError(f"--step-marker {marker!r} is not a valid regular expression ({exc})") from None
+    return compile_user_pattern(marker, "--step-marker")
 
 
 def _drop_stubs(tl: Timeline, steps: list[Step], source: str, warnings: list[str]) -> list[Step]:

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, Valida
 from kerneltriage.analysis.estimate import dtype_bytes, tensor_inputs
 from kerneltriage.errors import RulesError
 from kerneltriage.ingest.schemas import describe
+from kerneltriage.patterns import compile_user_pattern
 from kerneltriage.resources import data_path
 
 SCHEMA = "kerneltriage.fixes/1"
@@ -202,9 +203,10 @@ def _template_fields(template: Any) -> set[str]:
     return names
 
 
-def parse_recipes(entries: Any, where: str) -> tuple[Recipe, ...]:
+def parse_recipes(entries: Any, where: str, *, user: bool = False) -> tuple[Recipe, ...]:
     """Validated recipes from a list of recipe mappings (``fixes.yaml``'s ``recipes`` or a
-    rules file's ``fixes``). ``RulesError`` names the recipe and what is wrong."""
+    rules file's ``fixes``). ``RulesError`` names the recipe and what is wrong. A user's
+    patterns (``user``) are compiled for linear-time matching, as every user pattern is."""
     try:
         models = FixesFile.model_validate({"schema": SCHEMA, "recipes": entries}).recipes
     except ValidationError as exc:
@@ -219,6 +221,9 @@ def parse_recipes(entries: Any, where: str) -> tuple[Recipe, ...]:
             )
         when = {}
         for k, v in m.when.items():
+            if user:
+                when[k] = compile_user_pattern(v, f"{where}: recipe {m.id}: when.{k}", RulesError)
+                continue
             try:
                 when[k] = re.compile(v)
             except re.error as exc:

@@ -441,6 +441,43 @@ def resolve_gpu(
     return spec
 
 
+#: A calibration is believed within this band around its row's datasheet (measured ÷ datasheet):
+#: a copy or matmul measures below the datasheet, never 5× under nor 1.5× above it.
+CALIBRATION_BAND = (0.2, 1.5)
+
+
+def implausible_calibration(calibration: dict[str, Any] | None, device_name: str | None) -> str | None:
+    """Why a run's calibration must not be applied to a trace of ``device_name``, or None: it
+    was measured on another GPU, or a quantity lies outside ``CALIBRATION_BAND``."""
+    measured = _measurements(calibration)
+    if not measured or calibration is None:
+        return None
+    named = str(calibration.get("gpu") or "")
+    calibrated_key = match_gpu(named) if named else None
+    trace_key = match_gpu(device_name) if device_name else None
+    if calibrated_key and trace_key and calibrated_key != trace_key:
+        return (
+            f"the run's calibration was measured on {named!r}, not on the trace's GPU "
+            f"({device_name!r}): not applied, datasheet ceilings used"
+        )
+    key = calibrated_key or trace_key
+    if key is None:
+        return None
+    row = spec_for(key, "name", "")
+    low, high = CALIBRATION_BAND
+    for quantity in measured:
+        if quantity == "bandwidth":
+            value, sheet = float(calibration["hbm_gbs"]), row.peak_bandwidth_gbs
+        else:
+            value, sheet = float(calibration["peak_tflops"][quantity]), row.peak_tflops.get(quantity, 0.0)
+        if sheet > 0 and not low <= value / sheet <= high:
+            return (
+                f"the run's calibration gives {quantity} {value:g}, {value / sheet:.3g}× the {key} "
+                f"datasheet's {sheet:g} (believed within {low}-{high}×): not applied, datasheet ceilings used"
+            )
+    return None
+
+
 def _measurements(calibration: dict[str, Any] | None) -> list[str]:
     """The quantities a calibration measured (valid, positive values only)."""
     if not calibration:

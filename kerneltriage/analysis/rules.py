@@ -8,6 +8,7 @@ with ``re.search``; nothing from a rules file is evaluated as code.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import re
 from dataclasses import asdict, dataclass, field, fields
@@ -20,6 +21,8 @@ from kerneltriage.analysis.fixes import Recipe, load_recipes, parse_recipes
 from kerneltriage.analysis.kernel_classes import KernelClass, classify_kernel
 from kerneltriage.analysis.rules_schema import check_rules_file
 from kerneltriage.errors import RulesError
+from kerneltriage.inputs import read_text
+from kerneltriage.patterns import Pattern, compile_user_pattern
 from kerneltriage.resources import data_path
 
 SCHEMA = "kerneltriage.rules/1"
@@ -53,6 +56,26 @@ class Thresholds:
 THRESHOLDS: dict[str, type] = {f.name: get_type_hints(Thresholds)[f.name] for f in fields(Thresholds)}
 
 
+#: Threshold -> (lowest, highest, what the range means): the same check for a value from the
+#: shipped file, a ``--rules`` file, a command-line flag or a keyword of the Python API.
+RANGES: dict[str, tuple[float, float, str]] = {
+    "min_headroom": (1.0, math.inf, "a ratio of times and must be at least 1"),
+    "min_share": (0.0, 1.0, "a share of the step and must be in [0, 1]"),
+    "top_fraction": (0.0, 1.0, "a fraction of the candidates and must be in (0, 1]"),
+    "min_share_floor": (0.0, 1.0, "a share of the step and must be in [0, 1]"),
+    "max_shapes": (1, math.inf, "a count of shapes and must be at least 1"),
+    "min_dominant_coverage": (0.0, 1.0, "a share of time and must be in [0, 1]"),
+    "idle_warn": (0.0, 1.0, "a share of the step and must be in [0, 1]"),
+    "gap_us": (0.0, math.inf, "a time in µs and must not be negative"),
+    "join_warn": (0.0, 1.0, "a share of kernel time and must be in [0, 1]"),
+    "join_max_duration_ratio": (1.0, math.inf, "a ratio of durations and must be at least 1"),
+    "max_estimated_headroom": (1.0, math.inf, "a ratio of times and must be at least 1"),
+    "min_estimated_headroom": (0.0, 1.0, "a ratio of times and must be in (0, 1]"),
+}
+#: Thresholds whose lowest value is excluded.
+_ABOVE = frozenset({"top_fraction", "min_estimated_headroom"})
+
+
 def default_rules_path() -> Path:
     return data_path("rules", "default.yaml")
 
@@ -60,8 +83,8 @@ def default_rules_path() -> Path:
 @dataclass(frozen=True)
 class OpClass:
     kind: str
-    ops: tuple[re.Pattern[str], ...]
-    kernels: tuple[re.Pattern[str], ...]
+    ops: tuple[Pattern, ...]
+    kernels: tuple[Pattern, ...]
     activity: tuple[str, ...]
 
 
@@ -71,19 +94,17 @@ class Rules:
 
     thresholds: Thresholds
     classes: list[OpClass]
-    library_ops: tuple[re.Pattern[str], ...]
+    library_ops: tuple[Pattern, ...]
     regions: dict[str, Any]
     recommendations: dict[str, dict[str, Any]]
     sources: list[str]
     raw: dict[str, Any]
-    norms: list[tuple[str, tuple[re.Pattern[str], ...], tuple[re.Pattern[str], ...]]] = field(
-        default_factory=list
-    )
+    norms: list[tuple[str, tuple[Pattern, ...], tuple[Pattern, ...]]] = field(default_factory=list)
     # Kernel class (kernel_classes.yaml) -> candidate kind; kinds a fused region never absorbs;
     # ops of a library or extension namespace (fbgemm::, vllm::, …), judged by their kernels.
     kernel_kinds: dict[str, str] = field(default_factory=dict)
     unabsorbed_kinds: frozenset[str] = frozenset()
-    extension_ops: tuple[re.Pattern[str], ...] = ()
+    extension_ops: tuple[Pattern, ...] = ()
     # A rules file's own fix recipes (fixes.yaml's shape), tried before the shipped ones.
     fixes: tuple[Recipe, ...] = ()
     # Classifications are asked for the same few hundred names millions of times.
@@ -166,7 +187,7 @@ class Rules:
             return self.recommendations[f"{kind}/{variant}"]
         return self.recommendations.get(kind) or self.recommendations.get("other", {"verdict": "write"})
 
-    def patterns(self, *keys: str) -> tuple[re.Pattern[str], ...]:
+    def patterns(self, *keys: str) -> tuple[Pattern, ...]:
         """Compiled patterns from ``regions`` (e.g. ``patterns("attention", "matmul_ops")``)."""
         node: Any = self.regions
         for key in keys:
@@ -195,12 +216,13 @@ def default_thresholds() -> Thresholds:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
+    text = read_text(path, "rules file", RulesError)  # a directory, a pipe, not UTF-8: refused
     try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise RulesError("no such rules file", path=str(path)) from None
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise RulesError(f"not valid YAML ({str(exc).splitlines()[0]})", path=str(path)) from None
+    except RecursionError:
+        raise RulesError("nested too deeply to be a rules file", path=str(path)) from None
     if not isinstance(data, dict):
         raise RulesError("a rules file must be a YAML mapping", path=str(path))
     schema = data.get("schema", SCHEMA)
@@ -219,13 +241,30 @@ def _merge(base: Any, over: Any) -> Any:
     return copy.deepcopy(over)
 
 
-def _compile(pattern: Any, where: str) -> re.Pattern[str]:
-    if not isinstance(pattern, str):
-        raise RulesError(f"{where}: pattern {pattern!r} is not a string")
-    try:
+@functools.cache
+def _shipped_patterns() -> frozenset[str]:
+    """Every string of the shipped rules file: its patterns are compiled with ``re``."""
+    found: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+        elif isinstance(node, str):
+            found.add(node)
+
+    walk(yaml.safe_load(default_rules_path().read_text()))
+    return frozenset(found)
+
+
+def _compile(pattern: Any, where: str) -> Pattern:
+    """A pattern of the rules: the shipped file's with ``re``, a user's in linear time (RE2)."""
+    if isinstance(pattern, str) and pattern in _shipped_patterns():
         return re.compile(pattern)
-    except re.error as exc:
-        raise RulesError(f"{where}: bad regular expression {pattern!r} ({exc})") from None
+    return compile_user_pattern(pattern, where, RulesError)
 
 
 def _thresholds(given: dict[str, Any], where: str, overridden: set[str]) -> Thresholds:
@@ -248,10 +287,12 @@ def _thresholds(given: dict[str, Any], where: str, overridden: set[str]) -> Thre
             raise RulesError(
                 f"threshold {name!r} must be a number (finite), got {given[name]!r}", path=path
             ) from None
-        if value < 0:
-            raise RulesError(f"threshold {name!r} must not be negative", path=path)
-        if name == "min_headroom" and value < 1.0:
-            raise RulesError("min_headroom is a ratio of times and must be at least 1", path=path)
+        if kind is int and value != float(given[name]):
+            raise RulesError(f"threshold {name!r} must be a whole number, got {given[name]!r}", path=path)
+        low, high, meaning = RANGES[name]
+        if not (value >= low if name not in _ABOVE else value > low) or value > high:
+            got = "" if name in overridden else f"; got {given[name]!r}"  # a flag's value is in view
+            raise RulesError(f"{name} is {meaning}{got}", path=path)
         values[name] = value
     return Thresholds(**values)
 
@@ -263,7 +304,7 @@ def _fixes(entries: Any, where: str) -> tuple[Recipe, ...]:
         raise RulesError(
             "fixes must be a list of recipes (the shape of kerneltriage/data/fixes.yaml)", path=where
         )
-    return parse_recipes(entries, where)
+    return parse_recipes(entries, where, user=True)
 
 
 def _validate(raw: dict[str, Any], sources: list[str], overridden: set[str]) -> Rules:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from kerneltriage.analysis import plausibility
 from kerneltriage.analysis.attribution import Attribution, attribute
 from kerneltriage.analysis.candidates import build_candidate
 from kerneltriage.analysis.compiled import compiled_graphs
@@ -72,6 +73,8 @@ def triage(
             path=timeline.source,
         )
     warnings = list(timeline.warnings) + list(attr.warnings)
+    warnings += plausibility.check_launches(timeline)
+    warnings += plausibility.check_kernels(timeline, kernels)
     join: JoinResult | None = None
     if counters is not None:
         join = join_counters(kernels, counters, rules.thresholds.join_max_duration_ratio, hot_kernels)
@@ -90,6 +93,7 @@ def triage(
     busy_ms = found.busy_ns / n_steps / 1e6
     source = dict(source or {"trace": timeline.source})
     if timing:
+        plausibility.check_step_time(timing, busy_ms, timeline.source)
         step_ms, busy_ms, gaps = _timed_as_run(timing, step_ms, busy_ms, gaps, source)
         spread_ms = spread(timing.get("plain_ms") or [])
     comm_ns, exposed_ns = communication_overlap(attr, lambda n: rules.classify(None, n) == "communication")

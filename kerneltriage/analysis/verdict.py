@@ -158,6 +158,11 @@ def _implausible_estimate(c: Candidate, rules: Rules) -> bool:
     )
 
 
+def _times(headroom: float) -> str:
+    """1/headroom as "12.5×"; a headroom of 0 (kernels of zero duration) as "many times"."""
+    return f"{1 / headroom:.1f}×" if headroom > 0 else "many times"
+
+
 def _skip_failed_estimate(c: Candidate, why: str) -> None:
     """No verdict is built on an estimate that cannot be right; counters would place it."""
     c.verdict, c.reason = "skip", "estimate-failed"
@@ -181,7 +186,7 @@ def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
     if _implausible_estimate(c, rules):
         _skip_failed_estimate(
             c,
-            f"the shape model's roof time is {1 / c.headroom:.1f}× the time measured, so it ran faster "
+            f"the shape model's roof time is {_times(c.headroom)} the time measured, so it ran faster "
             "than its tensors allow: its kernels did not move those tensors",
         )
         return

@@ -93,7 +93,9 @@ def read_trace(
     except orjson.JSONDecodeError as exc:
         raise TraceFormatError(f"not valid JSON ({exc})", path=str(path)) from None
     except OSError as exc:
-        raise TraceFormatError(f"cannot read file ({exc.strerror or exc})", path=str(path)) from None
+        from kerneltriage.inputs import os_reason
+
+        raise TraceFormatError(f"cannot read file ({os_reason(exc)})", path=str(path)) from None
     return builder.build(str(path), meta)
 
 
@@ -118,10 +120,9 @@ def _workers(path: Path, requested: int | None) -> int:
 
 
 def _open(path: Path) -> BinaryIO:
-    if not path.exists():
-        raise TraceFormatError("no such file", path=str(path))
-    if path.is_dir():
-        raise TraceFormatError("is a directory, expected a trace file", path=str(path))
+    from kerneltriage.inputs import check_file
+
+    check_file(path, "trace file", TraceFormatError)  # a named pipe would block the read
     with open(path, "rb") as f:
         magic = f.read(2)
     if magic == b"\x1f\x8b":

@@ -37,6 +37,7 @@ from pydantic import ValidationError
 from kerneltriage.errors import CountersFormatError, ToolError
 from kerneltriage.ingest.kernel_names import base_name
 from kerneltriage.ingest.schemas import NcuRow
+from kerneltriage.inputs import check_file, read_bytes
 
 _NAME_COLUMNS = ("Kernel Name", "Function Name", "Name")
 
@@ -129,17 +130,14 @@ def merge_counters(parts: list[Counters]) -> Counters:
 
 def read_counters(path: str | os.PathLike[str]) -> Counters:
     """Read ``.csv``/``.csv.gz`` raw-page exports, or export a ``.ncu-rep`` through ``ncu``."""
-    path = Path(path)
-    if not path.is_file():
-        raise CountersFormatError("no such file", path=str(path))
+    path = check_file(path, "Nsight Compute file", CountersFormatError)
     text = _export_report(path) if path.suffix == ".ncu-rep" else _read_text(path)
     return parse_counters(text, source=str(path))
 
 
 def _read_text(path: Path) -> str:
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = read_bytes(path, "Nsight Compute file", CountersFormatError)
         if raw[:2] == b"\x1f\x8b":
             raw = gzip.decompress(raw)
         return raw.decode("utf-8-sig")

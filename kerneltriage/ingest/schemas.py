@@ -31,7 +31,7 @@ from pydantic import (
     ValidationError,
 )
 
-from kerneltriage.errors import RunDirError
+from kerneltriage.errors import InputError, RunDirError
 
 # --- what a validation error says -----------------------------------------------------------
 
@@ -87,12 +87,42 @@ class NcuPhase(BaseModel):
     kernels: list[StrictStr] | None = None
 
 
+def _number(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError("expected a number")
+    return value
+
+
+#: A time in milliseconds: a finite number above zero (a step of -5 ms or NaN ms is no step).
+Milliseconds = Annotated[float, BeforeValidator(_number), Field(gt=0, allow_inf_nan=False)]
+
+
+class StepTime(BaseModel):
+    """``phases.timeline.step_time``: the steps ``profile`` timed, which the report then uses."""
+
+    model_config = _Open
+    rank: StrictInt = Field(default=0, ge=0)
+    plain_median_ms: Milliseconds | None = None
+    clean_median_ms: Milliseconds | None = None
+    recorded_median_ms: Milliseconds | None = None
+    gpu_busy_ms: Annotated[float, BeforeValidator(_number), Field(ge=0, allow_inf_nan=False)] | None = None
+    plain_ms: list[Milliseconds] = []
+    clean_ms: list[Milliseconds] = []
+    recorded_ms: list[Milliseconds] = []
+
+
+class TimelinePhase(BaseModel):
+    model_config = _Open
+    step_time: StepTime | None = None
+
+
 class Phases(BaseModel):
     """Phase name -> what it recorded (a mapping each)."""
 
     model_config = _Open
     __pydantic_extra__: dict[str, dict[StrictStr, Any]] = Field(init=False)
     ncu: NcuPhase = NcuPhase()
+    timeline: TimelinePhase = TimelinePhase()
 
 
 class Calibration(BaseModel):
@@ -151,11 +181,12 @@ class RegionLine(BaseModel):
 def read_regions(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
     """The lines of ``regions.jsonl`` that follow ``RegionLine``; the rest are skipped with one
     warning that counts them (the file is optional: it never stops a report)."""
+    from kerneltriage.inputs import read_text
+
     try:
-        text = path.read_bytes().decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else (exc.strerror or str(exc))
-        warnings.append(f"{path}: {reason}; module signatures skipped")
+        text = read_text(path, "regions file")
+    except InputError as exc:
+        warnings.append(f"{exc}; module signatures skipped")
         return []
     out: list[dict[str, Any]] = []
     bad: list[str] = []
@@ -165,8 +196,8 @@ def read_regions(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
         try:
             value = json.loads(line)
             RegionLine.model_validate(value)
-        except json.JSONDecodeError:
-            bad.append(f"line {i} is not JSON")
+        except (json.JSONDecodeError, RecursionError):
+            bad.append(f"line {i} is not JSON (or nested too deeply)")
         except ValidationError as exc:
             bad.append(f"line {i}: {describe(exc)}")
         else:

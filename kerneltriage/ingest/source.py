@@ -18,6 +18,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import os
 import re
 import zlib
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from kerneltriage.ingest.kineto import read_trace
 from kerneltriage.ingest.ncu_csv import Counters, merge_counters, read_counters
 from kerneltriage.ingest.schemas import read_regions
 from kerneltriage.ingest.tables import Timeline
+from kerneltriage.inputs import check_file, is_directory
 
 
 @dataclass
@@ -126,8 +128,11 @@ def load_profile(
     empty, with ``trace_files`` naming each rank's file (``kerneltriage.parallel`` reads them)."""
     path = Path(path)
     say = progress or (lambda _msg: None)
-    if not path.exists():
-        raise InputError("no such file or directory", path=str(path))
+    if not is_directory(path):
+        if not os.path.lexists(path) and len(path.name) < 255:
+            raise InputError("no such file or directory", path=str(path))
+        # A named pipe or device (a read would block or never end), a name too long.
+        check_file(path, "trace file", TraceFormatError)
     if path.is_dir() and not rundir.is_run_dir(path):
         return _load_trace_folder(path, ncu, ranks, say, read_traces)
     if path.is_dir():

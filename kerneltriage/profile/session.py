@@ -109,24 +109,53 @@ def default_out(command: Command) -> Path:
     return Path("runs") / f"{stem}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def _prepare_out(out: Path, force: bool) -> None:
-    if out.exists():
-        if not out.is_dir():
-            raise InputError("exists and is not a directory", path=str(out))
-        if any(out.iterdir()):
-            if not force:
-                raise InputError(
-                    "output directory exists and is not empty",
-                    path=str(out),
-                    hint="pass --force to replace it, or choose another --out",
-                )
-            if not (out / rundir.MANIFEST).is_file():
-                raise InputError(
-                    "--force replaces only kerneltriage run directories; this one has no manifest.json",
-                    path=str(out),
-                )
-            shutil.rmtree(out)
-    (out / rundir.LOGS).mkdir(parents=True, exist_ok=True)
+def _prepare_out(out: Path, force: bool) -> Path:
+    """The folder the run is written to: ``out`` itself, or, when ``--force`` replaces a run, a
+    new folder beside it that ``_replace_run`` swaps in once the run is complete (a failed or
+    interrupted run leaves the old one as it was)."""
+    try:
+        if out.exists():
+            if not out.is_dir():
+                raise InputError("exists and is not a directory", path=str(out))
+            if any(out.iterdir()):
+                if not force:
+                    raise InputError(
+                        "output directory exists and is not empty",
+                        path=str(out),
+                        hint="pass --force to replace it, or choose another --out",
+                    )
+                if not (out / rundir.MANIFEST).is_file():
+                    raise InputError(
+                        "--force replaces only kerneltriage run directories; this one has no manifest.json",
+                        path=str(out),
+                    )
+                stage = out.parent / f".{out.name}.kerneltriage-{os.getpid()}.new"
+                (stage / rundir.LOGS).mkdir(parents=True)
+                return stage
+        (out / rundir.LOGS).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        from kerneltriage.inputs import os_reason
+
+        raise InputError(f"cannot create the run directory ({os_reason(exc)})", path=str(out)) from None
+    return out
+
+
+def _replace_run(stage: Path, out: Path, complete: bool) -> None:
+    """Swap a complete new run (``stage``) in for the old ``out``; an incomplete one is removed,
+    and the old run stays."""
+    if stage == out:
+        return
+    if not complete:
+        shutil.rmtree(stage, ignore_errors=True)
+        return
+    aside = out.parent / f".{out.name}.kerneltriage-{os.getpid()}.old"
+    os.rename(out, aside)
+    try:
+        os.rename(stage, out)
+    except BaseException:
+        os.rename(aside, out)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def run_profile(argv: list[str], options: Options, reporter: Reporter | None = None) -> Result:
@@ -136,8 +165,8 @@ def run_profile(argv: list[str], options: Options, reporter: Reporter | None = N
     if options.steps < 1 or options.warmup < 0:
         raise InputError("--steps must be at least 1 and --warmup at least 0")
     load_rules(options.rules_file)  # a bad rules file fails now, not after phase 1
-    out = Path(options.out) if options.out else default_out(command)
-    _prepare_out(out, options.force)
+    target = Path(options.out) if options.out else default_out(command)
+    out = _prepare_out(target, options.force)
     manifest = rundir.Manifest(
         kerneltriage_version=kerneltriage.__version__,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -182,7 +211,8 @@ def run_profile(argv: list[str], options: Options, reporter: Reporter | None = N
     finally:
         manifest.notes.extend(w for w in warnings if w not in manifest.notes)
         rundir.write_manifest(out, manifest)
-    return Result(out, manifest, warnings)
+        _replace_run(out, target, manifest.status == "ok")
+    return Result(target, manifest, warnings)
 
 
 # --- phase 1 ------------------------------------------------------------------------------

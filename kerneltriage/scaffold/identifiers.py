@@ -81,15 +81,25 @@ def parse_dtype(text: str) -> str:
     return name
 
 
+#: The most dimensions and elements a ``--shape`` may have: a tensor of more elements than this
+#: (2**40, a TiB of bytes) fits no GPU, so such a shape is a typo.
+MAX_DIMS = 8
+MAX_ELEMENTS = 2**40
+
+
 def parse_shape(text: str) -> list[int]:
     """``16384x4096`` (also ``16384,4096`` or ``16384×4096``) → [16384, 4096]."""
-    parts = [p for p in re.split(r"[x×,*\s]+", str(text).strip().lower()) if p]
-    try:
-        dims = [int(p) for p in parts]
-    except ValueError:
-        dims = []
-    if not dims or any(d <= 0 for d in dims):
+    compact = re.sub(r"\s+", "", str(text).lower())
+    if not re.fullmatch(r"\d{1,13}(?:[x×,*]\d{1,13})*", compact):
         raise InputError(f"bad --shape {text!r}; expected positive sizes joined by x, e.g. 16384x4096")
+    dims = [int(p) for p in re.split(r"[x×,*]", compact)]
+    if any(d <= 0 for d in dims):
+        raise InputError(f"bad --shape {text!r}; every size must be at least 1")
+    if len(dims) > MAX_DIMS or math.prod(dims) > MAX_ELEMENTS:
+        raise InputError(
+            f"--shape {text!r} has {math.prod(dims):.3g} elements in {len(dims)} dimensions; "
+            f"a GPU tensor has at most {MAX_ELEMENTS:.3g} elements in {MAX_DIMS} dimensions here"
+        )
     return dims
 
 

@@ -1,0 +1,118 @@
+"""Plausibility of a trace's numbers before they are analysed: what the trace says about itself
+that cannot all be true. Each finding is a named warning (the report says what to distrust)
+or, where no honest report can follow, a ``TraceFormatError`` (exit code 2) naming it.
+
+- kernel launches with no kernel at all: the GPU side of the trace was not recorded;
+- kernels without a launch (no correlation id): their op, module and candidate are unknown;
+- kernels of zero total duration: there is no GPU time to share out;
+- a kernel longer than every step of the trace together: a corrupt duration;
+- a step time (profile's plain steps) shorter than the GPU work of its own kernels.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pandas as pd
+
+from kerneltriage.errors import TraceFormatError
+from kerneltriage.ingest.tables import Timeline
+
+#: Runtime and driver calls that launch a kernel.
+_LAUNCH = re.compile(r"^(cuda|cu|hip)(Launch|LaunchKernel|LaunchCooperativeKernel|GraphLaunch)")
+#: Launches or kernel time without their counterpart above this share are warned about.
+MISSING_WARN = 0.2
+#: A step time below this share of its own kernels' busy time is contradicted by them (the
+#: recorded steps ran under the profiler, which slows the host, not the kernels, by this much).
+STEP_CONTRADICTED = 0.5
+
+
+def check_launches(timeline: Timeline) -> list[str]:
+    """Kernel launches against kernel events: none at all is refused, many missing warned."""
+    runtime = timeline.runtime
+    if runtime.empty:
+        return []
+    launches = runtime[runtime["name"].astype(str).str.match(_LAUNCH)]
+    if launches.empty:
+        return []
+    kernels = timeline.kernels[timeline.kernels["kind"] == "kernel"]
+    if kernels.empty:
+        raise TraceFormatError(
+            f"{len(launches)} kernel launches but no kernel event: the GPU side of the trace was not "
+            "recorded (CUPTI activity lost or filtered); idle time and shares would be invented",
+            path=timeline.source,
+        )
+    matched = launches["correlation"].isin(kernels["correlation"])
+    missing = 1.0 - float(matched.mean())
+    if missing > MISSING_WARN and kernels["correlation"].gt(0).any():
+        return [
+            f"{missing:.0%} of the {len(launches)} kernel launches have no kernel event in the trace "
+            "(CUPTI activity lost?); GPU busy time and shares are understated"
+        ]
+    return []
+
+
+def check_kernels(timeline: Timeline, kernels: pd.DataFrame) -> list[str]:
+    """The kernels (the attribution's table: ``step``, ``launch_start`` -1 when no launch in
+    the trace names one): their total duration in the steps, the longest of them against the
+    host's recording, and the share of kernel time without a launch."""
+    source = timeline.source
+    compute = kernels[kernels["kind"] == "kernel"]
+    in_step = compute[compute["step"] >= 0]
+    if len(in_step) and float(in_step["dur"].sum()) <= 0:
+        raise TraceFormatError(
+            f"the {len(in_step)} kernels inside the steps have zero total duration (durations zero "
+            "or missing): there is no GPU time to share out",
+            path=source,
+        )
+    longest = timeline.kernels.loc[timeline.kernels["dur"].idxmax()]
+    recorded = _host_span(timeline)
+    if recorded and float(longest["dur"]) > recorded:
+        # The profiler waits for the GPU before it stops: no kernel outlasts the host's record.
+        raise TraceFormatError(
+            f"kernel {str(longest['name'])[:60]!r} lasts {_human(float(longest['dur']))}, longer than "
+            f"the whole recording ({_human(recorded)} of host events) and so longer than its step: "
+            "a corrupt duration",
+            path=source,
+        )
+    warnings = []
+    total = float(compute["dur"].sum())
+    unlaunched = float(compute.loc[compute["launch_start"] < 0, "dur"].sum()) / total if total > 0 else 0.0
+    if unlaunched > MISSING_WARN:
+        warnings.append(
+            f"{unlaunched:.0%} of kernel time has no launch in the trace (kernels without a "
+            "correlation id, or launched before the profiler started): its ops, modules and "
+            "candidates are unknown, so the candidates cover only the rest"
+        )
+    return warnings
+
+
+def check_step_time(timing: dict[str, Any], busy_ms: float, source: str) -> None:
+    """A step time from ``profile``'s plain steps that its own kernels contradict."""
+    plain = float(timing["plain_median_ms"])
+    if plain < STEP_CONTRADICTED * busy_ms:
+        raise TraceFormatError(
+            f"the manifest's step time ({plain:.4g} ms) is contradicted by the trace's own kernels "
+            f"({busy_ms:.4g} ms of GPU work per step): phases.timeline.step_time is wrong",
+            path=source,
+        )
+
+
+def _host_span(timeline: Timeline) -> float:
+    """ns from the first host event (CPU op, runtime call) to the end of the last one."""
+    starts, ends = [], []
+    for table in (timeline.cpu, timeline.runtime):
+        if not table.empty:
+            starts.append(float(table["start"].min()))
+            ends.append(float((table["start"] + table["dur"].clip(lower=0)).max()))
+    return max(ends) - min(starts) if starts else 0.0
+
+
+def _human(ns: float) -> str:
+    seconds = ns / 1e9
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 1:
+        return f"{seconds:.3g} s"
+    return f"{ns / 1e6:.3g} ms"

@@ -66,6 +66,7 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "max_shapes": (1, math.inf, "a count of shapes and must be at least 1"),
     "min_dominant_coverage": (0.0, 1.0, "a share of time and must be in [0, 1]"),
     "idle_warn": (0.0, 1.0, "a share of the step and must be in [0, 1]"),
+    "idle_noise": (0.0, 1000.0, "a multiple of the steps' spread and must be in [0, 1000]"),
     "gap_us": (0.0, math.inf, "a time in µs and must not be negative"),
     "join_warn": (0.0, 1.0, "a share of kernel time and must be in [0, 1]"),
     "join_max_duration_ratio": (1.0, math.inf, "a ratio of durations and must be at least 1"),

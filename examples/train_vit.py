@@ -50,13 +50,14 @@ def main(argv=None):
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=device.type == "cuda")
     step_model = torch.compile(model) if args.compile else model
-    gen = torch.Generator(device="cpu").manual_seed(args.seed + 1)
+    # Synthetic batches made on the device: a CPU-side randn of 64 images costs more than the step.
+    gen = torch.Generator(device=device).manual_seed(args.seed + 1)
     stats = StepStats(device)
     amp = device.type == "cuda"
     loss = None
     for _ in range(args.steps):
-        images = torch.randn(args.batch, 3, 224, 224, generator=gen).to(device, non_blocking=True)
-        labels = torch.randint(0, 1000, (args.batch,), generator=gen).to(device, non_blocking=True)
+        images = torch.randn(args.batch, 3, 224, 224, generator=gen, device=device)
+        labels = torch.randint(0, 1000, (args.batch,), generator=gen, device=device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
             loss = F.cross_entropy(step_model(images), labels)
         loss.backward()

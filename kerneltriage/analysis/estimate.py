@@ -281,7 +281,9 @@ _ROWWISE_FLOPS = {"norm": 5.0, "softmax": 5.0, "cross-entropy": 6.0, "reduction"
 
 # Gated activations read x [..., 2N] and write out [..., N] (SGLang's and vLLM's silu_and_mul
 # and kin take the output buffer first: it is written, not read).
-_GATED = re.compile(r"(silu|gelu|gelu_tanh|gelu_new|gelu_fast|gelu_quick|fatrelu|swigluoai|relu2?)_and_mul|swiglu|geglu|reglu")
+_GATED = re.compile(
+    r"(silu|gelu|gelu_tanh|gelu_new|gelu_fast|gelu_quick|fatrelu|swigluoai|relu2?)_and_mul|swiglu|geglu|reglu"
+)
 # Index tensors (positions, slot mappings) select rows of a table: a cache or pool is read or
 # written at those rows, not whole.
 _INDEX_TYPES = ("long int", "long", "int")

@@ -8,6 +8,7 @@ with ``re.search``; nothing from a rules file is evaluated as code.
 from __future__ import annotations
 
 import copy
+import difflib
 import math
 import re
 from dataclasses import asdict, dataclass, field, fields
@@ -17,7 +18,7 @@ from typing import Any, get_type_hints
 import yaml
 
 from kerneltriage.analysis.kernel_classes import KernelClass, classify_kernel
-from kerneltriage.analysis.rules_schema import check_rules_file
+from kerneltriage.analysis.rules_schema import RulesFile, check_rules_file
 from kerneltriage.errors import RulesError
 from kerneltriage.resources import data_path
 
@@ -49,6 +50,10 @@ class Thresholds:
 
 #: Threshold name -> type, in the order of ``Thresholds`` (and of the report's JSON).
 THRESHOLDS: dict[str, type] = {f.name: get_type_hints(Thresholds)[f.name] for f in fields(Thresholds)}
+
+
+#: The top-level keys of a rules file (``rules_schema.RulesFile``, ``schema`` by its alias).
+RULES_KEYS = frozenset(f.alias or name for name, f in RulesFile.model_fields.items())
 
 
 def default_rules_path() -> Path:
@@ -84,6 +89,8 @@ class Rules:
     extension_ops: tuple[re.Pattern[str], ...] = ()
     # Pasteable fixes: (field -> pattern, template), first match wins.
     fixes: tuple[tuple[dict[str, re.Pattern[str]], str], ...] = ()
+    # What the rules file said that this version does not read (unknown keys), one line each.
+    warnings: list[str] = field(default_factory=list)
     # Classifications are asked for the same few hundred names millions of times.
     _memo: dict[tuple, Any] = field(default_factory=dict, repr=False)
 
@@ -173,9 +180,27 @@ def load_rules(user_file: str | Path | None = None, overrides: dict[str, float] 
         user = _read_yaml(Path(user_file))
         raw = _merge(raw, user)
         sources.append(str(user_file))
+    warnings = unknown_key_warnings(user, str(user_file)) if user_file is not None else []
     given = {key: value for key, value in (overrides or {}).items() if value is not None}
     raw.setdefault("thresholds", {}).update(given)
-    return _validate(raw, sources, set(given))
+    rules = _validate(raw, sources, set(given))
+    rules.warnings = warnings
+    return rules
+
+
+def unknown_key_warnings(data: dict[str, Any], where: str) -> list[str]:
+    """One warning per top-level key of a rules file this version does not read, naming the
+    closest known key (a typo such as ``threshold:`` for ``thresholds:``). Unknown keys stay
+    allowed: a newer rules file may carry keys this version does not know."""
+    known = sorted(RULES_KEYS)
+    out = []
+    for key in data:
+        if key in RULES_KEYS:
+            continue
+        close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.0)
+        hint = f"the closest known key is {close[0]!r}" if close else f"known keys: {', '.join(known)}"
+        out.append(f"rules file {where}: unknown key {key!r} is ignored ({hint})")
+    return out
 
 
 def default_thresholds() -> Thresholds:

@@ -63,7 +63,7 @@ def triage(
             f"({len(attr.steps)} step(s) found from {attr.step_source})",
             path=timeline.source,
         )
-    warnings = list(timeline.warnings) + list(attr.warnings)
+    warnings = list(rules.warnings) + list(timeline.warnings) + list(attr.warnings)
     join: JoinResult | None = None
     if counters is not None:
         join = join_counters(kernels, counters, rules.thresholds.join_max_duration_ratio, hot_kernels)

@@ -526,7 +526,10 @@ def _library_attention(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
         c.roofline.ceiling_ms = c.roofline.work_ceiling_ms = None
         rate = f"{name} attention at {achieved:.0f} TFLOP/s; " if achieved else f"{name} attention; "
         c.conditions["headroom"] = Condition(
-            None, rules.thresholds.min_headroom, None, f"no ceiling: {why}; a library kernel is judged only against measured backends"
+            None,
+            rules.thresholds.min_headroom,
+            None,
+            f"no ceiling: {why}; a library kernel is judged only against measured backends",
         )
         c.verdict, c.reason = "skip", "no-ceiling"
         c.note = f"{rate}no ceiling: {why}"
@@ -555,7 +558,11 @@ def _library_attention(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
         "achieved_tflops": round(achieved, 1),
     }
     disagrees = bool(c.headroom and c.headroom < 1.0)
-    passed = None if disagrees else bool(c.headroom and shown_headroom(c.headroom) >= rules.thresholds.min_headroom)
+    passed = (
+        None
+        if disagrees
+        else bool(c.headroom and shown_headroom(c.headroom) >= rules.thresholds.min_headroom)
+    )
     c.conditions["headroom"] = Condition(c.headroom, rules.thresholds.min_headroom, passed, detail)
     if disagrees:
         c.verdict, c.reason, c.expected_saving_share = "skip", "ceiling-disagrees", 0.0

@@ -75,7 +75,10 @@ def test_flash_layout_attention_is_read_in_its_own_layout():
     concrete[8] = "True"
     assert attention_case("aten::_flash_attention_forward", dims, [BF16] * 3 + [""] * 12, concrete).causal
     sdpa = attention_case(
-        "aten::scaled_dot_product_attention", [[2, 12, 197, 64]] * 3, [BF16] * 3, ["", "", "", "", "", "False"]
+        "aten::scaled_dot_product_attention",
+        [[2, 12, 197, 64]] * 3,
+        [BF16] * 3,
+        ["", "", "", "", "", "False"],
     )
     assert (sdpa.seq_len, sdpa.head_dim) == (197, 64)
 

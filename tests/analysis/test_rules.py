@@ -92,5 +92,8 @@ def test_unknown_keys_are_warned_with_the_closest_known_key(tmp_path, text, key,
     path.write_text(text)
     rules = load_rules(path)  # still accepted: a newer file may carry keys this one does not read
     assert len(rules.warnings) == 1
-    assert f"unknown key {key!r}" in rules.warnings[0] and f"closest known key is {closest!r}" in rules.warnings[0]
+    assert (
+        f"unknown key {key!r}" in rules.warnings[0]
+        and f"closest known key is {closest!r}" in rules.warnings[0]
+    )
     assert load_rules().warnings == []

@@ -78,7 +78,10 @@ def test_cublas_gemms_are_skipped():
     # beyond 1.1×, and never a saving on a skip.
     for c in gemms:
         at_roof = c.headroom < 1.1
-        assert c.reason in (("library-at-roof", "cold") if at_roof else ("low-headroom", "cold")), (c.reason, c.headroom)
+        assert c.reason in (("library-at-roof", "cold") if at_roof else ("low-headroom", "cold")), (
+            c.reason,
+            c.headroom,
+        )
         assert c.expected_saving_share == 0.0
     assert all(c.headroom < 2 for c in gemms)
     assert all(c.roofline.source.startswith("ncu") for c in gemms)

@@ -83,7 +83,7 @@ def test_no_headroom_without_a_basis_that_applies(path):
 
 @pytest.mark.parametrize("path", TRACES, ids=_id)
 def test_attention_table_rows_only_within_their_range(path):
-    for rep, c in _candidates(path):
+    for _rep, c in _candidates(path):
         if c["roofline"]["source"] != "attention table":
             continue
         table = c["attrs"]["attention_table"]
@@ -96,7 +96,7 @@ def test_attention_table_rows_only_within_their_range(path):
 
 @pytest.mark.parametrize("path", TRACES, ids=_id)
 def test_no_headroom_below_one_feeds_a_verdict(path):
-    for rep, c in _candidates(path):
+    for _rep, c in _candidates(path):
         h = c["headroom"]
         if h is None or h >= 1.0:
             continue
@@ -108,7 +108,7 @@ def test_no_headroom_below_one_feeds_a_verdict(path):
 
 @pytest.mark.parametrize("path", TRACES, ids=_id)
 def test_no_fp32_ceiling_for_tf32_kernels(path):
-    for rep, c in _candidates(path):
+    for _rep, c in _candidates(path):
         if c["kind"] not in ("gemm", "convolution") or c["roofline"]["precision"] is None:
             continue
         total = sum(k["time_ms_per_step"] for k in c["kernels"]) or 1.0

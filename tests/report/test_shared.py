@@ -76,7 +76,7 @@ def test_every_real_name_wraps_at_joints(reports):
         for width in (12, 20, 28, 44, 60):
             lines = wrap_name(text, width).split("\n")
             cut = [line for line in lines if "…" in line]
-            if cut and cut != [lines[-1]] or (cut and not text.endswith("…")):
+            if (cut and cut != [lines[-1]]) or (cut and not text.endswith("…")):
                 # a word with no joint within reach (a name shortened at a joint ends in "…")
                 assert width < max(len(w) for w in text.split())
                 continue

@@ -161,6 +161,18 @@ def _headroom_detail(c: Candidate) -> str:
     return f"{c.time_ms_per_step:.3g} ms measured vs {r.ceiling_ms:.3g} ms {what} [{r.source}]"
 
 
+# A launch-bound candidate is told to launch less only when its launches run near the floor;
+# launches that take many times the floor are slow kernels, and a faster kernel pays.
+_NEAR_FLOOR = 3.0
+
+
+def _launches_near_floor(c: Candidate) -> bool:
+    r = c.roofline
+    if not r.launches_per_step or not r.launch_floor_ms:
+        return True
+    return c.time_ms_per_step <= _NEAR_FLOOR * r.launch_floor_ms
+
+
 def _floor_us(r) -> float:
     return r.launch_floor_ms * 1e3 / r.launches_per_step if r.launches_per_step else 0.0
 
@@ -276,7 +288,7 @@ def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
             "is missing shapes or ops, not a finding",
         )
         return
-    if c.roofline.launch_bound and c.level != "region":
+    if c.roofline.launch_bound and c.level != "region" and _launches_near_floor(c):
         # Its launches, not its bytes or FLOPs, set its time: a faster kernel cannot help.
         if cond["headroom"].passed:
             c.verdict, c.reason = "compile", "launch-bound"

@@ -588,7 +588,6 @@ def candidates_table(unit: Unit, assessments: list[Assessment], pending: list[li
     label = display_names(list(dict.fromkeys(str(c.get("name", "")) for c in cands)), NAME_CHARS)
     rows = []
     for c in cands:
-        roof = c.get("roofline") or {}
         headroom = headroom_cell(c)
         verdict = str(c.get("verdict"))
         if c.get("builtin"):

@@ -342,6 +342,8 @@ def _inductor_verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
     why = c.attrs.get("estimate")
     if cond["headroom"].passed is None and why and gpu is not None:
         cond["headroom"].detail = f"estimate unavailable: {why}"
+    if _disagrees(c, rules):
+        return
     if not cond["hotness"].passed:
         c.verdict, c.reason = "skip", "cold"
         return
@@ -353,8 +355,6 @@ def _inductor_verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
             c.note = str(rec.get("estimate_unavailable", "{why}")).format(why=why)
         else:
             c.note = "run with Nsight Compute counters (kerneltriage profile) to place it on the roofline"
-        return
-    if _disagrees(c, rules):
         return
     if _failed_estimate(c, rules):
         _skip_failed_estimate(

@@ -554,6 +554,31 @@ def top5_table(unit: Unit, h: HTA | None) -> list[str]:
     ]
 
 
+def headroom_cell(c: dict[str, Any]) -> str:
+    """The headroom and its basis (``attrs.headroom_basis``): counters, a shape model of this
+    trace's shapes (and where they came from), a measured attention rate, or the launch floor;
+    the precision and SM fill of the ceiling; a disagreement below 1. None: why none."""
+    head = c.get("headroom")
+    basis = (c.get("attrs") or {}).get("headroom_basis")
+    if head is None or not basis:
+        why = str(((c.get("conditions") or {}).get("headroom") or {}).get("detail") or "")
+        return f"— ({why.split(';')[0][:90]})" if why else DASH
+    parts = [basis["kind"]]
+    if basis.get("table"):
+        t = basis["table"]
+        lo, hi = t["rows"]
+        rows = f"S={lo}" if lo == hi else f"S={lo}–{hi}"
+        parts.append(f"{t['backend']} {t['tflops']:.0f} TFLOP/s at S={t['seq_len']} ({rows})")
+    elif basis["source"] in ("estimate", "fused estimate"):
+        parts.append(basis.get("shapes") or "")
+    if basis.get("precision"):
+        parts.append(str(basis["precision"]))
+    if basis.get("fill") is not None and basis["fill"] < 0.95:
+        parts.append(f"tiles fill {basis['fill']:.0%} of SMs")
+    text = f"{head:.2f}× ({'; '.join(p for p in parts if p)})"
+    return f"{text}: disagrees (below 1)" if basis.get("disagreement") else text
+
+
 def candidates_table(unit: Unit, assessments: list[Assessment], pending: list[list[str]]) -> list[str]:
     cands = [
         c for c in (unit.report or {}).get("candidates") or [] if (c.get("time_share") or 0) >= MIN_SHARE
@@ -563,13 +588,7 @@ def candidates_table(unit: Unit, assessments: list[Assessment], pending: list[li
     label = display_names(list(dict.fromkeys(str(c.get("name", "")) for c in cands)), NAME_CHARS)
     rows = []
     for c in cands:
-        roof = c.get("roofline") or {}
-        head = c.get("headroom")
-        headroom = (
-            f"{head:.2f}× ({roof.get('source', '?')})"
-            if head is not None
-            else f"— ({roof.get('source', '?')})"
-        )
+        headroom = headroom_cell(c)
         verdict = str(c.get("verdict"))
         if c.get("builtin"):
             verdict += f" → {c['builtin']}"

@@ -1,6 +1,6 @@
 """What library attention reaches on a GPU: the measured backend rates of
 ``kerneltriage/data/attention_perf.yaml`` (section ``rates``), per GPU table key, head dim,
-causality and sequence length.
+causality and sequence length: interpolated between measured lengths, never extrapolated.
 
 A library attention kernel is judged against the best backend measured on its GPU for the
 nearest row, never against the GEMM peak: FlashAttention-2 on an H100 runs at about 300
@@ -36,41 +36,69 @@ class AttentionRates:
     gpu_key: str
     head_dim: int
     causal: bool
-    seq_len: int  # the table row's sequence length (nearest to the candidate's)
-    rates: dict[str, float]  # backend -> TFLOP/s
+    seq_len: int  # the candidate's sequence length, inside the measured range
+    rates: dict[str, float]  # backend -> TFLOP/s, interpolated between the bracketing rows
     source: str
+    measured: tuple[int, int] = (0, 0)  # the sequence lengths of the rows it lies between
 
     @property
     def best(self) -> tuple[str, float]:
         name = max(self.rates, key=self.rates.get)
         return name, self.rates[name]
 
+    @property
+    def basis(self) -> str:
+        lo, hi = self.measured
+        rows = f"the S={lo} row" if lo == hi else f"interpolated between the S={lo} and S={hi} rows"
+        return f"S={self.seq_len}, {rows}"
 
-def attention_rates(
-    gpu_key: str, head_dim: int, causal: bool, seq_len: int, backward: bool
-) -> AttentionRates | None:
-    """The measured rates for the nearest row of this GPU, or None when the GPU, head dim or
-    causality was never measured. ``backward``: combine forward and backward as a training
-    step pays them (FLOPs 1 + 2.5, times added)."""
+
+def _rows(gpu_key: str, head_dim: int, causal: bool) -> tuple[list[dict], str]:
     table = (load_yaml("attention_perf.yaml") or {}).get("rates") or {}
-    entry = table.get(gpu_key)
-    if not entry:
-        return None
+    entry = table.get(gpu_key) or {}
     rows = [
         r
         for r in entry.get("rows") or []
         if int(r.get("head_dim", -1)) == head_dim and bool(r.get("causal")) == causal
     ]
+    return sorted(rows, key=lambda r: int(r["seq_len"])), str(entry.get("source", ""))
+
+
+def measured_range(gpu_key: str, head_dim: int, causal: bool) -> tuple[int, int] | None:
+    """The shortest and longest sequence measured for this case on this GPU (None: never)."""
+    rows, _ = _rows(gpu_key, head_dim, causal)
+    return (int(rows[0]["seq_len"]), int(rows[-1]["seq_len"])) if rows else None
+
+
+def _rate(pair, backward: bool) -> float:
+    fwd, bwd = float(pair[0]), float(pair[1])
+    return 3.5 / (1.0 / fwd + 2.5 / bwd) if backward else fwd
+
+
+def attention_rates(
+    gpu_key: str, head_dim: int, causal: bool, seq_len: int, backward: bool
+) -> AttentionRates | None:
+    """The measured rates of this GPU at ``seq_len``, interpolated (linearly in the sequence
+    length) between the two rows that bracket it; None when the GPU, head dim or causality was
+    never measured, or when ``seq_len`` lies outside the measured lengths (rates rise steeply
+    at short sequences: a row measured at S=1024 says nothing of S=197). ``backward``: combine
+    forward and backward as a training step pays them (FLOPs 1 + 2.5, times added)."""
+    rows, source = _rows(gpu_key, head_dim, causal)
     if not rows:
         return None
-    row = min(rows, key=lambda r: abs(int(r["seq_len"]) - seq_len))
+    lengths = [int(r["seq_len"]) for r in rows]
+    if not lengths[0] <= seq_len <= lengths[-1]:
+        return None
+    hi = next(i for i, n in enumerate(lengths) if n >= seq_len)
+    lo = hi if lengths[hi] == seq_len else hi - 1
+    t = 0.0 if lo == hi else (seq_len - lengths[lo]) / (lengths[hi] - lengths[lo])
     rates = {}
     for backend in (*BACKENDS.values(), "kerneltriage"):
-        pair = row.get(backend)
-        if not pair:
+        a, b = rows[lo].get(backend), rows[hi].get(backend)
+        if not a or not b:
             continue
-        fwd, bwd = float(pair[0]), float(pair[1])
-        rates[backend] = 3.5 / (1.0 / fwd + 2.5 / bwd) if backward else fwd
+        ra, rb = _rate(a, backward), _rate(b, backward)
+        rates[backend] = ra + t * (rb - ra)
     if not rates:
         return None
-    return AttentionRates(gpu_key, head_dim, causal, int(row["seq_len"]), rates, str(entry.get("source", "")))
+    return AttentionRates(gpu_key, head_dim, causal, int(seq_len), rates, source, (lengths[lo], lengths[hi]))

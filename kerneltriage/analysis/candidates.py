@@ -3,6 +3,7 @@ before the conditions and the verdict (``verdict.py``)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pandas as pd
@@ -47,6 +48,7 @@ def build_candidate(
     name = g.name
     if module and g.level != "kernel":
         name = f"{name} in {module}"
+    full_name, name = name, short_name(name)
     return Candidate(
         id="",
         name=name,
@@ -66,10 +68,26 @@ def build_candidate(
         headroom=headroom,
         shapes=shapes,
         conditions={},
-        attrs=_json_attrs(g),
+        attrs=_json_attrs(g) | ({"full_name": full_name} if full_name != name else {}),
         builtin=None,
         example=_example(g),
     )
+
+
+# Candidate names longer than this are cut at a joint (Tensile kernel names run to 700
+# characters); the full name stays in ``attrs["full_name"]`` (JSON, HTML tooltips).
+NAME_LIMIT = 80
+_JOINT = re.compile(r"[_.:,<(\s]")
+
+
+def short_name(name: str, limit: int = NAME_LIMIT) -> str:
+    """``name`` within ``limit`` characters, cut after its last joint (``_ . : , < (`` or a
+    space) before the limit and ended with an ellipsis; as is when short enough."""
+    if len(name) <= limit:
+        return name
+    head = name[: limit - 1]
+    cuts = [m.start() for m in _JOINT.finditer(head) if m.start() >= limit // 2]
+    return (head[: cuts[-1]] if cuts else head).rstrip("_.:,<( ") + "…"
 
 
 def _follow_kernels(g: Group, k: pd.DataFrame, rules: Rules) -> None:

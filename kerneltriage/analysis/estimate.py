@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kerneltriage.resources import load_yaml
+
 DTYPE_BYTES = {
     "float": 4,
     "double": 8,
@@ -60,9 +62,30 @@ class Work:
     flops: float
     bytes: float
     precision: str  # a key of the GPU table's peak_tflops
+    # Output tiles of a GEMM (``GEMM_TILE`` square, batch included): fewer than the GPU's SMs
+    # cannot fill it (``fill``). None: not a GEMM, or too large to matter.
+    tiles: int | None = None
 
     def scaled(self, flops: float, bytes_: float) -> Work:
-        return Work(self.flops * flops, self.bytes * bytes_, self.precision)
+        return Work(self.flops * flops, self.bytes * bytes_, self.precision, self.tiles)
+
+
+# The output tile a tuned GEMM gives one SM (CTA) at the least: 64×64 (cuBLAS, CUTLASS and
+# hipBLASLt all run 64×64 or larger tiles on tensor cores at these sizes).
+GEMM_TILE = 64
+
+
+def gemm_tiles(batch: int, m: int, n: int) -> int:
+    return int(batch) * math.ceil(int(m) / GEMM_TILE) * math.ceil(int(n) / GEMM_TILE)
+
+
+def fill(tiles: int | None, sms: int) -> float:
+    """The share of the GPU's compute a GEMM of ``tiles`` output tiles can use: tiles run in
+    waves of ``sms``; the last wave's idle SMs are lost (wave quantization). 1 without tiles."""
+    if not tiles or sms <= 0:
+        return 1.0
+    waves = math.ceil(tiles / sms)
+    return tiles / (waves * sms)
 
 
 def numel(dims) -> int:
@@ -107,19 +130,21 @@ def gemm_work(name: str, dims, types, compute_type: str | None) -> Work | None:
     es = dtype_bytes(compute_type or (tensors[0][1] if tensors else None))
     precision = TENSOR_PRECISION.get(compute_type or (tensors[0][1] if tensors else ""), "fp32")
     try:
-        if op == "linear":
+        if op == "linear" or (_LINEAR_LIKE.search(name) and _is_x_wt(tensors)):
             (x, _), (w, _) = tensors[0], tensors[1]
             m, k, n = numel(x[:-1]), x[-1], w[0]
-            extra = w[0] if len(tensors) > 2 else 0
-            return Work(2.0 * m * n * k, es * (m * k + n * k + m * n + extra), precision)
+            extra = w[0] if len(tensors) > 2 and op == "linear" else 0
+            return Work(2.0 * m * n * k, es * (m * k + n * k + m * n + extra), precision, gemm_tiles(1, m, n))
         if op in ("mm", "addmm", "_addmm_activation"):
             a, b = (tensors[1][0], tensors[2][0]) if op != "mm" else (tensors[0][0], tensors[1][0])
             m, k, n = a[0], a[1], b[1]
-            return Work(2.0 * m * n * k, es * (m * k + k * n + m * n), precision)
+            return Work(2.0 * m * n * k, es * (m * k + k * n + m * n), precision, gemm_tiles(1, m, n))
         if op in ("bmm", "baddbmm"):
             a, b = (tensors[0][0], tensors[1][0]) if op == "bmm" else (tensors[1][0], tensors[2][0])
             bt, m, k, n = a[0], a[1], a[2], b[2]
-            return Work(2.0 * bt * m * n * k, es * bt * (m * k + k * n + m * n), precision)
+            return Work(
+                2.0 * bt * m * n * k, es * bt * (m * k + k * n + m * n), precision, gemm_tiles(bt, m, n)
+            )
         if op == "matmul":
             a, b = tensors[0][0], tensors[1][0]
             if len(b) == 1:
@@ -130,21 +155,95 @@ def gemm_work(name: str, dims, types, compute_type: str | None) -> Work | None:
             m, k, n = a[-2], a[-1], b[-1]
             b_batch = numel(b[:-2])
             return Work(
-                2.0 * batch * m * n * k, es * (batch * m * k + b_batch * k * n + batch * m * n), precision
+                2.0 * batch * m * n * k,
+                es * (batch * m * k + b_batch * k * n + batch * m * n),
+                precision,
+                gemm_tiles(batch, m, n),
             )
     except (IndexError, TypeError, ValueError):
         return None
     return None
 
 
-def sdpa_work(dims, types, concrete) -> Work | None:
-    """scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)."""
+# Library GEMM ops of extension namespaces that take (x [..., K], w [N, K]) as linear does:
+# aiter::gemm_a16w16, vLLM's and SGLang's unquantized GEMMs.
+_LINEAR_LIKE = re.compile(r"::(\w*_)?gemm(_a16w16|_a8w8\w*)?$|::\w*linear\w*$|::\w*(mm|matmul)_a16w16$")
+
+
+def _is_x_wt(tensors) -> bool:
+    """Two leading tensors shaped as linear's input and weight: x [..., K], w [N, K]."""
+    if len(tensors) < 2:
+        return False
+    x, w = tensors[0][0], tensors[1][0]
+    return len(x) >= 2 and len(w) == 2 and x[-1] == w[1]
+
+
+# Attention entry points whose shapes say the case: the index of their causal flag and their
+# layout. SDPA's are (batch, heads, sequence, head dim); FlashAttention's and the memory-
+# efficient kernel's own ops take (batch, sequence, heads, head dim).
+ATTENTION_OPS = {
+    "aten::scaled_dot_product_attention": (5, "bhsd"),
+    "aten::_scaled_dot_product_flash_attention": (4, "bhsd"),
+    "aten::_scaled_dot_product_cudnn_attention": (6, "bhsd"),
+    "aten::_scaled_dot_product_efficient_attention": (6, "bhsd"),
+    "aten::_scaled_dot_product_flash_attention_for_cpu": (4, "bhsd"),
+    "aten::_flash_attention_forward": (8, "bshd"),
+    "aten::_efficient_attention_forward": (9, "bshd"),
+}
+
+
+@dataclass(frozen=True)
+class AttentionCase:
+    """q, k, v in (batch, heads, sequence, head dim), their dtype and the causal flag."""
+
+    q: list[int]
+    k: list[int]
+    v: list[int]
+    dtype: str
+    causal: bool
+
+    @property
+    def head_dim(self) -> int:
+        return int(self.q[-1])
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.q[-2])
+
+
+def attention_case(name: str, dims, types, concrete) -> AttentionCase | None:
+    """The attention case of a recorded attention op, or None for an op not in
+    ``ATTENTION_OPS`` or without 4-D q, k, v."""
+    known = ATTENTION_OPS.get(name)
+    if known is None:
+        return None
+    index, layout = known
     tensors = tensor_inputs(dims, types)
-    if len(tensors) < 3:
+    if len(tensors) < 3 or any(len(t[0]) != 4 for t in tensors[:3]):
         return None
     (q, qt), (k, _), (v, _) = tensors[:3]
-    causal = _flag(concrete, 5)
-    return attention_work(q, k, v, qt, causal)
+    if layout == "bshd":
+        q, k, v = ([d[0], d[2], d[1], d[3]] for d in (q, k, v))
+    causal = _flag(concrete, index)
+    if name == "aten::_efficient_attention_forward":
+        # custom_mask_type: 0 none, 1 causal from the top left, 2 from the bottom right.
+        causal = _int(concrete, index) in (1, 2)
+    return AttentionCase(list(q), list(k), list(v), qt, causal)
+
+
+def sdpa_work(dims, types, concrete, name: str = "aten::scaled_dot_product_attention") -> Work | None:
+    """An attention op of ``ATTENTION_OPS``: the ideal fused forward of its case."""
+    case = attention_case(name, dims, types, concrete)
+    if case is None:
+        return None
+    return attention_work(case.q, case.k, case.v, case.dtype, case.causal)
+
+
+def _int(concrete, index: int) -> int | None:
+    try:
+        return int(str(concrete[index]).strip())
+    except (IndexError, TypeError, ValueError):
+        return None
 
 
 def attention_work(q, k, v, type_name: str, causal: bool, window: int | None = None) -> Work:
@@ -180,13 +279,33 @@ def _flag(concrete, index: int) -> bool:
 _ROWWISE_FLOPS = {"norm": 5.0, "softmax": 5.0, "cross-entropy": 6.0, "reduction": 1.0, "elementwise": 1.0}
 
 
-def simple_work(kind: str, dims, types) -> Work | None:
+# Gated activations read x [..., 2N] and write out [..., N] (SGLang's and vLLM's silu_and_mul
+# and kin take the output buffer first: it is written, not read).
+_GATED = re.compile(
+    r"(silu|gelu|gelu_tanh|gelu_new|gelu_fast|gelu_quick|fatrelu|swigluoai|relu2?)_and_mul|swiglu|geglu|reglu"
+)
+# Index tensors (positions, slot mappings) select rows of a table: a cache or pool is read or
+# written at those rows, not whole.
+_INDEX_TYPES = ("long int", "long", "int")
+
+
+def simple_work(kind: str, dims, types, name: str = "") -> Work | None:
     """Elementwise, reduction and row-wise ops: read each tensor input, write one output the
     size of the largest input (a reduction writes a small output: counted as the largest
-    input divided by its last dim)."""
+    input divided by its last dim).
+
+    Touched bytes only: a gated activation reads its input and writes half of it; a table
+    (RoPE's cos/sin cache, a KV cache or pool) indexed by a 1-D index tensor of T entries is
+    counted at the T slices it touches, not whole."""
     tensors = tensor_inputs(dims, types)
     if not tensors:
         return None
+    tensors = _table_slices(tensors)
+    if _GATED.search(name):
+        x, xt = max(tensors, key=lambda t: numel(t[0]))
+        n = numel(x)
+        es = dtype_bytes(xt)
+        return Work(4.0 * n / 2, es * (n + n // 2), "fp32" if xt in ("float", "double") else "fp16")
     read = sum(numel(d) * dtype_bytes(t) for d, t in tensors)
     big, big_t = max(tensors, key=lambda x: numel(x[0]))
     n = numel(big)
@@ -200,18 +319,52 @@ def simple_work(kind: str, dims, types) -> Work | None:
     return Work(flops, read + out, precision)
 
 
+def _table_slices(tensors: list[tuple[list[int], str]]) -> list[tuple[list[int], str]]:
+    """``tensors`` with each table cut to the rows a 1-D index tensor selects. An index: a 1-D
+    integer tensor of T entries, T also the leading dim of a non-integer tensor (the tokens).
+    A table: a non-integer tensor whose leading dim is not T and that is larger than T rows of
+    its own row size; one row is the trailing dims it shares with a token tensor (a KV cache
+    [blocks, block size, heads, dim] against keys [T, heads, dim]), else its dims after the
+    first."""
+    leading = {d[0] for d, t in tensors if len(d) >= 2 and t not in _INDEX_TYPES}
+    index = [d[0] for d, t in tensors if len(d) == 1 and t in _INDEX_TYPES and d[0] in leading]
+    if not index:
+        return tensors
+    tokens = max(index)
+    token_tensors = [d for d, t in tensors if len(d) >= 2 and d[0] == tokens and t not in _INDEX_TYPES]
+    out = []
+    for d, t in tensors:
+        if len(d) >= 2 and d[0] != tokens and t not in _INDEX_TYPES:
+            row = d[1:]
+            for tok in token_tensors:
+                trail = tok[1:]
+                if len(trail) < len(d) and list(d[len(d) - len(trail) :]) == list(trail):
+                    row = trail
+                    break
+            if tokens * numel(row) < numel(d):
+                out.append(([tokens, *row], t))
+                continue
+        out.append((d, t))
+    return out
+
+
+_ATTENTION_NAME = re.compile(r"attention|attn", re.IGNORECASE)
+
+
 def op_work(kind: str, name: str, dims, types, concrete, compute_type: str | None) -> Work | None:
     """Forward work of one top-level op, or None when no model applies."""
     if kind == "gemm":
         return gemm_work(name, dims, types, compute_type)
-    if kind == "attention" and re.search(r"scaled_dot_product", name):
-        return sdpa_work(dims, types, concrete)
+    if kind == "attention":
+        return sdpa_work(dims, types, concrete, name)
     if kind == "embedding":
         return embedding_work(dims, types)
     if kind == "optimizer":
         return optimizer_work(name, dims, types)
     if kind in ("elementwise", "reduction", "norm", "softmax", "cross-entropy"):
-        return simple_work(kind, dims, types)
+        if _ATTENTION_NAME.search(name):
+            return None  # an attention op classed by its kernels: no elementwise model applies
+        return simple_work(kind, dims, types, name)
     return None
 
 
@@ -238,3 +391,23 @@ def optimizer_work(name: str, dims, types) -> Work | None:
     adam = bool(re.search(r"adam", name))
     written = sizes[0] + (sizes[2] + sizes[3] if adam and len(sizes) >= 4 else 0)
     return Work((12.0 if adam else 1.0) * params, es * (sum(sizes) + written), "fp32")
+
+
+@functools.lru_cache(maxsize=1)
+def _precision_patterns() -> tuple[tuple[re.Pattern[str], str], ...]:
+    entries = (load_yaml("kernel_classes.yaml") or {}).get("precisions") or []
+    out = []
+    for e in entries:
+        flags = re.IGNORECASE if "ignorecase" in (e.get("flags") or []) else 0
+        out.append((re.compile(str(e["pattern"]), flags), str(e["precision"])))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def kernel_precision(name: str) -> str | None:
+    """The precision a GEMM, convolution or attention kernel computes in, from its name
+    (``kernel_classes.yaml``, section ``precisions``); None when its name does not say."""
+    for pattern, precision in _precision_patterns():
+        if pattern.search(name):
+            return precision
+    return None

@@ -218,6 +218,12 @@ def achievable_for(key: str) -> tuple[Achievable, float, str]:
         if name in own:
             from_row.append(name)
     vendor_label = str(default.get("label") or f"{vendor} default")
+    measured_on = [tuple(c) for c in default.get("measured_compute") or []]
+    compute = tuple(entry.get("compute") or ())
+    if measured_on and compute not in measured_on:
+        # Fractions measured on another GPU family: an estimate here, and said so.
+        family = ".".join(str(x) for x in compute) if compute else "?"
+        vendor_label = f"estimate for compute {family}: {vendor_label}, not measured on this family"
     if not from_row:
         source, label = str(default.get("source", "")), vendor_label
     else:

@@ -232,8 +232,33 @@ def group_candidates(timeline: Timeline, attr: Attribution, rules: Rules) -> dic
     for key, rows in launches.items():
         if groups[key].attrs.get("inductor"):
             _inductor_segments(groups[key], rows, timeline, rules, names)
+        else:
+            _launch_op_segments(groups[key], rows, rules, names, op_info)
     _dominant_first(groups, fwd)
     return {key: g for key, g in groups.items() if g.kernel_index}
+
+
+_SHAPED_KINDS = ("gemm", "attention", "convolution")
+
+
+def _launch_op_segments(g: Group, launches: list[tuple[int, int]], rules: Rules, names, op_info) -> None:
+    """A library kernel inside a compiled graph (a hipBLASLt GEMM, an attention kernel) is
+    launched by an aten op that recorded its shapes (the kernel's launch shares its External
+    id / correlation): each launch is an instance with that op's shapes. Only where every launch
+    has such an op of the kernel's own kind; otherwise the group keeps no instances."""
+    if g.kind not in _SHAPED_KINDS or not launches:
+        return
+    segments = []
+    for step, row in launches:
+        if row < 0 or rules.classify_op(names[row]) != g.kind:
+            return
+        info = op_info(row, names[row], g.kind)
+        if not tensor_inputs(info.dims, info.types):
+            return
+        segments.append((step, Segment("op", g.kind, None, [info])))
+    g.segments = segments
+    g.ops = sorted({s.ops[0].name for _, s in segments})
+    g.attrs["shapes_from"] = "launching op (External id)"
 
 
 def _inductor_segments(

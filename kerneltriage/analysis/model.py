@@ -57,6 +57,7 @@ class Roofline:
     launch_floor_ms: float | None = None  # launches × the GPU's per-launch floor, per step
     work_ceiling_ms: float | None = None  # bytes and FLOPs alone, before the launch floor
     launch_bound: bool = False  # the launch floor, not the work, sets the ceiling
+    fill: float = 1.0  # share of the SMs a GEMM's output tiles can occupy (wave quantization)
 
 
 @dataclass

@@ -40,16 +40,40 @@ def _tensor_precision(g: Group) -> str:
     return estimate.TENSOR_PRECISION.get(dtype or "", "bf16")
 
 
-def _ceiling_ns(work: Work, gpu: GPUSpec) -> float:
-    return max(work.bytes / gpu.bandwidth, work.flops / gpu.peak(work.precision)) * 1e9
+def _ceiling_ns(work: Work, gpu: GPUSpec, fill: float = 1.0) -> float:
+    """Ceiling time of ``work``: its bytes at the memory roof, its FLOPs at the compute roof of
+    its precision times ``fill`` (the share of the SMs its tiles can occupy)."""
+    return max(work.bytes / gpu.bandwidth, work.flops / (gpu.peak(work.precision) * fill)) * 1e9
 
 
-def _estimate_total(g: Group, k: pd.DataFrame) -> tuple[Work | None, float, float]:
-    """Summed forward + backward work of the group's instances: (work, bytes, flops)."""
+# Kinds whose kernels' names say the unit they compute on (kernel_classes.yaml ``precisions``).
+_UNIT_KINDS = ("gemm", "convolution", "attention")
+
+
+def kernel_unit(g: Group, k: pd.DataFrame) -> str | None:
+    """The precision most of the group's kernel time runs at, read from the kernels' names
+    (TF32 tensor-op sgemm, FP32 SIMT, bf16/fp16 tensor, FP8); None when the names do not say
+    or the group is not a GEMM, convolution or attention."""
+    if g.kind not in _UNIT_KINDS or k.empty:
+        return None
+    by: dict[str, float] = {}
+    for name, dur in zip(k["name"].astype(str).tolist(), k["dur"].to_numpy(dtype=float).tolist()):
+        p = estimate.kernel_precision(name)
+        if p is not None:
+            by[p] = by.get(p, 0.0) + dur
+    if not by:
+        return None
+    best = max(by, key=by.get)
+    return best if by[best] >= 0.5 * float(k["dur"].sum()) else None
+
+
+def _estimate_total(g: Group, k: pd.DataFrame, sms: int = 0) -> tuple[Work | None, float]:
+    """Summed forward + backward work of the group's instances, and the share of the GPU's
+    compute its GEMM tiles can fill (FLOP-weighted, wave quantization on ``sms`` SMs)."""
     bwd_steps_rows = set(
         zip(k.loc[k["phase"] == "bwd", "step"].tolist(), k.loc[k["phase"] == "bwd", "fwd_root"].tolist())
     )
-    total_bytes = total_flops = 0.0
+    total_bytes = total_flops = filled_flops = 0.0
     precision = None
     for step, seg in g.segments:
         if seg.level == "region":
@@ -58,7 +82,7 @@ def _estimate_total(g: Group, k: pd.DataFrame) -> tuple[Work | None, float, floa
             op = seg.ops[0]
             fwd = estimate.op_work(seg.kind, op.name, op.dims, op.types, op.concrete, op.compute_type)
         if fwd is None:
-            return None, 0.0, 0.0
+            return None, 1.0
         precision = fwd.precision
         works = [fwd]
         if any((step, r) in bwd_steps_rows for r in seg.rows):
@@ -67,17 +91,22 @@ def _estimate_total(g: Group, k: pd.DataFrame) -> tuple[Work | None, float, floa
         for w in works:
             total_bytes += w.bytes
             total_flops += w.flops
+            filled_flops += w.flops / estimate.fill(w.tiles, sms)
     if precision is None:
-        return None, 0.0, 0.0
-    return Work(total_flops, total_bytes, precision), total_bytes, total_flops
+        return None, 1.0
+    unit = kernel_unit(g, k)
+    if unit is not None:
+        # The kernels' own unit: an fp32 GEMM cuBLAS ran on TF32 tensor cores is placed
+        # against the TF32 ceiling, not the FP32 SIMT one.
+        precision = unit
+    fill = total_flops / filled_flops if filled_flops else 1.0
+    return Work(total_flops, total_bytes, precision), fill
 
 
-def _launches(g: Group, k: pd.DataFrame, fused: bool) -> float:
-    """Kernel launches the ceiling allows: a fused region runs one kernel per instance and
-    direction; anything else launches what it launched (copies run on the copy engines)."""
-    if fused:
-        directions = 2 if (k["phase"] == "bwd").any() else 1
-        return float(len(g.segments) * directions)
+def _launches(k: pd.DataFrame) -> float:
+    """Kernel launches the launch floor counts: as launched (copies run on the copy engines).
+    A fused region counts its launches too: how many kernels a fusion would leave is a guess,
+    and one launch per instance gave ceilings hundreds of times below what ran."""
     return float((k["kind"] == "kernel").sum())
 
 
@@ -90,8 +119,8 @@ def place_on_roofline(
     if gpu is None:
         joined = float(k.loc[(rows >= 0).to_numpy(), "dur"].sum()) / total_ns if total_ns else 0.0
         return Roofline(None, None, None, None, None, None, None, "none", None, None, joined)
-    est, _, _ = _estimate_total(g, k) if g.segments else (None, 0.0, 0.0)
-    est_ceiling = _ceiling_ns(est, gpu) if est else None
+    est, fill = _estimate_total(g, k, gpu.sms) if g.segments else (None, 1.0)
+    est_ceiling = _ceiling_ns(est, gpu, fill) if est else None
 
     joined = rows >= 0
     coverage = float(k.loc[joined.to_numpy(), "dur"].sum()) / total_ns if total_ns else 0.0
@@ -136,10 +165,10 @@ def place_on_roofline(
     else:
         return Roofline(None, None, None, None, None, None, None, "none", None, measured_bytes, coverage)
 
-    precision = est.precision if est else _tensor_precision(g)
+    precision = est.precision if est else (kernel_unit(g, k) or _tensor_precision(g))
     if flops and bytes_ and flops / bytes_ < 1.0:
         precision = precision if est else "fp32"
-    launches = _launches(g, k, fused)
+    launches = _launches(k)
     floor_ns = launches * gpu.launch_floor_us * 1e3
     work_ceiling = ceiling
     launch_bound = bool(floor_ns > (work_ceiling or 0.0))
@@ -147,7 +176,7 @@ def place_on_roofline(
     time_s = total_ns / 1e9
     intensity = flops / bytes_ if bytes_ else None
     mem_time = bytes_ / gpu.bandwidth if bytes_ else 0.0
-    compute_time = flops / gpu.peak(precision) if flops else 0.0
+    compute_time = flops / (gpu.peak(precision) * fill) if flops else 0.0
     return Roofline(
         bytes=bytes_ / n_steps,
         flops=flops / n_steps,
@@ -164,6 +193,7 @@ def place_on_roofline(
         launch_floor_ms=floor_ns / n_steps / 1e6,
         work_ceiling_ms=work_ceiling / n_steps / 1e6 if work_ceiling else None,
         launch_bound=launch_bound,
+        fill=fill if est is not None else 1.0,
     )
 
 

@@ -8,6 +8,7 @@ with ``re.search``; nothing from a rules file is evaluated as code.
 from __future__ import annotations
 
 import copy
+import difflib
 import functools
 import math
 import re
@@ -19,7 +20,7 @@ import yaml
 
 from kerneltriage.analysis.fixes import Recipe, load_recipes, parse_recipes
 from kerneltriage.analysis.kernel_classes import KernelClass, classify_kernel
-from kerneltriage.analysis.rules_schema import check_rules_file
+from kerneltriage.analysis.rules_schema import RulesFile, check_rules_file
 from kerneltriage.errors import RulesError
 from kerneltriage.inputs import read_text
 from kerneltriage.patterns import Pattern, compile_user_pattern
@@ -76,6 +77,9 @@ RANGES: dict[str, tuple[float, float, str]] = {
 #: Thresholds whose lowest value is excluded.
 _ABOVE = frozenset({"top_fraction", "min_estimated_headroom"})
 
+#: The top-level keys of a rules file (``rules_schema.RulesFile``, ``schema`` by its alias).
+RULES_KEYS = frozenset(f.alias or name for name, f in RulesFile.model_fields.items())
+
 
 def default_rules_path() -> Path:
     return data_path("rules", "default.yaml")
@@ -108,6 +112,8 @@ class Rules:
     extension_ops: tuple[Pattern, ...] = ()
     # A rules file's own fix recipes (fixes.yaml's shape), tried before the shipped ones.
     fixes: tuple[Recipe, ...] = ()
+    # What the rules file said that this version does not read (unknown keys), one line each.
+    warnings: list[str] = field(default_factory=list)
     # Classifications are asked for the same few hundred names millions of times.
     _memo: dict[tuple, Any] = field(default_factory=dict, repr=False)
 
@@ -205,9 +211,27 @@ def load_rules(user_file: str | Path | None = None, overrides: dict[str, float] 
         user = _read_yaml(Path(user_file))
         raw = _merge(raw, user)
         sources.append(str(user_file))
+    warnings = unknown_key_warnings(user, str(user_file)) if user_file is not None else []
     given = {key: value for key, value in (overrides or {}).items() if value is not None}
     raw.setdefault("thresholds", {}).update(given)
-    return _validate(raw, sources, set(given))
+    rules = _validate(raw, sources, set(given))
+    rules.warnings = warnings
+    return rules
+
+
+def unknown_key_warnings(data: dict[str, Any], where: str) -> list[str]:
+    """One warning per top-level key of a rules file this version does not read, naming the
+    closest known key (a typo such as ``threshold:`` for ``thresholds:``). Unknown keys stay
+    allowed: a newer rules file may carry keys this version does not know."""
+    known = sorted(RULES_KEYS)
+    out = []
+    for key in data:
+        if key in RULES_KEYS:
+            continue
+        close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.0)
+        hint = f"the closest known key is {close[0]!r}" if close else f"known keys: {', '.join(known)}"
+        out.append(f"rules file {where}: unknown key {key!r} is ignored ({hint})")
+    return out
 
 
 def default_thresholds() -> Thresholds:

@@ -72,7 +72,7 @@ def triage(
             f"({len(attr.steps)} step(s) found from {attr.step_source})",
             path=timeline.source,
         )
-    warnings = list(timeline.warnings) + list(attr.warnings)
+    warnings = list(rules.warnings) + list(timeline.warnings) + list(attr.warnings)
     warnings += plausibility.check_launches(timeline)
     warnings += plausibility.check_kernels(timeline, kernels)
     join: JoinResult | None = None

@@ -25,8 +25,8 @@ import math
 import re
 from typing import Any
 
-from kerneltriage.analysis.attention_rates import BACKENDS, HOW, attention_rates
-from kerneltriage.analysis.estimate import attention_work, tensor_inputs
+from kerneltriage.analysis.attention_rates import BACKENDS, HOW, attention_rates, measured_range
+from kerneltriage.analysis.estimate import attention_case, attention_work
 from kerneltriage.analysis.fixes import (
     Environment,
     choose,
@@ -40,14 +40,6 @@ from kerneltriage.analysis.model import Candidate, Condition
 from kerneltriage.analysis.roofline import AT_ROOF
 from kerneltriage.analysis.rules import Rules
 
-# Where each SDPA entry point takes is_causal (aten's argument order).
-_CAUSAL_ARG = {
-    "aten::scaled_dot_product_attention": 5,
-    "aten::_scaled_dot_product_flash_attention": 4,
-    "aten::_scaled_dot_product_cudnn_attention": 6,
-    "aten::_scaled_dot_product_efficient_attention": 6,
-    "aten::_scaled_dot_product_flash_attention_for_cpu": 4,
-}
 # Below this share of the best measured backend a library backend is worth switching.
 _SWITCH_RATIO = 1.15
 
@@ -71,11 +63,13 @@ def decide(
         c.conditions["headroom"] = Condition(
             value=h,
             threshold=t.min_headroom,
-            # Within AT_ROOF of the ceiling is at the roof whatever --min-headroom says.
-            passed=None if h is None else h >= max(t.min_headroom, AT_ROOF),
+            # Within AT_ROOF of the ceiling is at the roof whatever --min-headroom says; below 1
+            # the measurement and its ceiling disagree: no verdict is built on it.
+            passed=None if h is None or h < 1.0 else shown_headroom(h) >= max(t.min_headroom, AT_ROOF),
             detail=_headroom_detail(c),
         )
-        hot = c.time_share >= t.min_share or (id(c) in top and c.time_share >= t.min_share_floor)
+        share = shown_share(c.time_share)
+        hot = share >= t.min_share or (id(c) in top and share >= t.min_share_floor)
         c.conditions["hotness"] = Condition(
             value=c.time_share,
             threshold=t.min_share,
@@ -101,6 +95,10 @@ def decide(
         c.expected_saving_share = c.time_share * (1.0 - 1.0 / h) if h and h > 1.0 else 0.0
         _verdict(c, rules, gpu)
         _library_advice(c, gpu)
+        if c.verdict == "skip":
+            # A skip saves nothing: what a fix could take, if any, is in its note.
+            c.expected_saving_share = 0.0
+        c.attrs["headroom_basis"] = headroom_basis(c, gpu)
     env = env or environment(gpu, None, None)
     for c in candidates:
         _fix(c, candidates, rules, env)
@@ -111,6 +109,51 @@ def decide(
             c.note = "; ".join([c.note, *shape] if c.note else shape)
 
 
+def shown_share(share: float) -> float:
+    """A share as the report shows it (one decimal of a percent): thresholds are compared on
+    the figure the row shows, so a row reading "3.0%" passes "≥ 3%"."""
+    return round(share * 1000.0) / 1000.0
+
+
+def shown_headroom(h: float) -> float:
+    """A headroom as the report shows it (``report.text.times``: one decimal, none from 100)."""
+    return float(round(h)) if h >= 100 else round(h, 1)
+
+
+def headroom_basis(c: Candidate, gpu: GPUSpec | None) -> dict[str, Any] | None:
+    """What a candidate's headroom rests on, in the JSON: its kind (ncu counters, a shape
+    model of this trace's recorded shapes, a fused-region model, a measured attention rate,
+    the launch floor), the shapes' origin, the precision and fill of the ceiling, and whether
+    the GPU's achievable fractions were measured on its family. None without a headroom."""
+    if c.headroom is None:
+        return None
+    r = c.roofline
+    kind = {
+        "ncu": "ncu counters",
+        "ncu+estimate": "ncu counters (raised to the shape model's ceiling)",
+        "estimate": "shape model",
+        "fused estimate": "fused-region shape model",
+        "attention table": "measured attention rate",
+    }.get(r.source, r.source)
+    basis: dict[str, Any] = {
+        "kind": "launch floor" if r.launch_bound and r.source != "attention table" else kind,
+        "source": r.source,
+        "shapes": c.attrs.get("shapes_from") or ("recorded op shapes" if c.example else "none"),
+        "precision": r.precision,
+        "disagreement": c.headroom < 1.0,
+    }
+    if r.source == "attention table":
+        basis["table"] = c.attrs.get("attention_table")
+    else:
+        basis["fill"] = round(r.fill, 3)
+        if r.launch_bound:
+            basis["launches_per_step"] = r.launches_per_step
+    if gpu is not None:
+        basis["gpu"] = gpu.key
+        basis["achievable"] = gpu.achievable.label
+    return basis
+
+
 def _headroom_detail(c: Candidate) -> str:
     r = c.roofline
     if c.headroom is None:
@@ -119,14 +162,33 @@ def _headroom_detail(c: Candidate) -> str:
         return "no counters and no shape model for this op: headroom unknown"
     if r.source == "attention table":
         return c.attrs.get("attention_rates", "")
+    if c.headroom < 1.0:
+        return (
+            f"{c.time_ms_per_step:.3g} ms measured vs {r.ceiling_ms:.3g} ms ceiling [{r.source}]: it ran "
+            f"{1 / c.headroom:.2f}× faster than its ceiling allows, a measurement disagreement, not a headroom"
+        )
     what = (
         "fused ceiling (external inputs/outputs only)"
         if r.source == "fused estimate"
         else f"{r.bound}-bound ceiling"
     )
     if r.launch_bound:
-        what = f"launch floor ({r.launches_per_step:.3g} launches × {_floor_us(r):.3g} µs; the work alone needs {_ms(r.work_ceiling_ms)})"
+        what = f"launch floor ({r.launches_per_step:.3g} launches per step as launched × {_floor_us(r):.3g} µs; the work alone needs {_ms(r.work_ceiling_ms)})"
+    elif r.fill < 0.95:
+        what += f" (its output tiles fill {r.fill:.0%} of the SMs)"
     return f"{c.time_ms_per_step:.3g} ms measured vs {r.ceiling_ms:.3g} ms {what} [{r.source}]"
+
+
+# A launch-bound candidate is told to launch less only when its launches run near the floor;
+# launches that take many times the floor are slow kernels, and a faster kernel pays.
+_NEAR_FLOOR = 3.0
+
+
+def _launches_near_floor(c: Candidate) -> bool:
+    r = c.roofline
+    if not r.launches_per_step or not r.launch_floor_ms:
+        return True
+    return c.time_ms_per_step <= _NEAR_FLOOR * r.launch_floor_ms
 
 
 def _floor_us(r) -> float:
@@ -163,6 +225,43 @@ def _times(headroom: float) -> str:
     return f"{1 / headroom:.1f}×" if headroom > 0 else "many times"
 
 
+def _disagrees(c: Candidate, rules: Rules) -> bool:
+    """A headroom below 1: it ran faster than its ceiling allows. Shown as a disagreement
+    between measurement and ceiling, never a verdict input (``skip (ceiling-disagrees)``)."""
+    if c.headroom is None or c.headroom >= 1.0:
+        return False
+    c.verdict, c.reason, c.builtin = "skip", "ceiling-disagrees", None
+    c.expected_saving_share = 0.0
+    faster = f"measured {_times(c.headroom)} faster than its ceiling allows"
+    if "ncu" in c.roofline.source:
+        c.note = (
+            f"{faster}: the roof is too low for this kernel (run kerneltriage calibrate with this run "
+            "to measure it); no verdict rests on it"
+        )
+    elif _implausible_estimate(c, rules):
+        c.note = (
+            f"{faster}: its kernels did not move the tensors its shapes name (a fill, a gather, a custom "
+            "op whose work runs elsewhere); run kerneltriage profile for Nsight Compute counters"
+        )
+    else:
+        c.note = (
+            f"{faster}: within the error of a shape model (caches, or bytes the model over-counts); "
+            "run kerneltriage profile for Nsight Compute counters"
+        )
+    return True
+
+
+def _low_headroom(c: Candidate, rules: Rules, library: str) -> None:
+    """Below the rules' headroom but not at the roof: not worth a kernel by the rules, with
+    what a fix could take (not counted as a saving: the row is a skip)."""
+    h = c.headroom or 1.0
+    c.reason = "low-headroom"
+    c.note = (
+        f"{library}kernel at {1 / h:.0%} of its ceiling ({shown_headroom(h):g}× headroom, the rules ask "
+        f"≥ {rules.thresholds.min_headroom:g}×); if fixed, up to {c.time_share * (1 - 1 / h):.1%} of the step"
+    )
+
+
 def _skip_failed_estimate(c: Candidate, why: str) -> None:
     """No verdict is built on an estimate that cannot be right; counters would place it."""
     c.verdict, c.reason = "skip", "estimate-failed"
@@ -183,12 +282,7 @@ def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
     if c.attrs.get("inductor"):
         _inductor_verdict(c, rules, gpu)
         return
-    if _implausible_estimate(c, rules):
-        _skip_failed_estimate(
-            c,
-            f"the shape model's roof time is {_times(c.headroom)} the time measured, so it ran faster "
-            "than its tensors allow: its kernels did not move those tensors",
-        )
+    if _disagrees(c, rules):
         return
     if not cond["hotness"].passed:
         c.verdict, c.reason, c.note = "skip", "cold", ""
@@ -217,7 +311,7 @@ def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
             "is missing shapes or ops, not a finding",
         )
         return
-    if c.roofline.launch_bound and c.level != "region":
+    if c.roofline.launch_bound and c.level != "region" and _launches_near_floor(c):
         # Its launches, not its bytes or FLOPs, set its time: a faster kernel cannot help.
         if cond["headroom"].passed:
             c.verdict, c.reason = "compile", "launch-bound"
@@ -234,13 +328,11 @@ def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
         return
     if not cond["headroom"].passed:
         library = c.attrs.get("library_op") or _already_uses(c, rec)
-        c.verdict, c.reason, c.note = "skip", "library-at-roof" if library else "at-roof", ""
-        if c.headroom is not None and c.headroom < 1.0 and "ncu" in c.roofline.source:
-            # Measured faster than the ceiling allows: the roof is wrong, not the kernel.
-            c.note = (
-                f"measured above its ceiling ({1 / c.headroom:.2f}× of it): the roof is too low for this "
-                "kernel (run kerneltriage calibrate with this run to measure it); at the roof either way"
-            )
+        c.verdict, c.note = "skip", ""
+        if shown_headroom(c.headroom) < AT_ROOF:
+            c.reason = "library-at-roof" if library else "at-roof"
+        else:
+            _low_headroom(c, rules, "library " if library else "")
         return
     if not cond["stability"].passed:
         c.verdict, c.reason = "skip", "unstable-shapes"
@@ -273,6 +365,8 @@ def _inductor_verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
     why = c.attrs.get("estimate")
     if cond["headroom"].passed is None and why and gpu is not None:
         cond["headroom"].detail = f"estimate unavailable: {why}"
+    if _disagrees(c, rules):
+        return
     if not cond["hotness"].passed:
         c.verdict, c.reason = "skip", "cold"
         return
@@ -305,9 +399,12 @@ def _inductor_verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
             c.note = "each launch already runs near the GPU's per-launch floor"
         return
     if not cond["headroom"].passed:
-        c.verdict, c.reason = "skip", "compiled-at-roof"
-        h = f"{c.headroom:.2g}×" if c.headroom is not None else "?"
-        c.note = str(rec.get("at_roof_note", "")).format(headroom=h)
+        c.verdict = "skip"
+        if shown_headroom(c.headroom) < AT_ROOF:
+            c.reason = "compiled-at-roof"
+            c.note = str(rec.get("at_roof_note", "")).format(headroom=f"{shown_headroom(c.headroom):g}×")
+        else:
+            _low_headroom(c, rules, "Inductor ")
         return
     if not cond["stability"].passed:
         c.verdict, c.reason = "skip", "unstable-shapes"
@@ -430,60 +527,94 @@ def _already_uses(c: Candidate, rec: dict[str, Any]) -> str | None:
 
 
 def _library_attention(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
-    """Library attention against the best backend measured on this GPU for its case."""
+    """Library attention against the best backend measured on this GPU for its case: the
+    table's rate interpolated at its sequence length, never one measured at another length
+    (outside the table's range there is no ceiling, and the note says why)."""
     cond = c.conditions
     case = _attention_case(c)
     kernel = next((k.full_name for k in c.kernels if rules.kernel_kind(k.full_name) == "attention"), None)
     library = rules.kernel_class(kernel).library if kernel else None
     backend = BACKENDS.get(library or "")
+    name = library or "library"
     rates = None
-    if gpu is not None and case is not None:
+    achieved = 0.0
+    if case is not None:
         head_dim, seq_len, causal, flops = case
-        rates = attention_rates(gpu.key, head_dim, causal, seq_len, backward=c.bwd_ms_per_step > 0)
+        achieved = flops / (c.time_ms_per_step * 1e-3) / 1e12 if c.time_ms_per_step else 0.0
+        # One achieved rate for the candidate: the roofline line says what the headroom uses.
+        c.roofline.flops = flops
+        c.roofline.achieved_tflops = achieved or None
+        if gpu is not None:
+            rates = attention_rates(gpu.key, head_dim, causal, seq_len, backward=c.bwd_ms_per_step > 0)
     c.builtin = None
     if rates is None:
+        why = _no_attention_ceiling(case, gpu)
         c.headroom, c.expected_saving_share = None, 0.0
         c.roofline.source = "none"
-        why = (
-            "no shapes recorded"
-            if case is None
-            else f"no attention rates measured on {gpu.name if gpu else 'this GPU'}"
-        )
+        c.roofline.ceiling_ms = c.roofline.work_ceiling_ms = None
+        rate = f"{name} attention at {achieved:.0f} TFLOP/s; " if achieved else f"{name} attention; "
         c.conditions["headroom"] = Condition(
             None,
             rules.thresholds.min_headroom,
             None,
-            f"{why}: a library kernel is judged only against measured backends",
+            f"no ceiling: {why}; a library kernel is judged only against measured backends",
         )
-        c.verdict, c.reason = "skip", "library-at-roof"
-        c.note = f"{library or 'library'} attention; {why}"
+        c.verdict, c.reason = "skip", "no-ceiling"
+        c.note = f"{rate}no ceiling: {why}"
         return
-    achieved = flops / (c.time_ms_per_step * 1e-3) / 1e12 if c.time_ms_per_step else 0.0
     best_name, best = rates.best
     this = rates.rates.get(backend or "")
     c.headroom = best / achieved if achieved else None
     c.roofline.source = "attention table"
+    if c.headroom:
+        c.roofline.ceiling_ms = c.roofline.work_ceiling_ms = c.time_ms_per_step / c.headroom
+        c.roofline.launch_bound = False
     direction = "fwd+bwd" if c.bwd_ms_per_step > 0 else "fwd"
     detail = (
-        f"{achieved:.0f} TFLOP/s achieved ({library or 'library'}) vs {best:.0f} for {best_name}, the best measured on "
-        f"{gpu.name} at D={head_dim}, {'causal' if causal else 'non-causal'}, S≈{rates.seq_len}, {direction} [attention table]"
+        f"{achieved:.0f} TFLOP/s achieved ({name}) vs {best:.0f} for {best_name}, the best measured on "
+        f"{gpu.name} at D={head_dim}, {'causal' if causal else 'non-causal'}, {rates.basis}, {direction} [attention table]"
     )
     c.attrs["attention_rates"] = detail
-    c.conditions["headroom"] = Condition(c.headroom, 2.0, bool(c.headroom and achieved < 0.5 * best), detail)
+    c.attrs["attention_table"] = {
+        "gpu": gpu.key,
+        "head_dim": head_dim,
+        "causal": causal,
+        "seq_len": seq_len,
+        "rows": list(rates.measured),
+        "backend": best_name,
+        "tflops": round(best, 1),
+        "achieved_tflops": round(achieved, 1),
+    }
+    disagrees = bool(c.headroom and c.headroom < 1.0)
+    passed = (
+        None
+        if disagrees
+        else bool(c.headroom and shown_headroom(c.headroom) >= rules.thresholds.min_headroom)
+    )
+    c.conditions["headroom"] = Condition(c.headroom, rules.thresholds.min_headroom, passed, detail)
+    if disagrees:
+        c.verdict, c.reason, c.expected_saving_share = "skip", "ceiling-disagrees", 0.0
+        c.note = (
+            f"{name} attention runs at {achieved:.0f} TFLOP/s, above the {best:.0f} measured for {best_name} "
+            f"at this case on {gpu.name}: the measurement and the table disagree; no verdict rests on it"
+        )
+        return
     if not cond["hotness"].passed:
         c.verdict, c.reason, c.expected_saving_share = "skip", "cold", 0.0
         return
-    if this and best_name != backend and best >= _SWITCH_RATIO * this:
+    if this and best_name != backend and best >= _SWITCH_RATIO * this and achieved >= 0.8 * this:
+        # Another backend measured faster at this case, and this backend runs here about as
+        # fast as the table measured it: the table's ratio applies to this run.
         c.verdict, c.reason, c.builtin = (
             "use-builtin",
-            f"{best_name} measured faster here ({best:.0f} vs {this:.0f} TFLOP/s for {backend})",
+            f"{best_name} measured faster here ({best:.0f} vs {this:.0f} TFLOP/s for {backend} at {rates.basis})",
             HOW[best_name],
         )
         c.expected_saving_share = c.time_share * (1.0 - this / best)
         c.note = f"the same attention through a faster backend on {gpu.name}"
         return
     c.expected_saving_share = 0.0
-    if achieved < 0.5 * best and cond["stability"].passed:
+    if passed and cond["stability"].passed:
         c.verdict, c.reason = (
             "write",
             f"runs at {achieved:.0f} TFLOP/s, below half of the best measured library rate ({best:.0f})",
@@ -491,32 +622,42 @@ def _library_attention(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
         c.expected_saving_share = c.time_share * (1.0 - achieved / best)
         c.note = "check the shapes first (tiny head counts or sequence lengths starve any attention kernel)"
         return
-    c.verdict, c.reason = "skip", "library-at-roof"
-    c.note = (
-        f"{library or 'library'} attention at {achieved:.0f} of the {best:.0f} TFLOP/s best measured here"
+    c.verdict = "skip"
+    if shown_headroom(c.headroom or 1.0) < AT_ROOF:
+        c.reason = "library-at-roof"
+        c.note = f"{name} attention at {achieved:.0f} of the {best:.0f} TFLOP/s best measured here"
+    else:
+        _low_headroom(c, rules, f"{name} attention ")
+
+
+def _no_attention_ceiling(case: tuple[int, int, bool, float] | None, gpu: GPUSpec | None) -> str:
+    """Why the attention table gives a library attention candidate no ceiling."""
+    if case is None:
+        return "no attention shapes recorded for its op (nor for the op its kernel's External id names)"
+    if gpu is None:
+        return "no GPU spec"
+    head_dim, seq_len, causal, _ = case
+    measured = measured_range(gpu.key, head_dim, causal)
+    what = f"D={head_dim}, {'causal' if causal else 'non-causal'}"
+    if measured is None:
+        return f"no attention rates measured on {gpu.name} for {what}"
+    return (
+        f"S={seq_len} lies outside the S={measured[0]}–{measured[1]} measured on {gpu.name} for {what} "
+        "(rates at other lengths do not carry over; measure this GPU at these shapes)"
     )
 
 
 def _attention_case(c: Candidate) -> tuple[int, int, bool, float] | None:
     """(head dim, query length, causal, FLOPs per step) of a library attention candidate, from
-    the recorded shapes of its op (SDPA layout: batch, heads, sequence, head dim)."""
-    if not c.example:
-        return None
-    op = c.example[0]
-    tensors = tensor_inputs(op["dims"], op["types"])
-    if len(tensors) < 3 or len(tensors[0][0]) < 3:
-        return None
-    (q, qt), (k, _), (v, _) = tensors[:3]
-    index = _CAUSAL_ARG.get(op["name"])
-    causal = False
-    if index is not None:
-        try:
-            causal = str(op["concrete"][index]).strip().lower() in ("true", "1")
-        except (IndexError, TypeError, KeyError):
-            causal = False
-    fwd = attention_work(q, k, v, qt, causal).flops
-    per_instance = fwd * (3.5 if c.bwd_ms_per_step > 0 else 1.0)
-    return int(q[-1]), int(q[-2]), causal, per_instance * c.instances_per_step
+    the recorded shapes of its attention op (SDPA's or FlashAttention's own layout)."""
+    for op in c.example:
+        case = attention_case(op["name"], op["dims"], op["types"], op.get("concrete"))
+        if case is None:
+            continue
+        fwd = attention_work(case.q, case.k, case.v, case.dtype, case.causal).flops
+        per_instance = fwd * (3.5 if c.bwd_ms_per_step > 0 else 1.0)
+        return case.head_dim, case.seq_len, case.causal, per_instance * c.instances_per_step
+    return None
 
 
 def _attention_choice(c: Candidate, rec: dict[str, Any], gpu: GPUSpec) -> tuple[str | None, str]:

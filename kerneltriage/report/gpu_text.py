@@ -18,7 +18,8 @@ def header_precisions(gpu: GPUSpec) -> list[str]:
     """The compute ceilings a header shows: the bf16 tensor rate (fp16's where the GPU has no
     bf16 entry) and fp32."""
     ceilings = gpu.ceiling_tflops
-    tensor = next((p for p in ("bf16", "fp16_tensor") if p in ceilings), None)
+    # A precision the GPU only emulates (V100's bf16 on its FP32 units) is no tensor ceiling.
+    tensor = next((p for p in ("bf16", "fp16_tensor") if p in ceilings and p not in gpu.emulated), None)
     return [p for p in (tensor, "fp32") if p and p in ceilings]
 
 

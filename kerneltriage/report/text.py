@@ -93,6 +93,9 @@ def condition_line(name: str, cond: Condition) -> tuple[str, str, str]:
 def roofline_line(c: Candidate) -> str:
     r = c.roofline
     if r.ceiling_ms is None:
+        if r.achieved_tflops:
+            # Library attention outside its table: the rate its shapes give, and no ceiling.
+            return f"{flops(r.flops)} per step, achieved {r.achieved_tflops:.1f} TFLOP/s (recorded shapes); no ceiling"
         return "no roofline placement (no counters, no shape model)"
     parts = [
         f"{bytes_(r.bytes)} and {flops(r.flops)} per step",
@@ -229,8 +232,12 @@ def idle_lines(report: Report) -> list[str]:
         if g.cause.startswith((BEFORE_FIRST, AFTER_LAST)):
             lines.append(f"  {g.cause}")
         else:
-            count = f"{g.count_per_step:.0f}" if g.count_per_step >= 1 else f"{g.count_per_step:.2g}"
-            lines.append(f"  {ms(g.ms_per_step)} per step in {count} gap(s): {g.cause}")
+            if g.count_per_step >= 1 or report.steps <= 1:
+                count = f"in {g.count_per_step:.0f} gap(s)"
+            else:
+                # Fewer than one a step: say how many in how many steps, never "0.67 gap(s)".
+                count = f"in {g.count_per_step * report.steps:.0f} gap(s) over {report.steps} steps"
+            lines.append(f"  {ms(g.ms_per_step)} per step {count}: {g.cause}")
         if g.fix:
             lines.append(f"    → {g.fix}")
     return lines
@@ -251,6 +258,9 @@ def headroom_text(c) -> str:
     estimate, measured attention table), ``launch`` when the launch floor sets the ceiling."""
     if c.headroom is None:
         return "—"
+    if c.headroom < 1.0:
+        # Faster than its ceiling: the measurement and the ceiling disagree (no verdict input).
+        return f"{times(c.headroom)} disagrees"
     source = (
         "launch" if c.roofline.launch_bound else _HEADROOM_SOURCE.get(c.roofline.source, c.roofline.source)
     )

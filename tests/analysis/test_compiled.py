@@ -155,12 +155,14 @@ def test_every_inductor_kernel_of_the_compiled_example_is_a_candidate_with_a_cei
         assert 0.2 < c.headroom < 50, (c.name, c.headroom)
 
 
-def test_an_inductor_kernel_near_its_roof_is_skip_compiled_at_roof_from_its_estimate():
-    # SwiGLU on the MI300X moves 1.6 GB per step at 72% of the bandwidth ceiling
+def test_an_inductor_kernel_below_the_rules_headroom_is_skip_low_headroom_not_at_roof():
+    # SwiGLU on the MI300X moves 1.6 GB per step at 72% of the bandwidth ceiling: below the
+    # rules' 2× but not at its roof (that is ≥ 91%), so the row says low-headroom and no saving
     c = _by_kernel(_report(MI300X), "triton_poi_fused__unsafe_view_mul_silu_2")
     assert c.roofline.source == "estimate" and c.conditions["hotness"].passed
     assert 1.2 < c.headroom < 2.0
-    assert (c.verdict, c.reason, c.fix) == ("skip", "compiled-at-roof", None)
+    assert (c.verdict, c.reason, c.fix) == ("skip", "low-headroom", None)
+    assert c.expected_saving_share == 0.0 and "if fixed" in c.note
 
 
 def test_an_inductor_kernel_below_its_roof_is_write_with_what_inductor_tries_first():
@@ -182,8 +184,11 @@ def test_an_inductor_kernel_at_its_roof_is_skip_compiled_at_roof():
     rep = _report(COMPILE, min_share=0.02)
     c = _by_kernel(rep, "triton_poi_fused__unsafe_view_gelu_gelu_backward_view_3")
     assert c.roofline.source == "ncu" and c.headroom < 2.0
-    assert (c.verdict, c.reason) == ("skip", "compiled-at-roof")
-    assert "within" in c.note
+    # at its roof within 1.1× (as shown); between that and the rules' 2×, low-headroom
+    if round(c.headroom, 1) < 1.1:
+        assert (c.verdict, c.reason) == ("skip", "compiled-at-roof") and "within" in c.note
+    else:
+        assert (c.verdict, c.reason) == ("skip", "low-headroom") and "if fixed" in c.note
 
 
 @pytest.mark.slow  # reads a large trace of the corpus

@@ -81,3 +81,19 @@ def test_a_bad_override_names_its_flag():
     with pytest.raises(RulesError, match=r"^--min-headroom: min_headroom .* at least 1"):
         load_rules(overrides={"min_headroom": 0.5})
     assert load_rules(overrides={"min_headroom": 1.0, "min_share": None}).thresholds.min_headroom == 1.0
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "closest"),
+    [("threshold:\n  min_share: 0.05\n", "threshold", "thresholds"), ("ops: 5\n", "ops", "op_classes")],
+)
+def test_unknown_keys_are_warned_with_the_closest_known_key(tmp_path, text, key, closest):
+    path = tmp_path / "rules.yaml"
+    path.write_text(text)
+    rules = load_rules(path)  # still accepted: a newer file may carry keys this one does not read
+    assert len(rules.warnings) == 1
+    assert (
+        f"unknown key {key!r}" in rules.warnings[0]
+        and f"closest known key is {closest!r}" in rules.warnings[0]
+    )
+    assert load_rules().warnings == []

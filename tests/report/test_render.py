@@ -81,7 +81,7 @@ def test_terminal_names_the_verdicts_and_conditions():
     text = render(report(), "terminal", run_ref="examples/runs/gpt-naive-h200", color=False, width=160)
     assert "NVIDIA H200" in text and "step time" in text
     assert "attention (naive, causal)" in text
-    assert "use-builtin" in text and "skip (library-at-roof)" in text
+    assert "use-builtin" in text and "skip (low-headroom)" in text
     assert "✓  headroom" in text and "fused ceiling" in text
     assert "kerneltriage scaffold examples/runs/gpt-naive-h200 C1" in text
     assert "launched before the profiled window" in text  # warnings are shown

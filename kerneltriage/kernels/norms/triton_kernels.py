@@ -15,6 +15,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kerneltriage.kernels import interpreter_shim
+
+if interpreter_shim.interpreting():
+    interpreter_shim.apply()  # NumPy >= 2.4 under Triton's interpreter
+
 # fmt: off
 
 # fmt: off

@@ -337,8 +337,12 @@ def _attention_modules(model) -> list:
         for m in model.modules()
         if hasattr(m, "is_causal")
         and hasattr(m, "config")
-        and (hasattr(m, "scaling") or hasattr(m, "head_dim"))
+        and (hasattr(m, "scaling") or _head_dim(m) is not None)
     ]
+
+
+def _head_dim(module) -> int | None:
+    return getattr(module, "head_dim", None) or getattr(module, "attention_head_size", None)  # BERT's name
 
 
 def _one(values: list):
@@ -388,7 +392,7 @@ def use_flash_attention(model) -> dict:
     for m in modules:
         if getattr(m, "sinks", None) is not None:
             raise InputError(f"{cls}: attention sinks ({type(m).__name__}.sinks) are not carried")
-        head_dim = getattr(m, "head_dim", None)
+        head_dim = _head_dim(m)
         if isinstance(head_dim, int) and (head_dim % 16 or not 16 <= head_dim <= 256):
             raise InputError(
                 f"{cls}: head dim {head_dim} is not one the kernel runs (a multiple of 16 up to 256)"
@@ -417,7 +421,7 @@ def use_flash_attention(model) -> dict:
             if layer_types
             else [text.sliding_window] * len(modules)
         )
-    groups = [getattr(m, "num_key_value_groups", None) for m in modules]
+    groups = [getattr(m, "num_key_value_groups", 1) for m in modules]  # none: one kv head per q head
     return {
         "implementation": name,
         "layers": len(modules),
@@ -427,5 +431,5 @@ def use_flash_attention(model) -> dict:
         "sliding_layers": sum(w is not None for w in sliding),
         "scaling": _one([getattr(m, "scaling", None) for m in modules]),
         "gqa": _one([g for g in groups if g is not None]),
-        "head_dim": _one([getattr(m, "head_dim", None) for m in modules]),
+        "head_dim": _one([_head_dim(m) for m in modules]),
     }

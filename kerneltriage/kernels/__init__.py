@@ -4,6 +4,9 @@
   ``nn.Module`` drop-ins ``RMSNorm``, ``LayerNorm``, ``FusedAddRMSNorm``, and the Hugging Face
   drop-ins ``LlamaRMSNorm`` (Qwen2/3, Mistral, ...), ``GemmaRMSNorm``, ``Olmo2RMSNorm``.
 - Attention (package ``attention``): ``flash_attention`` (causal, GQA, sliding window, softcap).
+- Hugging Face attention (module ``hf_attention``): ``use_flash_attention(model)`` registers
+  ``flash_attention`` with transformers' ``AttentionInterface`` as ``"kerneltriage"`` and
+  switches a model to it (softcap, per-layer sliding window, scale and GQA carried).
 - ``patch(model)`` swaps a model's matching norm modules in place and reports what it did.
 - ``config``: the settings the host code reads per call (``KernelConfig``; tests change them
   with ``config.override(...)``).
@@ -36,6 +39,7 @@ _EXPORTS = {
     "patch": "patch",
     "PatchReport": "patch",
     "flash_attention": "attention",
+    "use_flash_attention": "hf_attention",
     "KernelConfig": "config",
 }
 

@@ -73,10 +73,10 @@ for w in $WORKLOADS; do
     # The script's own attention code: SDPA applied by hand (its --attn sdpa), first.
     attn=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(next(c['id'] for c in r['candidates'] if c['kind']=='attention'))" "$run/report.json")
     # shellcheck disable=SC2086
-    $KT verify "$run" $FLAGS --by-hand "$attn" -- python3 $args --attn sdpa --steps 40 2>&1 | grep -v "^USDT" | tee -a "$SUMMARY" | tail -n 2
+    $KT verify "$run" $FLAGS --by-hand "$attn" -- python3 $args --attn sdpa --steps 40 2>&1 | grep --line-buffered -v "^USDT" | tee -a "$SUMMARY" | tail -n 2
   fi
   # shellcheck disable=SC2086
-  $KT verify "$run" $FLAGS 2>&1 | grep -v "^USDT" | tee -a "$SUMMARY" | tail -n 2
+  $KT verify "$run" $FLAGS 2>&1 | grep --line-buffered -v "^USDT" | tee -a "$SUMMARY" | tail -n 2
   say "verify: $((SECONDS - t0)) s"
   $KT report "$run" 2>/dev/null | sed -n '1,40p' >>"$SUMMARY"
 done

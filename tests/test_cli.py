@@ -196,7 +196,10 @@ def test_export_as_parquet(tmp_path):
     )
     assert result.exit_code == 0, result.output
     candidates = pd.read_parquet(tmp_path / "candidates.parquet")
-    assert candidates.id.tolist()[:3] == ["C1", "C2", "C3"] and candidates.headroom.dtype == "float64"
+    from kerneltriage.api import build_report
+
+    ranked = [c.id for c in build_report(EXAMPLE_RUN).candidates]  # the report's order
+    assert candidates.id.tolist() == ranked and candidates.headroom.dtype == "float64"
     assert len(pd.read_parquet(tmp_path / "kernels.parquet")) > 1000
 
 
@@ -228,17 +231,23 @@ def test_several_ranks_as_one_html_document(tmp_path):
 
 
 def test_scaffold_a_rank(tmp_path):
-    # Ids are numbered per rank on this run: C2 is the eager residual-add + RMSNorm region on
-    # rank 1 and the NCCL all-reduce on rank 0 (tests/report/test_ranks_render.py).
-    result = run("scaffold", DDP, "C2", "--rank", "1", "--out", tmp_path / "r1")
+    from kerneltriage.api import build_reports
+
+    # Ids are numbered per rank on this run (tests/report/test_ranks_render.py): found by name.
+    reports = build_reports(DDP)
+    norm = next(c.id for c in reports[1].candidates if c.name.startswith("residual add + RMSNorm"))
+    result = run("scaffold", DDP, norm, "--rank", "1", "--out", tmp_path / "r1")
     assert result.exit_code == 0, result.output
     assert "rownorm template" in result.output and "note:" not in result.output
     readme = (tmp_path / "r1" / "README.md").read_text()
-    assert f"kerneltriage scaffold {DDP} C2 --rank 1 --out" in readme and "RMSNorm" in readme
+    assert f"kerneltriage scaffold {DDP} {norm} --rank 1 --out" in readme and "RMSNorm" in readme
     # no --rank with several ranks: the profiled rank, and a note that says which candidate
-    result = run("scaffold", DDP, "C2", "--out", tmp_path / "r0")
+    nccl = next(c.id for c in reports[0].candidates if c.name.startswith("ncclDevKernel_AllReduce"))
+    result = run("scaffold", DDP, nccl, "--out", tmp_path / "r0")
     assert result.exit_code == 0, result.output
-    assert f"note: {DDP} has ranks 0, 1: scaffolding C2 of rank 0 (ncclDevKernel_AllReduce" in result.output
+    assert (
+        f"note: {DDP} has ranks 0, 1: scaffolding {nccl} of rank 0 (ncclDevKernel_AllReduce" in result.output
+    )
     assert "--rank N picks another" in result.output and "generic template" in result.output
     bad = run("scaffold", DDP, "C1", "--rank", "5", "--out", tmp_path / "r5")
     assert bad.exit_code == 2 and "rank(s) 5 not in the run directory (it has 0, 1)" in bad.output

@@ -74,13 +74,14 @@ WHEN_FIELDS = (
     "variant",
     "compiled",
     "classes",
-    "norm_classes",
 )
 #: Fields a template may name.
 FIELDS = frozenset(
     {
         *WHEN_FIELDS,
         "id",
+        "candidate_id",
+        "module_classes",
         "module_list",
         "module_leaf",
         "arch",
@@ -686,6 +687,7 @@ def candidate_fields(c: Any, params: dict[str, Any]) -> dict[str, Any]:
         ce.append(f"softcap={_fmt(params['softcap'])}")
     softcap = params.get("softcap") if isinstance(params.get("softcap"), float) else None
     return {
+        "candidate_id": getattr(c, "id", None) or "ID",  # what `verify --by-hand` takes
         "verdict": c.verdict,
         "reason": c.reason or "",
         "builtin": c.builtin or "",
@@ -699,9 +701,10 @@ def candidate_fields(c: Any, params: dict[str, Any]) -> dict[str, Any]:
         "variant": c.variant or "",
         "compiled": str(bool(c.attrs.get("inductor") or c.attrs.get("compiled"))),
         "classes": classes,
+        # The candidate's own module class: what a norm swap replaces (``classes`` holds the
+        # modules around a region, a residual add's Block among them).
+        "module_classes": [cls] if cls else [],
         "classes_repr": repr(set(classes)) if classes else "set()",
-        # A norm swap replaces the norm's own class, whatever module holds the region.
-        "norm_classes": [cls] if cls else classes,
         "arch": arch,
         "causal": str(causal),
         "causal_value": causal,

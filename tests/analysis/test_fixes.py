@@ -266,6 +266,17 @@ def test_compile_covers_every_module_class_holding_the_region():
     assert r["apply"] == {"kind": "compile-module", "classes": ["BertOutput", "BertSelfOutput"], "mode": None}
 
 
+def test_a_norm_swap_swaps_the_norm_class_not_the_modules_around_its_region():
+    c = cand(
+        "norm",
+        builtin="kerneltriage.kernels.fused_add_rms_norm",
+        module="blocks.*.n2 (RMSNorm)",
+        attrs={"enclosing_modules": ["blocks.*:Block"]},
+    )
+    r = choose(c, recipes(), H100, {})
+    assert r["id"] == "builtin-norm" and r["apply"] == {"kind": "norm-swap", "classes": ["RMSNorm"]}
+
+
 def test_liger_norm_switches_on_only_its_kernel():
     c = cand(
         "norm",

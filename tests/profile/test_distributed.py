@@ -65,9 +65,19 @@ def test_every_rank_writes_its_trace(tmp_path):
         # DDP's gradient all-reduce is in each rank's trace.
         assert any("allreduce" in n for n in names), sorted(n for n in names if "c10d" in n)[:5]
         status = json.loads((out / "logs" / f"status.timeline.rank{rank}.json").read_text())
-        # 1 warm-up + 2 recorded + 12 timing steps (export, 5 clean, export, 5 plain) of the
-        # script's 20; then every rank stops.
-        assert status["rank"] == rank and status["steps_seen"] == 15
+        # 1 warm-up, 5 plain, the clean profiler's warm-up, 5 clean, the shapes step, the
+        # recorded profiler's warm-up and 2 recorded, of the script's 20; then every rank stops.
+        assert status["rank"] == rank and status["steps_seen"] == 16
+        assert [p["phase"] for p in status["phases"]] == [
+            "warmup",
+            *["plain"] * 5,
+            "clean-warmup",
+            *["clean"] * 5,
+            "shapes",
+            "recorded-warmup",
+            "recorded",
+            "recorded",
+        ]
     assert not (out / rundir.TRACE).exists()
 
 

@@ -63,8 +63,9 @@ def test_steps_are_recorded_and_the_script_stops_early(gpt_run):
     assert m["schema"] == "kerneltriage.run/1" and m["status"] == "ok"
     t = m["phases"]["timeline"]
     assert t["step_source"] == "optimizer"
-    # 1 warm-up + 2 recorded + 1 export + 5 clean + 1 export + 5 plain, of the script's 50.
-    assert t["steps_seen"] == 15
+    # 1 warm-up, 5 plain, the clean profiler's warm-up, 5 clean, the shapes step, the recorded
+    # profiler's warm-up and 2 recorded, of the script's 50.
+    assert t["steps_seen"] == 16
     assert t["module_calls_per_step"] == 20.0  # hooked: the two recorded steps
     times = t["step_time"]
     assert len(times["recorded_ms"]) == 2 and len(times["clean_ms"]) == 5 and len(times["plain_ms"]) == 5
@@ -257,6 +258,15 @@ def test_timing_steps_0_stops_after_the_recorded_steps(tmp_path):
     assert result.exit_code == 0, result.output
     m = json.loads((out / rundir.MANIFEST).read_text())
     t = m["phases"]["timeline"]
-    assert t["steps_seen"] == 3 and t["step_time"]["plain_ms"] == [] and t["step_time"]["clean_ms"] == []
+    # 1 warm-up, the shapes step, the recorded profiler's warm-up and 2 recorded
+    assert t["steps_seen"] == 5 and t["step_time"]["plain_ms"] == [] and t["step_time"]["clean_ms"] == []
+    status = json.loads((out / "logs" / "status.timeline.rank0.json").read_text())
+    assert [p["phase"] for p in status["phases"]] == [
+        "warmup",
+        "shapes",
+        "recorded-warmup",
+        "recorded",
+        "recorded",
+    ]
     assert not any("not measured" in n for n in m["notes"])
     assert json.loads((out / "logs" / "config.timeline.json").read_text())["timing_steps"] == 0

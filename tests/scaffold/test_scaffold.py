@@ -39,15 +39,25 @@ PROJECT_RUFF = [
     "--target-version",
     "py310",
 ]
-# One candidate of the example per template: (template, candidate, public function, backward).
+# One candidate of the example per template: (template, the start of the candidate's name,
+# public function, backward). Found by name: ids follow the time shares, which change with
+# the analysis.
 CASES = {
-    "attention": ("C1", "attention", True),
-    "rownorm": ("C3", "add_rms_norm", True),
-    "softmax": ("C2", "cross_entropy", True),
-    "gemm_epilogue": ("C4", "linear", True),
-    "elementwise": ("C10", "gelu", True),
-    "generic": ("C13", "embedding_map_reduce", True),
+    "attention": ("attention (naive, causal)", "attention", True),
+    "rownorm": ("residual add + RMSNorm", "add_rms_norm", True),
+    "softmax": ("cross-entropy region", "cross_entropy", True),
+    "gemm_epilogue": ("aten::linear(4x2048x1024, 32000x1024)", "linear", True),
+    "elementwise": ("aten::gelu(", "gelu", True),
+    "generic": ("aten::embedding(", "embedding_map_reduce", True),
 }
+
+
+def named(report, start: str) -> str:
+    """The id of the example's one candidate whose name starts with ``start``."""
+    (ident,) = [c.id for c in report.candidates if c.name.startswith(start)]
+    return ident
+
+
 KIND = ("rmsnorm", ["16384x4096"], "bf16")
 # Runs the scaffold's pytest with kerneltriage unimportable and no bytecode/cache litter.
 PYTEST = (
@@ -94,8 +104,8 @@ def scaffolds(report, tmp_path_factory):
     and the sm_90 compile checks, started in the background."""
     base = tmp_path_factory.mktemp("scaffolds")
     out = {}
-    for template, (cid, fn, backward) in CASES.items():
-        result = scaffold_candidate(RUN, cid, base / template, report=report)
+    for template, (start, fn, backward) in CASES.items():
+        result = scaffold_candidate(RUN, named(report, start), base / template, report=report)
         out[template] = {"result": result, "function": fn, "backward": backward}
     kind_result = scaffold_kind(KIND[0], KIND[1], KIND[2], base / "kind")
     out["kind"] = {"result": kind_result, "function": "rms_norm", "backward": True}
@@ -149,7 +159,7 @@ def test_scaffold_renders_lints_and_passes_its_tests(scaffolds, template):
 
 def test_readme_carries_verdict_conditions_ceiling_and_ladder(scaffolds, report):
     out, _ = scaffolds
-    cand = report.candidate("C3")
+    cand = report.candidate(named(report, CASES["rownorm"][0]))
     readme = (out["rownorm"]["result"].out / "README.md").read_text()
     assert f"**{cand.verdict}**" in readme and cand.builtin in readme
     for name in ("headroom", "hotness", "stability"):
@@ -216,7 +226,7 @@ def test_bench_smoke_writes_json(scaffolds, report, tmp_path):
     assert data["schema"] == "kerneltriage.bench/1" and data["op"] == "add_rms_norm"
     impls = {(r["impl"], r["mode"]) for r in data["rows"] if r.get("ms")}
     assert {("kernel", "fwd"), ("reference", "fwd"), ("kernel", "fwd+bwd")} <= impls
-    cand = report.candidate("C3")
+    cand = report.candidate(named(report, CASES["rownorm"][0]))
     assert data["report"]["ceiling_ms_per_call"] == pytest.approx(
         cand.roofline.ceiling_ms / cand.instances_per_step, rel=1e-4
     )
@@ -256,19 +266,20 @@ def test_kind_mode_picks_the_template(tmp_path, kind, template, function):
 # --- bad input through the CLI ------------------------------------------------------------
 
 
-def test_cli_unknown_candidate_lists_valid_ids(tmp_path):
+def test_cli_unknown_candidate_lists_valid_ids(report, tmp_path):
     out = tmp_path / "x"
     res = CliRunner().invoke(main, ["scaffold", str(RUN), "C99", "--out", str(out)])
     assert res.exit_code == 2, res.output
-    assert "no candidate 'C99'" in res.output and "valid ids: C1, C2, C3" in res.output
+    valid = ", ".join(c.id for c in report.candidates)  # in the report's order
+    assert "no candidate 'C99'" in res.output and f"valid ids: {valid}\n" in res.output
     assert not out.exists()
 
 
-def test_cli_refuses_non_empty_out_unless_force(tmp_path):
-    out = tmp_path / "kernels" / "c3"
+def test_cli_refuses_non_empty_out_unless_force(report, tmp_path):
+    out = tmp_path / "kernels" / "norm"
     out.mkdir(parents=True)
     (out / "notes.txt").write_text("mine")
-    args = ["scaffold", str(RUN), "C3", "--out", str(out)]
+    args = ["scaffold", str(RUN), named(report, CASES["rownorm"][0]), "--out", str(out)]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 2 and "not empty" in res.output, res.output
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
@@ -303,13 +314,14 @@ def test_cli_kind_mode_and_its_errors(tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
-def test_class_without_template_says_so_and_writes_generic(tmp_path):
-    res = CliRunner().invoke(main, ["scaffold", str(RUN), "C8", "--out", str(tmp_path / "opt")])
+def test_class_without_template_says_so_and_writes_generic(report, tmp_path):
+    adamw = named(report, "aten::_fused_adamw_(")
+    res = CliRunner().invoke(main, ["scaffold", str(RUN), adamw, "--out", str(tmp_path / "opt")])
     assert res.exit_code == 0, res.output
     assert "no template for its op class (optimizer)" in res.output and "generic" in res.output
     kernel = (tmp_path / "opt" / "kernel.py").read_text()
     assert "def fused_adamw_map_reduce(" in kernel
-    assert "No template fits C8" in kernel  # said in the docstring too
+    assert f"No template fits {adamw}" in kernel  # said in the docstring too
 
 
 # --- names from traces, paths ----------------------------------------------------------------
@@ -336,16 +348,17 @@ def test_identifier(raw, expected):
 def test_hostile_trace_names_stay_inert(report, tmp_path):
     """A candidate whose op names and shapes text try to break out of comments, strings and paths."""
     rep = copy.deepcopy(report)
-    cand = rep.candidate("C13")
+    embedding = named(rep, CASES["generic"][0])
+    cand = rep.candidate(embedding)
     evil = 'aten::x"""\n__import__("os").system("echo pwned")#/../../evil'
     cand.name = evil
     cand.example[0]["name"] = evil
     cand.example[0]["concrete"] = ['"""; raise SystemExit', "\n\nimport os"]
     cand.reason = 'x"""\nraise SystemExit'
-    template, context, _ = plan_candidate(rep, "C13", run_ref="../../run", out=str(tmp_path))
+    template, context, _ = plan_candidate(rep, embedding, run_ref="../../run", out=str(tmp_path))
     assert template == "generic"
     assert context["name"].isidentifier() and context["name"].startswith("x_import_os_system")
-    result = scaffold_candidate(RUN, "C13", tmp_path / "evil", report=rep)
+    result = scaffold_candidate(RUN, embedding, tmp_path / "evil", report=rep)
     files = {p.name: p.read_text() for p in result.files}
     assert sorted(files) == sorted(FILES)
     assert all(p.parent == tmp_path / "evil" for p in result.files)

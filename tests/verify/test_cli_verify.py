@@ -7,6 +7,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+from kerneltriage import api
 from kerneltriage.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -14,15 +15,20 @@ NAIVE = ROOT / "examples" / "runs" / "gpt-naive-h200"
 
 
 def test_plan_on_a_shipped_run_runs_nothing(tmp_path):
+    report = api.report(NAIVE)
+    norm = next(c.id for c in report.candidates if c.name.startswith("residual add + RMSNorm"))
     before = sorted(p.name for p in NAIVE.iterdir())
-    result = CliRunner().invoke(main, ["verify", str(NAIVE), "--plan", "--candidates", "C1,C3"])
+    result = CliRunner().invoke(main, ["verify", str(NAIVE), "--plan", "--candidates", f"C1,{norm}"])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[0] == f"verify plan for {NAIVE}"
     assert any(line.startswith("C1  attention (naive, causal)") for line in lines)
-    assert any(line.startswith("C3  residual add + RMSNorm") for line in lines)
+    assert any(line.startswith(f"{norm}  residual add + RMSNorm") for line in lines)
     assert "is_causal=True" in result.output  # the fix text the report prints
+    # the hint names the candidate, which --by-hand takes (not the recipe)
     assert f"`kerneltriage verify {NAIVE} --by-hand C1 -- <fixed command>`" in result.output
+    # the report's own recipe swaps the norm's class, not the Block that holds the residual add
+    assert "applied  by the runner: norm-swap (classes=['RMSNorm'])" in result.output
     assert sorted(p.name for p in NAIVE.iterdir()) == before  # no verify.json, no logs
 
 

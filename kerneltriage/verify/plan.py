@@ -244,7 +244,8 @@ def describe(plan: Plan) -> list[str]:
         elif c.run_as is not None:
             lines.append(f"  applied  by the runner, in {c.run_as}'s run (the same fix)")
         elif c.apply is not None and c.verifiable:
-            fields = ", ".join(f"{k}={v!r}" for k, v in c.apply.items() if k != "kind")
+            # Fields the trace could not give (None) are read from the model itself when it runs.
+            fields = ", ".join(f"{k}={v!r}" for k, v in c.apply.items() if k != "kind" and v is not None)
             lines.append(f"  applied  by the runner: {c.apply['kind']}" + (f" ({fields})" if fields else ""))
         if c.why_not:
             lines.append(f"  not verifiable: {c.why_not}")

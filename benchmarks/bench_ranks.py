@@ -196,8 +196,8 @@ def run_report(folder: Path, args: list[str]) -> dict:
 
 _BEFORE = """
 import json, sys
-from kerneltriage.api import build_reports
-reps = build_reports(sys.argv[1], ranks=list(range(int(sys.argv[2]))))
+from kerneltriage.api import load
+reps = load(sys.argv[1], ranks=list(range(int(sys.argv[2])))).reports()
 print(json.dumps({"ranks": len(reps)}))
 """
 

@@ -20,19 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from kerneltriage.analysis import frames
 from kerneltriage.analysis.diff import Diff as _Diff
-from kerneltriage.analysis.gpus import (
-    GPUSpec,
-    implausible_calibration,
-    known_gpus,
-    resolve_gpu,
-    unresolved_reason,
-)
+from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.analysis.model import Report
 from kerneltriage.analysis.rules import Rules, load_rules
-from kerneltriage.analysis.triage import require_gpu_activity, triage
 from kerneltriage.errors import InputError, ToolError
 from kerneltriage.ingest.source import Profile as _Loaded
 from kerneltriage.ingest.source import load_profile
+from kerneltriage.parallel import only_rank, plan_ranks, rank_report, report_ranks
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -94,11 +88,7 @@ class Profile:
     def default_rank(self) -> int:
         """The rank ``report()`` picks when none is given: the only one, else the rank Nsight
         Compute profiled (the one with counters; the first rank when no run says)."""
-        ranks = self.ranks
-        if len(ranks) == 1:
-            return ranks[0]
-        counted = self.loaded.counters_rank
-        return counted if counted in ranks else ranks[0]
+        return self.loaded.default_rank
 
     @property
     def warnings(self) -> list[str]:
@@ -150,6 +140,7 @@ class Profile:
     ) -> Report:
         """One rank's report (``rank`` None: ``default_rank``). ``rules``: ready rules (then
         ``rules_file`` and the thresholds are not read)."""
+        check_options(gpu=gpu, step_marker=step_marker)
         rank = self.default_rank if rank is None else rank
         if rank not in self.loaded.timelines:
             raise InputError(
@@ -159,7 +150,7 @@ class Profile:
         if rules is None:
             rules = self._report_rules(rules_file, min_headroom, min_share, max_shapes)
         marker = step_marker if step_marker is not None else self.step_marker
-        return report_for(self.loaded, rank, rules=rules, gpu=gpu, step_marker=marker, progress=progress)
+        return rank_report(self.loaded, rank, rules=rules, gpu=gpu, step_marker=marker, progress=progress)
 
     def reports(
         self,
@@ -174,11 +165,12 @@ class Profile:
         progress: Callable[[str], None] | None = None,
     ) -> dict[int, Report]:
         """Every rank's report, by rank."""
+        check_options(gpu=gpu, step_marker=step_marker)
         if rules is None:
             rules = self._report_rules(rules_file, min_headroom, min_share, max_shapes)
         marker = step_marker if step_marker is not None else self.step_marker
         return {
-            rank: report_for(self.loaded, rank, rules=rules, gpu=gpu, step_marker=marker, progress=progress)
+            rank: rank_report(self.loaded, rank, rules=rules, gpu=gpu, step_marker=marker, progress=progress)
             for rank in self.ranks
         }
 
@@ -204,39 +196,8 @@ def load(
 
 
 # --- reports ---------------------------------------------------------------------------------
-
-
-def report(
-    path: str | Path,
-    *,
-    rank: int | None = None,
-    ncu: str | Path | None = None,
-    rules_file: str | Path | None = None,
-    gpu: str | GPUSpec | None = None,
-    min_headroom: float | None = None,
-    min_share: float | None = None,
-    max_shapes: int | None = None,
-    step_marker: str | None = None,
-) -> Report:
-    """``kerneltriage report PATH`` as a ``Report``, for one rank: ``rank``, else the only one,
-    else (several ranks) the one Nsight Compute profiled; ``Report.rank`` says which.
-    ``reports()`` gives every rank."""
-    check_options(
-        gpu=gpu,
-        step_marker=step_marker,
-        min_headroom=min_headroom,
-        min_share=min_share,
-        max_shapes=max_shapes,
-    )
-    profile = load(path, ncu=ncu, ranks=None if rank is None else [rank], rules_file=rules_file)
-    return profile.report(
-        rank,
-        gpu=gpu,
-        min_headroom=min_headroom,
-        min_share=min_share,
-        max_shapes=max_shapes,
-        step_marker=step_marker,
-    )
+# ``reports`` and ``report`` are what ``kerneltriage report`` and ``kerneltriage diff`` call:
+# one way to read the ranks, one rule for the rank of a single report.
 
 
 def reports(
@@ -250,118 +211,91 @@ def reports(
     min_share: float | None = None,
     max_shapes: int | None = None,
     step_marker: str | None = None,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    rules: Rules | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[int, Report]:
-    """Every rank's report (or those of ``ranks``): ``{rank: Report}``, ``{0: …}`` for one
-    process."""
-    check_options(
+    """``kerneltriage report PATH``: every rank's report (or those of ``ranks``), ``{rank:
+    Report}`` in rank order, ``{0: …}`` for one process. Each rank is read and reduced by a
+    worker process (``workers``: how many; default one per core, at most one per rank; 1: in
+    this process) or on Dask (``scheduler``: an address, or ``local``); see
+    ``kerneltriage.parallel``. ``rules``: ready rules (then ``rules_file`` and the thresholds
+    are not read)."""
+    rules = _checked_rules(rules, rules_file, gpu, step_marker, min_headroom, min_share, max_shapes)
+    return report_ranks(
+        path,
+        rules=rules,
+        ncu=ncu,
+        ranks=ranks,
         gpu=gpu,
         step_marker=step_marker,
-        min_headroom=min_headroom,
-        min_share=min_share,
-        max_shapes=max_shapes,
+        workers=workers,
+        scheduler=scheduler,
+        progress=progress,
     )
-    profile = load(path, ncu=ncu, ranks=ranks, rules_file=rules_file)
-    return profile.reports(
+
+
+def report(
+    path: str | Path,
+    *,
+    rank: int | None = None,
+    ncu: str | Path | None = None,
+    rules_file: str | Path | None = None,
+    gpu: str | GPUSpec | None = None,
+    min_headroom: float | None = None,
+    min_share: float | None = None,
+    max_shapes: int | None = None,
+    step_marker: str | None = None,
+    rules: Rules | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Report:
+    """One rank's report, as ``reports()`` makes it: ``rank``, else the only one, else (several
+    ranks) the one Nsight Compute profiled; ``Report.rank`` says which. Only that rank's trace
+    is read."""
+    rules = _checked_rules(rules, rules_file, gpu, step_marker, min_headroom, min_share, max_shapes)
+    shell = plan_ranks(path, ncu=ncu, ranks=None if rank is None else [rank], progress=progress)
+    rank = shell.default_rank if rank is None else rank
+    made = report_ranks(
+        path,
+        shell=only_rank(shell, rank),
+        rules=rules,
         gpu=gpu,
-        min_headroom=min_headroom,
-        min_share=min_share,
-        max_shapes=max_shapes,
         step_marker=step_marker,
+        workers=1,
+        progress=progress,
     )
+    return made[rank]
 
 
 def build_reports(
-    path: str | Path,
-    *,
-    ncu: str | Path | None = None,
-    rules_file: str | Path | None = None,
-    gpu: str | None = None,
-    overrides: dict[str, float | None] | None = None,
-    step_marker: str | None = None,
-    ranks: list[int] | None = None,
-    progress: Callable[[str], None] | None = None,
+    path: str | Path, *, overrides: dict[str, float | None] | None = None, **options: Any
 ) -> dict[int, Report]:
-    """One report per rank (a single-process run has rank 0); the CLI's entry point."""
-    say = progress or (lambda _m: None)
-    rules = load_rules(rules_file, overrides)
-    loaded = load_profile(path, ncu=ncu, ranks=ranks, progress=say)
-    return {
-        rank: report_for(loaded, rank, rules=rules, gpu=gpu, step_marker=step_marker, progress=say)
-        for rank in loaded.timelines
-    }
+    """``reports()``, the thresholds given as one ``overrides`` dict (the older name)."""
+    return reports(path, **(overrides or {}), **options)
 
 
-def build_report(path: str | Path, **kwargs) -> Report:
-    """The report of the first rank (the only one for a single-process run)."""
-    return next(iter(build_reports(path, **kwargs).values()))
+def build_report(path: str | Path, *, ranks: list[int] | None = None, **options: Any) -> Report:
+    """``report()``, the rank given as ``ranks=[rank]`` (the older name)."""
+    return report(path, rank=min(ranks) if ranks else None, **options)
 
 
-def report_for(
-    profile: _Loaded,
-    rank: int,
-    *,
-    rules: Rules,
-    gpu: str | GPUSpec | None = None,
-    step_marker: str | None = None,
-    progress: Callable[[str], None] | None = None,
-) -> Report:
-    """One rank's report. ``gpu``: a ``--gpu`` key or device name, or a ready ``GPUSpec``;
-    left out, the GPU comes from the run's calibration, the trace's name or deviceProperties,
-    and without any of them the report has no ceilings (``report.gpu`` is None)."""
+def _checked_rules(
+    rules: Rules | None,
+    rules_file: str | Path | None,
+    gpu: Any,
+    step_marker: Any,
+    min_headroom: float | None,
+    min_share: float | None,
+    max_shapes: int | None,
+) -> Rules:
+    """The options checked before any work, and the rules to report with."""
     check_options(gpu=gpu, step_marker=step_marker)
-    timeline = profile.timelines[rank]
-    require_gpu_activity(timeline)
-    properties = timeline.gpu_properties
-    doubt = None  # why the run's calibration is not applied
-    if isinstance(gpu, GPUSpec):
-        spec: GPUSpec | None = gpu
-    else:
-        calibration = profile.manifest.calibration if profile.manifest else None
-        doubt = implausible_calibration(calibration, timeline.gpu_name)
-        if doubt:
-            calibration = None
-        spec = resolve_gpu(timeline.gpu_name, gpu, calibration, properties)
-    if progress:
-        progress(f"analysing {Path(timeline.source).name}")
-    # Counters are measured on one rank (the one ncu profiled); join them there only.
-    counters = profile.counters if rank == profile.counters_rank else None
-    result = triage(
-        timeline,
-        spec,
-        rules,
-        counters,
-        step_marker=step_marker,
-        source=profile.source_info(),
-        hot_kernels=profile.hot_kernels,
-        timing=profile.step_timing(rank),
+    if rules is not None:
+        return rules
+    return load_rules(
+        rules_file, {"min_headroom": min_headroom, "min_share": min_share, "max_shapes": max_shapes}
     )
-    result.warnings = profile.warnings + result.warnings
-    if doubt:
-        result.warnings.append(doubt)
-    _verified(result, profile.source_info().get("path"))
-    if spec is None:
-        # No ceilings: the report still gives shares, idle time, kinds, shapes and a ranking.
-        reason = unresolved_reason(timeline.gpu_name, properties)
-        result.source["gpu_unresolved"] = reason
-        result.notes.insert(0, no_gpu_note(reason))
-    return result
-
-
-def _verified(report: Report, path: Any) -> None:
-    """Put RUN/verify.json (``kerneltriage verify``) on the report, when the run has one."""
-    if not path or "://" in str(path) or not Path(path).is_dir():
-        return
-    from kerneltriage.analysis.verification import attach
-    from kerneltriage.errors import RunDirError
-    from kerneltriage.verify.record import read
-
-    try:
-        data = read(path)
-    except RunDirError as exc:  # the report stands without it
-        report.warnings.append(f"{exc}; the report shows no verification")
-        return
-    if data is not None:
-        attach(report, data.to_json())
 
 
 def check_options(
@@ -383,14 +317,6 @@ def check_options(
     overrides = {"min_headroom": min_headroom, "min_share": min_share, "max_shapes": max_shapes}
     if any(v is not None for v in overrides.values()):
         load_rules(None, overrides)
-
-
-def no_gpu_note(reason: str) -> str:
-    """The report's note when no GPU row fits the trace."""
-    return (
-        f"GPU unknown ({reason}): no ceilings, so no headroom and no write or compile verdict; "
-        f"pass --gpu KEY, one of: {', '.join(known_gpus())}"
-    )
 
 
 # --- diff ------------------------------------------------------------------------------------
@@ -416,7 +342,8 @@ def diff(
     gpu: str | GPUSpec | None = None,
 ) -> Diff:
     """``kerneltriage diff BEFORE AFTER``: the saving each predicted candidate realized.
-    For multi-rank runs, ``rank`` as in ``report()`` (default: the profiled rank)."""
+    For multi-rank runs, each side's rank as in ``report()``: ``rank``, else the one Nsight
+    Compute profiled."""
     from dataclasses import fields
 
     from kerneltriage.analysis.diff import compare

@@ -336,7 +336,7 @@ def report(
     )
     interactive = sys.stderr.isatty() and output is None and fmt == "terminal"
     with _Progress(interactive) as progress:
-        if export_dir or not (scheduler or "://" in run or Path(run).is_dir()):
+        if export_dir:
             # --export writes every rank's tables, so they are read here.
             if scheduler:
                 raise InputError("--export reads the traces in this process; leave out --scheduler")
@@ -349,14 +349,11 @@ def report(
                 progress=progress,
             )
             reports = profile.reports(rules=rules, gpu=gpu, progress=progress)
-            if export_dir:
-                progress("writing the tables")
-                written = api.export_tables(profile, reports, export_dir, export_format)
+            progress("writing the tables")
+            written = api.export_tables(profile, reports, export_dir, export_format)
         else:
             # Ranks read and reduced to their reports in parallel, or on Dask.
-            from kerneltriage.parallel import report_ranks
-
-            reports = report_ranks(
+            reports = api.reports(
                 run,
                 rules=rules,
                 ncu=ncu,
@@ -408,7 +405,10 @@ def report(
 @_rules_option
 @_gpu_option("for both sides")
 @click.option(
-    "--rank", type=int, default=None, help="For multi-rank runs: compare this rank (default: the first)."
+    "--rank",
+    type=int,
+    default=None,
+    help="For multi-rank runs: compare this rank (default: the one Nsight Compute profiled).",
 )
 def diff(before, after, ncu_before, ncu_after, fmt, output, top, rules_file, gpu, rank):
     """Did the kernel pay? Compare a run before and after a change.
@@ -424,18 +424,15 @@ def diff(before, after, ncu_before, ncu_after, fmt, output, top, rules_file, gpu
       kerneltriage diff runs/before runs/after --format markdown > pr-comment.md
       kerneltriage diff runs/before runs/after --format html -o diff.html
     """
-    from kerneltriage.analysis.diff import compare
-    from kerneltriage.api import build_reports
+    from kerneltriage import api
     from kerneltriage.outputs import check_outputs
     from kerneltriage.report.diff_render import render_diff
 
     check_outputs({"-o": output}, [before, after, ncu_before, ncu_after, rules_file])
-    ranks = [rank] if rank is not None else None
-    sides = []
-    for path, ncu in ((before, ncu_before), (after, ncu_after)):
-        reports = build_reports(path, ncu=ncu, rules_file=rules_file, gpu=gpu, ranks=ranks)
-        sides.append(next(iter(reports.values())))
-    text = render_diff(compare(sides[0], sides[1], (str(before), str(after))), fmt, top)
+    result = api.diff(
+        before, after, rank=rank, ncu_before=ncu_before, ncu_after=ncu_after, rules_file=rules_file, gpu=gpu
+    )
+    text = render_diff(result, fmt, top)
     _emit(text, output)
 
 

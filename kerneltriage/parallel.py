@@ -29,10 +29,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kerneltriage.analysis.gpus import GPUSpec
+from kerneltriage.analysis.gpus import (
+    GPUSpec,
+    implausible_calibration,
+    known_gpus,
+    resolve_gpu,
+    unresolved_reason,
+)
 from kerneltriage.analysis.model import Report
 from kerneltriage.analysis.rules import Rules
-from kerneltriage.api import report_for
+from kerneltriage.analysis.triage import require_gpu_activity, triage
 from kerneltriage.errors import InputError, ToolError
 from kerneltriage.ingest import source
 
@@ -52,6 +58,88 @@ def default_workers(n_ranks: int) -> int:
     except AttributeError:  # pragma: no cover - not Linux
         cores = os.cpu_count() or 1
     return max(1, min(cores, n_ranks))
+
+
+# --- one rank ---------------------------------------------------------------------------------
+
+
+def rank_report(
+    profile: source.Profile,
+    rank: int,
+    *,
+    rules: Rules,
+    gpu: str | GPUSpec | None = None,
+    step_marker: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Report:
+    """One rank's report from what was read. ``gpu``: a ``--gpu`` key or device name, or a
+    ready ``GPUSpec``; left out, the GPU comes from the run's calibration, the trace's name or
+    deviceProperties, and without any of them the report has no ceilings (``report.gpu`` is
+    None). ``gpu`` and ``step_marker`` are checked by the caller (``api.check_options``)."""
+    timeline = profile.timelines[rank]
+    require_gpu_activity(timeline)
+    properties = timeline.gpu_properties
+    doubt = None  # why the run's calibration is not applied
+    if isinstance(gpu, GPUSpec):
+        spec: GPUSpec | None = gpu
+    else:
+        calibration = profile.manifest.calibration if profile.manifest else None
+        doubt = implausible_calibration(calibration, timeline.gpu_name)
+        if doubt:
+            calibration = None
+        spec = resolve_gpu(timeline.gpu_name, gpu, calibration, properties)
+    if progress:
+        progress(f"analysing {Path(timeline.source).name}")
+    # Counters are measured on one rank (the one ncu profiled); join them there only.
+    counters = profile.counters if rank == profile.counters_rank else None
+    result = triage(
+        timeline,
+        spec,
+        rules,
+        counters,
+        step_marker=step_marker,
+        source=profile.source_info(),
+        hot_kernels=profile.hot_kernels,
+        timing=profile.step_timing(rank),
+    )
+    result.warnings = profile.warnings + result.warnings
+    if doubt:
+        result.warnings.append(doubt)
+    _verified(result, profile.source_info().get("path"))
+    if spec is None:
+        # No ceilings: the report still gives shares, idle time, kinds, shapes and a ranking.
+        reason = unresolved_reason(timeline.gpu_name, properties)
+        result.source["gpu_unresolved"] = reason
+        result.notes.insert(0, _no_gpu_note(reason))
+    return result
+
+
+def _verified(report: Report, path: Any) -> None:
+    """Put RUN/verify.json (``kerneltriage verify``) on the report, when the run has one."""
+    if not path or is_url(path) or not Path(path).is_dir():
+        return
+    from kerneltriage.analysis.verification import attach
+    from kerneltriage.errors import RunDirError
+    from kerneltriage.verify.record import read
+
+    try:
+        data = read(path)
+    except RunDirError as exc:  # the report stands without it
+        report.warnings.append(f"{exc}; the report shows no verification")
+        return
+    if data is not None:
+        attach(report, data.to_json())
+
+
+def _no_gpu_note(reason: str) -> str:
+    """The report's note when no GPU row fits the trace."""
+    return (
+        f"GPU unknown ({reason}): no ceilings, so no headroom and no write or compile verdict; "
+        f"pass --gpu KEY, one of: {', '.join(known_gpus())}"
+    )
+
+
+# --- many ranks -------------------------------------------------------------------------------
 
 
 @dataclass
@@ -79,7 +167,32 @@ def analyse_rank(task: RankTask) -> Report:
     timeline.rank = task.rank
     timeline.source = task.trace
     profile = replace(task.shell, timelines={task.rank: timeline})
-    return report_for(profile, task.rank, rules=task.rules, gpu=task.gpu, step_marker=task.step_marker)
+    return rank_report(profile, task.rank, rules=task.rules, gpu=task.gpu, step_marker=task.step_marker)
+
+
+def plan_ranks(
+    path: str | os.PathLike[str],
+    *,
+    ncu: str | os.PathLike[str] | None = None,
+    ranks: list[int] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> source.Profile:
+    """What ``path`` holds, its ranks' traces unread: which file is which rank, the counters,
+    the manifest. A single trace or an Nsight Systems export (one file for every rank) is read
+    here, as the only way to know its ranks."""
+    say = progress or (lambda _m: None)
+    if is_url(path):
+        return _plan_url(str(path), ncu, ranks, say)
+    return source.load_profile(path, ncu=ncu, ranks=ranks, progress=say, read_traces=False)
+
+
+def only_rank(shell: source.Profile, rank: int) -> source.Profile:
+    """``shell`` narrowed to one of its ranks (as planned with ``ranks=[rank]``)."""
+    return replace(
+        shell,
+        timelines={r: t for r, t in shell.timelines.items() if r == rank},
+        trace_files={r: f for r, f in shell.trace_files.items() if r == rank},
+    )
 
 
 def report_ranks(
@@ -93,11 +206,13 @@ def report_ranks(
     workers: int | None = None,
     scheduler: str | None = None,
     progress: Callable[[str], None] | None = None,
+    shell: source.Profile | None = None,
 ) -> dict[int, Report]:
     """Every rank's report (or those of ``ranks``), each rank read and reduced by a worker:
-    ``{rank: Report}`` in rank order, the same reports as ``api.reports`` makes in one process.
-    A single trace or an Nsight Systems export (one file for every rank) is read here.
-    ``rules``: ready rules (``api.load_rules``), else the shipped ones."""
+    ``{rank: Report}`` in rank order, the same reports as ``api.load(…).reports()`` makes in
+    one process. A single trace or an Nsight Systems export (one file for every rank) is read
+    here. ``rules``: ready rules (``api.load_rules``), else the shipped ones. ``shell``: the
+    plan (``plan_ranks``) when made already; then ``ncu`` and ``ranks`` are not read."""
     say = progress or (lambda _m: None)
     if rules is None:
         from kerneltriage.analysis.rules import load_rules
@@ -105,12 +220,11 @@ def report_ranks(
         rules = load_rules(None)
     if workers is not None and workers < 1:
         raise InputError(f"--workers must be at least 1, not {workers}")
-    shell = _plan_url(str(path), ncu, ranks, say) if is_url(path) else None
     if shell is None:
-        shell = source.load_profile(path, ncu=ncu, ranks=ranks, progress=say, read_traces=False)
+        shell = plan_ranks(path, ncu=ncu, ranks=ranks, progress=say)
     if shell.timelines:  # read already: a bare trace, or an export holding every rank
         return {
-            r: report_for(shell, r, rules=rules, gpu=gpu, step_marker=step_marker, progress=say)
+            r: rank_report(shell, r, rules=rules, gpu=gpu, step_marker=step_marker, progress=say)
             for r in sorted(shell.timelines)
         }
     files = {r: str(f) for r, f in sorted(shell.trace_files.items())}

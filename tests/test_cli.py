@@ -262,6 +262,46 @@ def test_one_rank_picked_names_its_rank_in_scaffold_commands():
     assert "## Ranks" not in result.output  # one rank: its report alone
 
 
+def test_cli_and_api_pick_the_counters_rank(tmp_path):
+    # A two-rank run whose counters were measured on rank 1: the CLI and the Python API make
+    # the same reports and the same diff, of rank 1 (the rank with counters), not rank 0.
+    import shutil
+    from unittest.mock import ANY
+
+    import kerneltriage
+    from kerneltriage.report import render
+
+    copy = tmp_path / "ddp"
+    shutil.copytree(DDP, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["schedule"]["ncu_rank"] = 1
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+
+    one = kerneltriage.report(copy)
+    assert one.rank == 1 and one.join is not None
+    rank0 = kerneltriage.report(copy, rank=0)
+    assert rank0.rank == 0 and rank0.join is None
+    assert one.step_time_ms != pytest.approx(rank0.step_time_ms)
+
+    reports = run("report", copy, "--format", "json")
+    assert reports.exit_code == 0, reports.output
+    by_rank = json.loads(reports.output)["ranks"]
+    assert by_rank["1"]["join"] is not None and by_rank["0"]["join"] is None
+    alone = json.loads(render(one, "json"))
+    assert by_rank["1"]["source"].pop("traces") == {"0": ANY, "1": alone["source"].pop("traces")["1"]}
+    assert by_rank["1"] == alone  # the same report, but for the traces read beside it
+
+    cli = run("diff", copy, copy, "--format", "json")
+    assert cli.exit_code == 0, cli.output
+    data = json.loads(cli.output)
+    assert data["step_time_ms"]["before"] == pytest.approx(one.step_time_ms)
+    assert data == json.loads(json.dumps(kerneltriage.diff(copy, copy).to_json()))
+    # --rank picks the other rank on both paths.
+    rank0_cli = json.loads(run("diff", copy, copy, "--format", "json", "--rank", "0").output)
+    assert rank0_cli["step_time_ms"]["before"] == pytest.approx(rank0.step_time_ms)
+    assert rank0_cli == json.loads(json.dumps(kerneltriage.diff(copy, copy, rank=0).to_json()))
+
+
 def test_a_slowdown_reads_as_a_slowdown():
     result = run("diff", RUNS / "gpt-sdpa-h200", EXAMPLE_RUN, "--top", "3")
     assert result.exit_code == 0, result.output

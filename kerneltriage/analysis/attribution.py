@@ -39,7 +39,7 @@ from kerneltriage.annotate import MODULE_PREFIX, REGION_PREFIX, STEP_RANGE
 from kerneltriage.ingest.tables import Timeline
 from kerneltriage.patterns import Pattern, compile_user_pattern
 
-_PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
+PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
 _OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
 _OPTIMIZER = re.compile(r"^Optimizer\.(step|zero_grad)#")
 # Ranges PyTorch itself opens with record_function. Whatever category a trace gives them
@@ -114,7 +114,7 @@ def op_mask(cpu: pd.DataFrame) -> np.ndarray:
 
 def is_step_range(name: str) -> bool:
     """A range that marks a step (ProfilerStep#N, kerneltriage.step): never an op or a cause."""
-    return bool(_PROFILER_STEP.match(name)) or name == STEP_RANGE
+    return bool(PROFILER_STEP.match(name)) or name == STEP_RANGE
 
 
 def find_steps(tl: Timeline, marker: str | None = None) -> tuple[list[Step], str, list[str]]:
@@ -145,7 +145,7 @@ def find_steps(tl: Timeline, marker: str | None = None) -> tuple[list[Step], str
         if found:
             return found
         warnings.append(f"no annotation matches --step-marker {marker!r}")
-    found = ranges(names.str.match(_PROFILER_STEP), "ProfilerStep")
+    found = ranges(names.str.match(PROFILER_STEP), "ProfilerStep")
     if found:
         return found
     opt_all = ann[names.str.match(_OPTIMIZER_STEP).to_numpy()]

@@ -32,6 +32,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import numpy as np
 
@@ -101,11 +102,14 @@ def known_fix(op: str | None, around: list[str]) -> _Fix | None:
     return None
 
 
-def _union(starts: np.ndarray, ends: np.ndarray) -> list[tuple[int, int]]:
+def union(starts: np.ndarray, ends: np.ndarray) -> list[tuple[Any, Any]]:
+    """The intervals ``[starts[i], ends[i]]`` merged where they overlap or touch, in start
+    order (the numbers keep their type: ns as ints, µs as floats)."""
+    starts, ends = np.asarray(starts), np.asarray(ends)
     order = np.argsort(starts, kind="stable")
-    merged: list[list[int]] = []
+    merged: list[list[Any]] = []
     for i in order.tolist():
-        s, e = int(starts[i]), int(ends[i])
+        s, e = starts[i].item(), ends[i].item()
         if merged and s <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], e)
         else:
@@ -152,7 +156,7 @@ def find_idle(attr: Attribution, timeline: Timeline, min_gap_ns: float) -> IdleF
                 edges[BEFORE_FIRST].append((w0, w1))
             continue
         starts, ends = starts_all[sel], ends_all[sel]
-        spans = _union(np.maximum(starts, w0), np.minimum(ends, w1))
+        spans = union(np.maximum(starts, w0), np.minimum(ends, w1))
         busy_steps.append(sum(e - s for s, e in spans))
         if spans[0][0] - w0 >= min_gap_ns:
             edges[BEFORE_FIRST].append((w0, spans[0][0]))
@@ -254,7 +258,7 @@ def unlaunched_busy_ns(attr: Attribution) -> int:
     for w0, w1 in step_windows(attr.steps, k):
         sel = (starts < w1) & (ends > w0)
         if sel.any():
-            total += sum(e - s for s, e in _union(np.maximum(starts[sel], w0), np.minimum(ends[sel], w1)))
+            total += sum(e - s for s, e in union(np.maximum(starts[sel], w0), np.minimum(ends[sel], w1)))
     return total
 
 
@@ -406,7 +410,7 @@ class _HostIndex:
         ]
         pieces = op_pieces + ann_pieces
         covered = (
-            sum(e - s for s, e in _union(np.array([p[0] for p in pieces]), np.array([p[1] for p in pieces])))
+            sum(e - s for s, e in union(np.array([p[0] for p in pieces]), np.array([p[1] for p in pieces])))
             if pieces
             else 0
         )
@@ -418,9 +422,7 @@ class _HostIndex:
             parts.append(f"{_ms(uncovered / n / 1e6)} {_NO_OP}")
         loading = [p for p in pieces if is_data_loading(p[2])]
         loading_ns = (
-            sum(
-                e - s for s, e in _union(np.array([p[0] for p in loading]), np.array([p[1] for p in loading]))
-            )
+            sum(e - s for s, e in union(np.array([p[0] for p in loading]), np.array([p[1] for p in loading])))
             if loading
             else 0
         )
@@ -467,8 +469,8 @@ def communication_overlap(attr: Attribution, is_comm) -> tuple[float, float]:
             continue
         starts = mine["start"].to_numpy()
         ends = starts + mine["dur"].to_numpy()
-        comm = _union(starts[comm_mask], ends[comm_mask])
-        compute = _union(starts[~comm_mask], ends[~comm_mask])
+        comm = union(starts[comm_mask], ends[comm_mask])
+        compute = union(starts[~comm_mask], ends[~comm_mask])
         total += sum(e - s for s, e in comm)
         exposed += sum(e - s for s, e in comm) - _intersection(comm, compute)
     return total, exposed

@@ -56,7 +56,7 @@ _CATEGORY_ALIASES = {
     "user_annotation": "user_annotation",
     "gpu_user_annotation": "gpu_user_annotation",
 }
-_GPU_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+GPU_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 
 
 CHUNK_BYTES = 8 << 20
@@ -742,8 +742,8 @@ class _Builder:
                 or type(e.get("args")) not in _ARGS
             ):
                 skipped[_TABLE_OF.get(cat, "other")] += 1
-            elif cat in _GPU_KINDS:
-                gpu.append((e, _GPU_KINDS[cat]))
+            elif cat in GPU_KINDS:
+                gpu.append((e, GPU_KINDS[cat]))
             elif cat == "cpu_op" or cat == "user_annotation":
                 cpu.append((e, cat))
             elif cat == "cuda_runtime" or cat == "cuda_driver":
@@ -894,7 +894,7 @@ _NUMBER = frozenset({int, float})
 _ARGS = frozenset({dict, type(None)})
 _ROW_ERRORS = (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError)
 _TABLE_OF = {
-    **dict.fromkeys(_GPU_KINDS, "kernels"),
+    **dict.fromkeys(GPU_KINDS, "kernels"),
     "cpu_op": "cpu",
     "user_annotation": "cpu",
     "cuda_runtime": "runtime",

@@ -60,6 +60,15 @@ class Profile:
         return min(self.timelines or self.trace_files)
 
     @property
+    def default_rank(self) -> int:
+        """The rank one report is of when none is named: the only one, else the rank ncu
+        profiled (the one with counters) when it is held, else the first."""
+        ranks = sorted(self.timelines or self.trace_files)
+        if len(ranks) == 1:
+            return ranks[0]
+        return self.counters_rank if self.counters_rank in ranks else ranks[0]
+
+    @property
     def hot_kernels(self) -> list[str] | None:
         """Base names phase 2 was asked to profile (None for counters not made by ``profile``)."""
         if self.manifest is None:

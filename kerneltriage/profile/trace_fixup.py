@@ -19,16 +19,18 @@ from __future__ import annotations
 import bisect
 import gzip
 import os
-import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
+from kerneltriage.analysis.attribution import PROFILER_STEP
+from kerneltriage.analysis.idle import union
 from kerneltriage.annotate import MODULE_PREFIX
+from kerneltriage.ingest.kineto import GPU_KINDS
 
 SHAPE_ARGS = ("Input Dims", "Input type", "Input Strides", "Concrete Inputs")
-_STEP = re.compile(r"^ProfilerStep#\d+$")
 #: How far ahead the alignment looks for the next common op when two sequences differ.
 _LOOKAHEAD = 48
 
@@ -81,7 +83,7 @@ def copy_shapes(timed: list[dict[str, Any]], source: list[dict[str, Any]]) -> di
         for e in timed
         if e.get("ph") == "X"
         and e.get("cat") != "gpu_user_annotation"
-        and _STEP.match(str(e.get("name", "")))
+        and PROFILER_STEP.match(str(e.get("name", "")))
         and "ts" in e
     )
     src = _ops_by_thread(source)
@@ -153,10 +155,6 @@ def _resync(a: list[str], b: list[str], i: int, j: int, lookahead: int) -> tuple
     return None
 
 
-#: GPU activity that keeps the device busy, as Kineto files it.
-_GPU_BUSY = ("kernel", "gpu_memcpy", "gpu_memset")
-
-
 def summarize_clean(path: Path, steps: int) -> dict[str, Any]:
     """The clean steps' trace (CUDA activity only, ``steps`` steps): the GPU's busy share of
     the window from its first activity's start to its last one's end, and kernels per step.
@@ -169,7 +167,7 @@ def summarize_clean(path: Path, steps: int) -> dict[str, Any]:
     by_device: dict[Any, list[tuple[float, float]]] = {}
     kernels: dict[Any, int] = {}
     for e in events:
-        if e.get("ph") != "X" or e.get("cat") not in _GPU_BUSY or "ts" not in e:
+        if e.get("ph") != "X" or e.get("cat") not in GPU_KINDS or "ts" not in e:
             continue
         start = float(e["ts"])
         by_device.setdefault(e.get("pid"), []).append((start, start + float(e.get("dur", 0.0))))
@@ -178,19 +176,9 @@ def summarize_clean(path: Path, steps: int) -> dict[str, Any]:
     if not by_device:
         raise ValueError("no GPU activity in the clean steps' trace")
     device = max(by_device, key=lambda d: len(by_device[d]))
-    spans = sorted(by_device[device])
-    busy = 0.0
-    cur_start, cur_end = spans[0]
-    window_end = cur_end
-    for start, end in spans[1:]:
-        window_end = max(window_end, end)
-        if start > cur_end:
-            busy += cur_end - cur_start
-            cur_start, cur_end = start, end
-        else:
-            cur_end = max(cur_end, end)
-    busy += cur_end - cur_start
-    window = window_end - spans[0][0]
+    spans = union(*np.array(by_device[device], dtype=float).T)
+    busy = sum(end - start for start, end in spans)
+    window = spans[-1][1] - spans[0][0]
     return {
         "gpu_busy_share": round(busy / window, 4) if window > 0 else None,
         "window_ms": round(window / 1000.0, 4),

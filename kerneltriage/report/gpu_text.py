@@ -39,7 +39,7 @@ def ceilings_text(gpu: GPUSpec) -> str:
 
 
 def unresolved_text(report: Report) -> str:
-    """Why the report has no GPU (set by ``api.report_for``), in a few words."""
+    """Why the report has no GPU (set by ``parallel.rank_report``), in a few words."""
     return str(report.source.get("gpu_unresolved") or "not resolved")
 
 

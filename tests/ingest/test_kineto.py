@@ -166,7 +166,7 @@ def test_json_that_is_not_a_trace(tmp_path):
 
 
 def test_missing_file_and_directory(tmp_path):
-    with pytest.raises(TraceFormatError, match="no such file"):
+    with pytest.raises(TraceFormatError, match="no such trace file"):
         read_trace(tmp_path / "nope.json")
     with pytest.raises(TraceFormatError, match="directory"):
         read_trace(tmp_path)

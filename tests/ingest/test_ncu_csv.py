@@ -145,7 +145,7 @@ def test_csv_from_another_program_is_refused():
 
 
 def test_bad_files(tmp_path):
-    with pytest.raises(CountersFormatError, match="no such file"):
+    with pytest.raises(CountersFormatError, match="no such Nsight Compute file"):
         read_counters(tmp_path / "none.csv")
     binary = tmp_path / "b.csv"
     binary.write_bytes(b"\xff\xfe\x00\x81binary")

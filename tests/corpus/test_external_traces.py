@@ -172,7 +172,9 @@ def test_estimated_headroom_is_never_absurd(path):
                 and c["kind"] != "attention"
                 and not c["attrs"].get("inductor")
             ):
-                assert (c["verdict"], c["reason"]) == ("skip", "estimate-failed"), c["name"]
+                # A headroom below 1 is a disagreement between measurement and ceiling.
+                assert (c["verdict"], c["reason"]) == ("skip", "ceiling-disagrees"), c["name"]
+                assert c["expected_saving_share"] == 0.0
 
 
 def test_a_custom_op_whose_work_runs_elsewhere_is_a_failed_estimate():
@@ -181,17 +183,22 @@ def test_a_custom_op_whose_work_runs_elsewhere_is_a_failed_estimate():
     (trace,) = (CORPUS / "tracelens-vllm-graph-capture-mi300x").glob("*.json.gz")
     (rep,) = _reports(trace)
     c = next(c for c in rep["candidates"] if c["name"].startswith("vllm::unified_attention_with_output"))
-    assert c["headroom"] < 0.5 and c["roofline"]["source"] == "estimate"
-    assert (c["verdict"], c["reason"], c["expected_saving_share"]) == ("skip", "estimate-failed", 0.0)
-    assert "ran faster than its tensors allow" in c["note"]
+    # An attention op is given no elementwise byte model: no headroom, and no finding.
+    assert c["headroom"] is None and c["roofline"]["source"] == "none"
+    assert c["verdict"] == "skip" and c["expected_saving_share"] == 0.0
 
 
 @pytest.mark.parametrize("path", TRACES, ids=_id)
 def test_launch_bound_ops_are_told_to_launch_less(path):
     for rep in _reports(path):
         for c in rep["candidates"]:
-            if c["roofline"].get("launch_bound") and c["level"] != "region" and c["verdict"] not in ("skip",):
-                assert c["verdict"] == "compile" and c["reason"] == "launch-bound", c["name"]
+            r = c["roofline"]
+            if r.get("launch_bound") and c["level"] != "region" and c["verdict"] not in ("skip",):
+                # Told to launch less only where its launches run near the floor (within 3×);
+                # slower than that, the launches are not what holds it back.
+                near = c["time_ms_per_step"] <= 3.0 * (r.get("launch_floor_ms") or 0.0)
+                assert c["verdict"] == "compile", c["name"]
+                assert (c["reason"] == "launch-bound") == near, c["name"]
 
 
 def test_flash_attention_on_an_h100_is_sent_to_the_faster_backend():

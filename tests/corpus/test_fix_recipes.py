@@ -126,4 +126,6 @@ def test_the_corpus_exercises_the_main_recipes():
         for _r, c in _fixes(path):
             if c.get("fix"):
                 seen.add(c["recipe"]["id"])
-    assert {"sdpa-for-naive-attention", "builtin-norm", "autocast-fp16-legacy", "sdpa-backend"} <= seen
+    # (sdpa-backend is not among them: the one corpus SDPA that had it, Qwen 0.5B at S = 559,
+    # lies outside the measured attention table now, so no backend is named there.)
+    assert {"sdpa-for-naive-attention", "builtin-norm", "autocast-fp16-legacy"} <= seen

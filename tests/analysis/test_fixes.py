@@ -388,3 +388,14 @@ def test_gemm_shape_diagnostics():
         for i, n in enumerate(("query", "key", "value"))
     ]
     assert any("one fused projection (2304x768" in n for n in gemm_diagnostics(qkv[0], qkv, H100))
+
+
+def test_a_faster_sdpa_backend_is_named_for_the_process_and_needs_torch_2_3():
+    c = cand("attention", builtin="torch.nn.attention.sdpa_kernel(SDPBackend.CUDNN_ATTENTION)")
+    r = choose(c, recipes(), H100, {})
+    assert r["id"] == "sdpa-backend" and r["blocked"] is None
+    assert "sdpa_kernel(SDPBackend.CUDNN_ATTENTION)" in r["text"]
+    assert r["apply"] == {"kind": "sdpa-backend", "backend": "CUDNN_ATTENTION"}
+    old = Environment(**{**H100.__dict__, "torch": "2.1.0"})
+    blocked = choose(c, recipes(), old, {})
+    assert blocked["blocked"] == "PyTorch 2.1.0 (needs >=2.3)" and blocked["text"] is None

@@ -500,6 +500,9 @@ def _fix(c: Candidate, candidates: list[Candidate], rules: Rules, env: Environme
         c.note = "; ".join(x for x in (c.note, f"no fix offered: {recipe['blocked']}") if x)
         return
     c.fix = text
+    if recipe["id"].startswith("liger-cross-entropy") and "FusedLinear" in (c.builtin or ""):
+        # Fused linear CE was declined: the verdict names the loss-only kernel the fix pastes.
+        c.builtin = "liger_kernel.transformers.LigerCrossEntropyLoss"
     if needs:
         c.note = "; ".join([c.note, *needs] if c.note else needs)
     if judged and recipe["id"].startswith("liger-fused-linear-ce"):

@@ -4,6 +4,7 @@ of terminal tables whose names wrap between words or at a name's own joints (``.
 
 from __future__ import annotations
 
+import itertools
 import re
 import shlex
 from collections.abc import Sequence
@@ -37,6 +38,23 @@ def scaffold_command(run_ref: str, ident: str, rank: int | None = None, *, quote
 # lower-case letter (LigerFusedLinearCrossEntropy|Loss).
 _AFTER = re.compile(r"[._,:/(\-]|→")
 _HUMP = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
+def _atom(text: str) -> int:
+    """The widest piece of ``text`` between spaces and joints, plus one: a joint is taken only
+    a few cells into a line, so a piece needs that much room beside it."""
+    widest = 0
+    for word in text.split():
+        cuts = sorted(
+            {
+                0,
+                len(word),
+                *(m.end() for m in _AFTER.finditer(word)),
+                *(m.start() for m in _HUMP.finditer(word)),
+            }
+        )
+        widest = max(widest, *(cell_len(word[a:b]) for a, b in itertools.pairwise(cuts)))
+    return widest + 1
 
 
 def _pieces(word: str, width: int) -> list[str]:
@@ -98,8 +116,16 @@ def name_widths(
     }
     spare = left - sum(floor.values())
     if spare < 0:
-        total = sum(want.values())
-        return {i: max(10, left * w // total) for i, w in want.items()}
+        # Too narrow for every longest word: each column gets at least its longest piece
+        # between joints (so ``_pieces`` cuts no word mid-piece), the rest in proportion.
+        atoms = {i: min(floor[i], max(10, max((_atom(str(r[i])) for r in rows), default=0))) for i in caps}
+        spare = left - sum(atoms.values())
+        if spare < 0:
+            total = sum(want.values())
+            return {i: max(10, left * w // total) for i, w in want.items()}
+        room = {i: floor[i] - atoms[i] for i in caps}
+        total = sum(room.values()) or 1
+        return {i: atoms[i] + spare * room[i] // total for i in caps}
     widths = dict(floor)
     for i in caps:
         more = min(spare, want[i] - floor[i])

@@ -518,6 +518,48 @@ def _fix(c: Candidate, candidates: list[Candidate], rules: Rules, env: Environme
         c.note = "; ".join(
             x for x in (c.note, "the fix swaps the norm only: the residual add before it stays eager") if x
         )
+    apply = recipe.get("apply") or {}
+    if apply.get("kind") == "compile-module":
+        inside = _compiled_with(c, candidates, apply.get("classes") or [])
+        if inside:
+            # Compiling a module class compiles everything its instances run: the prediction
+            # counts this candidate only, and verify will measure the whole.
+            c.attrs["compiles_also"] = [o.id for o in inside]
+            listed = ", ".join(f"{o.id} ({o.kind}, {o.time_share:.1%} of the step)" for o in inside[:3])
+            c.note = "; ".join(
+                x
+                for x in (
+                    c.note,
+                    f"compiling {' and '.join(apply['classes'])} also compiles {listed}: the realized saving "
+                    "can exceed this prediction, which counts this candidate only, and overlaps their fixes",
+                )
+                if x
+            )
+
+
+#: Kinds whose ops Inductor fuses when their module is compiled.
+_FUSABLE = frozenset({"elementwise", "reduction", "softmax", "norm", "cross-entropy"})
+
+
+def _compiled_with(c: Candidate, candidates: list[Candidate], classes: list[str]) -> list[Candidate]:
+    """The other candidates (1% of the step or more) that run inside the instances of
+    ``classes`` and that a compile of those module classes fuses too (elementwise work, norms,
+    naive attention's softmax and scaling)."""
+    roots = {
+        o.module.partition(" (")[0]
+        for o in candidates
+        if o.module and o.module.partition(" (")[2].rstrip(")") in classes
+    }
+    inside = []
+    for o in candidates:
+        path = (o.module or "").partition(" (")[0]
+        if o is c or not path or o.time_share < 0.01:
+            continue
+        if o.kind not in _FUSABLE and not (o.kind == "attention" and o.attrs.get("written") == "naive"):
+            continue  # a library GEMM or attention stays the library's call when compiled
+        if any(path == r or path.startswith(r + ".") for r in roots):
+            inside.append(o)
+    return sorted(inside, key=lambda o: -o.time_share)
 
 
 def _already_uses(c: Candidate, rec: dict[str, Any]) -> str | None:

@@ -399,3 +399,19 @@ def test_a_faster_sdpa_backend_is_named_for_the_process_and_needs_torch_2_3():
     old = Environment(**{**H100.__dict__, "torch": "2.1.0"})
     blocked = choose(c, recipes(), old, {})
     assert blocked["blocked"] == "PyTorch 2.1.0 (needs >=2.3)" and blocked["text"] is None
+
+
+def test_compiling_a_module_class_names_the_other_candidates_it_fuses():
+    from kerneltriage.analysis.verdict import _compiled_with
+
+    rope = cand("elementwise", "compile", module="model.layers.*.self_attn (Gemma2Attention)", id="C6")
+    naive = cand(
+        "attention", "use-builtin", module="model.layers.*.self_attn (Gemma2Attention)", id="C1", share=0.44
+    )
+    naive.attrs["written"] = "naive"
+    qproj = cand("gemm", "skip", module="model.layers.*.self_attn.q_proj (Linear)", id="C5", share=0.08)
+    norm = cand("norm", "use-builtin", module="model.layers.*.input_layernorm (Gemma2RMSNorm)", id="C2")
+    inside = _compiled_with(rope, [rope, naive, qproj, norm], ["Gemma2Attention"])
+    # The naive attention's softmax and scaling fuse; the q projection stays cuBLAS's; the norm
+    # runs outside the compiled class.
+    assert [o.id for o in inside] == ["C1"]

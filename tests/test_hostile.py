@@ -32,7 +32,14 @@ from click.testing import CliRunner
 import kerneltriage
 from kerneltriage.cli import main
 from kerneltriage.errors import InputError
-from tests.test_robustness import assert_possible, copy_run, edit_kernels, edit_manifest, edit_trace
+from tests.test_robustness import (
+    assert_possible,
+    copy_run,
+    edit_kernels,
+    edit_manifest,
+    edit_trace,
+    kernel_events,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT = 120  # seconds a subprocess case may take before it counts as a hang
@@ -192,6 +199,16 @@ REPORT_CASES = [
     ("manifest-step-tiny", step_time(0.001), None, [], 2, "contradict"),
     ("kernel-longer-than-step", edit_kernels(1, lambda e: e.update(dur=8.6e10)), None, [], 2, "longer than"),
     (
+        # Longer than its step (about 50 ms) but within the recording, on a GPU-bound run: the
+        # shares of the step add up past what one stream can fill, and the report is refused.
+        "kernel-longer-than-its-step",
+        lambda run: edit_trace(run, middle_kernel_lasts(1.0e5)),
+        None,
+        [],
+        2,
+        "cannot be trusted",
+    ),
+    (
         "launches-without-kernels",
         lambda run: edit_trace(run, no_kernel_events),
         None,
@@ -257,6 +274,16 @@ def test_report_on_hostile_input(tmp_path, mutate, make_rules, args, code, text)
         inputs.append(path)
     got = outcome(["report", run, "--format", "json", *args], text, inputs)
     assert got == expect(code, text)
+
+
+def middle_kernel_lasts(us: float):
+    """A kernel in the middle of the trace (inside a step) made to last ``us`` µs."""
+
+    def edit(data):
+        events = kernel_events(data)
+        events[len(events) // 2]["dur"] = us
+
+    return edit
 
 
 def fifo(tmp: Path) -> Path:

@@ -88,6 +88,24 @@ def check_kernels(timeline: Timeline, kernels: pd.DataFrame) -> list[str]:
     return warnings
 
 
+def check_kernel_in_step(kernels: pd.DataFrame, walls_ns: Any) -> list[str]:
+    """A kernel inside the steps that lasts longer than the longest step: the steps' host
+    ranges do not bound the GPU's work (nothing in the step waits for it), so the shares of a
+    step are shares of a window the GPU outran."""
+    compute = kernels[(kernels["kind"] == "kernel") & (kernels["step"] >= 0)]
+    if compute.empty or not len(walls_ns):
+        return []
+    longest = compute.loc[compute["dur"].idxmax()]
+    widest = float(max(walls_ns))
+    if widest <= 0 or float(longest["dur"]) <= widest:
+        return []
+    return [
+        f"kernel {str(longest['name'])[:60]!r} lasts {_human(float(longest['dur']))}, longer than the longest "
+        f"step ({_human(widest)}): the steps' host ranges do not bound the GPU's work (nothing in a step "
+        "waits for it), so shares of the step can exceed what the step shows"
+    ]
+
+
 def check_step_time(timing: dict[str, Any], busy_ms: float, source: str) -> None:
     """A step time from ``profile``'s plain steps that its own kernels contradict."""
     plain = float(timing["plain_median_ms"])

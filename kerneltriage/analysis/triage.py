@@ -86,6 +86,7 @@ def triage(
             )
     n_steps = len(attr.steps)
     walls = step_walls(attr)
+    warnings += plausibility.check_kernel_in_step(kernels, walls)
     step_ms = float(np.mean(walls)) / 1e6
     spread_ms = spread(np.asarray(walls) / 1e6)
     found = find_idle(attr, timeline, rules.thresholds.gap_us * 1000)

@@ -214,7 +214,14 @@ def load_rules(user_file: str | Path | None = None, overrides: dict[str, float] 
     warnings = unknown_key_warnings(user, str(user_file)) if user_file is not None else []
     given = {key: value for key, value in (overrides or {}).items() if value is not None}
     raw.setdefault("thresholds", {}).update(given)
-    rules = _validate(raw, sources, set(given))
+    try:
+        rules = _validate(raw, sources, set(given))
+    except RulesError as exc:
+        if exc.path is not None or user_file is None:
+            raise
+        # A pattern or value with no file named: the shipped rules are checked in CI, so it came
+        # from the user's file.
+        raise RulesError(exc.message, path=str(user_file), hint=exc.hint) from None
     rules.warnings = warnings
     return rules
 

@@ -37,6 +37,9 @@ class Match:
     ceiling_reached: float | None  # ceiling ÷ time after (1.0: at the predicted ceiling)
     verdict_before: str
     how: str  # how the match was made
+    # What `kerneltriage verify` measured on the run before for these candidates (their
+    # ``verification`` mappings), empty when it was not run.
+    verified: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -113,6 +116,7 @@ def compare(before: Report, after: Report, names: tuple[str, str] = ("before", "
                 ceiling_reached=(ceiling / t_a) if ceiling and t_a else None,
                 verdict_before=lead.verdict + (f" ({lead.reason})" if lead.verdict == "skip" else ""),
                 how=how,
+                verified=[dict(c.verification) for c in b_list if c.verification],
             )
         )
     out.sort(key=lambda m: (-m.predicted_saving_share, -m.time_ms_per_step["before"]))

@@ -13,6 +13,7 @@ from typing import Any
 from kerneltriage.analysis.diff import Diff, Match
 from kerneltriage.report.shared import name_widths, wrap_name
 from kerneltriage.report.text import ms, pct
+from kerneltriage.report.verify_text import realized_cell
 
 _HEAD = ["candidate", "kind", "before", "after", "predicted", "realized", "of ceiling", "ids", "matched by"]
 _RIGHT = {"before", "after", "predicted", "realized", "of ceiling"}
@@ -34,9 +35,9 @@ def step_change_text(d: Diff) -> str:
     return f"{pct(max(share, 0.0))} saved"
 
 
-def _row(m: Match) -> list[str]:
+def _row(m: Match, verified: bool = False) -> list[str]:
     t = m.time_ms_per_step
-    return [
+    row = [
         m.name,
         m.kind,
         ms(t["before"]),
@@ -47,6 +48,15 @@ def _row(m: Match) -> list[str]:
         ", ".join(m.ids["before"]) + " → " + (", ".join(m.ids["after"]) or "—"),
         m.how,
     ]
+    if verified:
+        # What `kerneltriage verify` measured on the run before, beside what this pair shows.
+        row.insert(6, ", ".join(realized_cell(v) for v in m.verified) or "—")
+    return row
+
+
+def _head(matches: list[Match]) -> tuple[list[str], bool]:
+    verified = any(m.verified for m in matches)
+    return ([*_HEAD[:6], "verify (before)", *_HEAD[6:]] if verified else list(_HEAD)), verified
 
 
 def _summary(d: Diff) -> list[str]:
@@ -59,7 +69,8 @@ def _summary(d: Diff) -> list[str]:
 
 def render_diff(d: Diff, fmt: str, top: int | None = None) -> str:
     matches = d.candidates[:top] if top else list(d.candidates)
-    rows = [_row(m) for m in matches]
+    head, verified = _head(matches)
+    rows = [_row(m, verified) for m in matches]
     if fmt == "json":
         return json.dumps(d.to_json(), indent=2) + "\n"
     if fmt == "csv":
@@ -71,7 +82,7 @@ def render_diff(d: Diff, fmt: str, top: int | None = None) -> str:
     if fmt == "markdown":
         out = [f"## kerneltriage diff: `{d.before}` → `{d.after}`", ""]
         out += [f"- {line}" for line in _summary(d)] + [""]
-        out += ["| " + " | ".join(_HEAD) + " |", "|" + "---|" * len(_HEAD)]
+        out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         out += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
         if d.compiled:
             out += ["", "Eager → compiled, op by op:", ""]
@@ -83,8 +94,8 @@ def render_diff(d: Diff, fmt: str, top: int | None = None) -> str:
         out += _lists(d, "- ")
         return "\n".join(out) + "\n"
     if fmt == "html":
-        return _page(d, matches, rows)
-    return _terminal(d, rows)
+        return _page(d, matches, rows, head)
+    return _terminal(d, rows, head)
 
 
 _COMPILED_HEAD = ["eager ops", "kind", "eager", "compiled", "speed-up", "compiled kernels", "matched by"]
@@ -158,7 +169,7 @@ def _lists(d: Diff, bullet: str) -> list[str]:
     return out
 
 
-def _terminal(d: Diff, rows: list[list[str]], width: int = 160) -> str:
+def _terminal(d: Diff, rows: list[list[str]], head: list[str], width: int = 160) -> str:
     from io import StringIO
 
     from rich.console import Console
@@ -171,8 +182,9 @@ def _terminal(d: Diff, rows: list[list[str]], width: int = 160) -> str:
         console.print(line)
     table = Table(title="Predicted vs realized saving (shares of the step before)", title_justify="left")
     # Names wrap between words or at their joints, never mid-word (see report.shared).
-    widths = name_widths(console.width, _HEAD, rows, {0: 48, 7: 24, 8: 24})
-    for i, col in enumerate(_HEAD):
+    caps = {head.index("candidate"): 48, head.index("ids"): 24, head.index("matched by"): 24}
+    widths = name_widths(console.width, head, rows, caps)
+    for i, col in enumerate(head):
         table.add_column(
             col, justify="right" if col in _RIGHT else "left", width=widths.get(i), overflow="ellipsis"
         )
@@ -286,7 +298,7 @@ def diff_svg(d: Diff, matches: list[Match]) -> str:
     return plots._inline(svg, "diff", "Predicted against realized saving per candidate")
 
 
-def _page(d: Diff, matches: list[Match], rows: list[list[str]]) -> str:
+def _page(d: Diff, matches: list[Match], rows: list[list[str]], head: list[str]) -> str:
     from markupsafe import Markup
 
     from kerneltriage.report import plots
@@ -307,8 +319,8 @@ def _page(d: Diff, matches: list[Match], rows: list[list[str]]) -> str:
         "slower": d.step_saving_share <= -_SHOWN,
         "warnings": list(d.warnings),
         "chart": Markup(diff_svg(d, matches)),
-        "head": _HEAD,
-        "right": [col in _RIGHT for col in _HEAD],
+        "head": head,
+        "right": [col in _RIGHT for col in head],
         "rows": [{"cells": r, "slower": m.realized_saving_share <= -_SHOWN} for r, m in zip(rows, matches)],
         "kinds": [(k, ms(v["before"]), ms(v["after"])) for k, v in d.kinds.items()],
         "new_hot_spots": [_hot_spot(h) for h in d.new_hot_spots],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -197,3 +198,22 @@ def test_the_report_ranks_by_realized_and_drops_refuted_fixes(naive):
     assert frame.set_index("id").loc["C1", "verification_status"] == "refuted"
     assert frame.set_index("id").loc[norm.id, "realized_saving_share"] == 0.05
     assert json.loads(render(report, "json"))["candidates"][0]["verification"]["status"] == "verified"
+
+
+def test_diff_shows_what_verify_measured_on_the_run_before(tmp_path):
+    from kerneltriage.api import diff, report
+    from kerneltriage.report.diff_render import render_diff
+
+    run = tmp_path / "naive"
+    shutil.copytree(NAIVE, run)
+    attention = next(c for c in report(run).candidates if c.kind == "attention")
+    record.write(run, _file([_entry(attention.id, attention.name, "verified", 0.652, 0.631)]))
+    d = diff(run, NAIVE.parent / "gpt-sdpa-h200")
+    match = next(m for m in d.candidates if attention.id in m.ids["before"])
+    assert match.verified and match.verified[0]["status"] == "verified"
+    text = render_diff(d, "terminal")
+    assert "verify (before)" in text and "63.1% ✓" in text
+    md = render_diff(d, "markdown")
+    assert "| verify (before) |" in md
+    # Without verify.json the column is not there.
+    assert "verify (before)" not in render_diff(diff(NAIVE, NAIVE.parent / "gpt-sdpa-h200"), "terminal")

@@ -87,6 +87,8 @@ SLOW = (
     "tests/profile/test_distributed.py",
     "tests/profile/test_session.py",
     "tests/verify/test_trials.py",
+    "tests/verify/test_apply.py::test_compile_model_compiles_the_root_of_a_bert_mlm",
+    "tests/verify/test_apply.py::test_norm_swap_on_hugging_face_llama_takes_the_drop_in",
     "tests/ingest/test_kineto_stream.py",
     "tests/scaffold/test_scaffold.py::test_scaffold_renders_lints_and_passes_its_tests",
     "tests/scaffold/test_scaffold.py::test_bench_smoke_writes_json",

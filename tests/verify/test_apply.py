@@ -123,10 +123,13 @@ def test_norm_swap_on_a_plain_module_swaps_only_the_named_class_at_the_first_for
 def test_norm_swap_on_hugging_face_llama_takes_the_drop_in(applied):
     from kerneltriage.kernels import LlamaRMSNorm
 
+    ids = torch.randint(0, 64, (1, 8))
+    before = tiny_llama()(input_ids=ids, labels=ids).loss.item()
     a = applied({"kind": "norm-swap", "classes": ["LlamaRMSNorm"]})
     model = tiny_llama()
-    ids = torch.randint(0, 64, (1, 8))
-    model(input_ids=ids, labels=ids).loss.backward()
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    assert loss.item() == pytest.approx(before, rel=1e-5)  # the fix as applied keeps the model's loss
     assert a.details["root"] == "LlamaForCausalLM" and a.details["swapped"] == 5  # 2 per layer + final
     assert all(type(m) is LlamaRMSNorm for n, m in model.named_modules() if n.endswith("norm"))
 
@@ -147,11 +150,17 @@ def test_compile_module_compiles_every_instance_of_the_class(applied):
 
 
 def test_compile_model_compiles_the_root_of_a_bert_mlm(applied):
+    ids = torch.randint(0, 64, (1, 8))
+    labels = torch.where(torch.rand(1, 8) < 0.5, ids, torch.full_like(ids, -100))
+    eager = tiny_bert().eval()
+    before = eager(input_ids=ids, labels=labels).loss.item()
     a = applied({"kind": "compile-model", "mode": "default"})
-    model = tiny_bert()
-    model(input_ids=torch.randint(0, 64, (1, 8)))
+    model = tiny_bert().eval()
+    model(input_ids=ids)
     assert a.details == {"mode": "default", "root": "BertForMaskedLM"}
     assert model._compiled_call_impl is not None
+    # From the second call on the model runs compiled, with the eager model's loss.
+    assert model(input_ids=ids, labels=labels).loss.item() == pytest.approx(before, rel=1e-4)
 
 
 def test_compile_mode_changes_the_scripts_own_compile_calls(applied, monkeypatch):

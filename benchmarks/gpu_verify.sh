@@ -14,7 +14,8 @@
 #   gpt-naive    examples/train_gpt.py: 4-layer GPT, naive attention, eager RMSNorm, bf16 autocast
 #   bert         examples/train_bert_mlm.py: HF BERT-base MLM, bf16 autocast
 #   gpt-compile  examples/train_gpt.py at GPT-2 124M size under torch.compile
-# VERIFY_FLAGS (default "--repeats 2 --steps 12") goes to `kerneltriage verify`.
+# VERIFY_FLAGS (default "--repeats 2 --steps 12") goes to `kerneltriage verify`. KEEP_RUNS=1 keeps
+# each run directory whole in verify.tgz (traces included: a run to ship under examples/runs).
 #
 # Needs: a CUDA GPU with bf16; torch with CUDA, triton, transformers; kerneltriage's
 # dependencies (pip install -e .); liger-kernel for the Liger fixes (without it they are
@@ -80,6 +81,10 @@ for w in $WORKLOADS; do
   say "verify: $((SECONDS - t0)) s"
   $KT report "$run" 2>/dev/null | sed -n '1,40p' >>"$SUMMARY"
 done
-tar czf "$OUT/verify.tgz" -C "$WORK" --exclude='*.json.gz' --exclude='*.ncu-rep' --exclude='inductor-cache' runs
+if [ "${KEEP_RUNS:-0}" = 1 ]; then
+  tar czf "$OUT/verify.tgz" -C "$WORK" --exclude='*.ncu-rep' --exclude='inductor-cache' runs
+else
+  tar czf "$OUT/verify.tgz" -C "$WORK" --exclude='*.json.gz' --exclude='*.ncu-rep' --exclude='inductor-cache' runs
+fi
 rm -rf "$WORK"
 say "== done, $(date -u +%FT%TZ)"

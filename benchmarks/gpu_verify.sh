@@ -4,7 +4,7 @@
 # counters), `kerneltriage report --format json`, then `kerneltriage verify`: the runner applies
 # every actionable fix to the unchanged script, baseline and fixed runs interleaved, the first
 # steps' losses compared. gpt-naive also verifies SDPA applied by hand (--by-hand, the script's
-# own --attn sdpa). BENCHMARKS.md's "Fixes verified" table comes from it.
+# own --attn sdpa), gpt-compile Liger's cross-entropy by hand (--loss liger). BENCHMARKS.md's "Fixes verified" table comes from it.
 #
 #   bash benchmarks/gpu_verify.sh OUT_DIR [WORKLOAD ...]
 #
@@ -75,6 +75,12 @@ for w in $WORKLOADS; do
     attn=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(next(c['id'] for c in r['candidates'] if c['kind']=='attention'))" "$run/report.json")
     # shellcheck disable=SC2086
     $KT verify "$run" $FLAGS --by-hand "$attn" -- python3 $args --attn sdpa --steps 40 2>&1 | grep --line-buffered -v "^USDT" | tee -a "$SUMMARY" | tail -n 2
+  fi
+  if [ "$w" = gpt-compile ]; then
+    # The loss outside the compiled model: Liger's cross-entropy applied by hand (--loss liger).
+    ce=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(next(c['id'] for c in r['candidates'] if c['kind']=='cross-entropy'))" "$run/report.json")
+    # shellcheck disable=SC2086
+    $KT verify "$run" $FLAGS --by-hand "$ce" -- python3 $args --loss liger --steps 40 2>&1 | grep --line-buffered -v "^USDT" | tee -a "$SUMMARY" | tail -n 2
   fi
   # shellcheck disable=SC2086
   $KT verify "$run" $FLAGS 2>&1 | grep --line-buffered -v "^USDT" | tee -a "$SUMMARY" | tail -n 2

@@ -49,6 +49,12 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--attn", choices=["naive", "sdpa", "builtin"], default="naive")
     p.add_argument("--norm", choices=["eager", "builtin"], default="eager")
+    p.add_argument(
+        "--loss",
+        choices=["eager", "liger"],
+        default="eager",
+        help="liger: Liger's cross-entropy kernel on the bf16 logits (needs liger-kernel)",
+    )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--tiny", action="store_true", help="a model small enough for a CPU test")
     p.add_argument("--ddp", action="store_true", help="DistributedDataParallel (launch with torchrun)")
@@ -167,6 +173,10 @@ def main(argv=None):
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=fused)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     gen = torch.Generator(device="cpu").manual_seed(args.seed + 1000 * rank)
+    if args.loss == "liger":
+        from liger_kernel.transformers import LigerCrossEntropyLoss
+
+        liger_ce = LigerCrossEntropyLoss()
     stats = StepStats(device)
     losses, times = [], []
     for _ in range(args.steps):
@@ -178,7 +188,10 @@ def main(argv=None):
             logits = model(idx)
             # Next-token loss on a learnable pattern: predict the previous token.
             target = torch.roll(idx, 1, dims=1)
-            loss = F.cross_entropy(logits.view(-1, args.vocab).float(), target.view(-1))
+            if args.loss == "liger":
+                loss = liger_ce(logits.view(-1, args.vocab), target.view(-1))
+            else:
+                loss = F.cross_entropy(logits.view(-1, args.vocab).float(), target.view(-1))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -11,6 +11,7 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -23,7 +24,7 @@ class _Failure(click.ClickException):
 
     def __init__(self, message: str, exit_code: int):
         super().__init__(message)
-        self.exit_code = exit_code
+        self.exit_code = exit_code  # type: ignore[misc]  # click's default is class-wide; each error has its own
 
     def show(self, file=None) -> None:
         click.echo(f"kerneltriage: error: {self.format_message()}", err=True)
@@ -318,11 +319,38 @@ def report(
       kerneltriage report s3://bucket/traces/ --scheduler tcp://head:8786
     """
     from kerneltriage import api
-    from kerneltriage.errors import InputError
-    from kerneltriage.outputs import check_outputs
-    from kerneltriage.report import render
 
-    # Every output is checked before any work, and none may be an input.
+    _check_report_outputs(run, ncu, output, rules_file, plot, export_dir, export_format)
+    # A bad rules file or threshold flag fails before the trace is read.
+    rules = api.load_rules(
+        rules_file, {"min_headroom": min_headroom, "min_share": min_share, "max_shapes": max_shapes}
+    )
+    interactive = sys.stderr.isatty() and output is None and fmt == "terminal"
+    read = {"ncu": ncu, "ranks": list(ranks) or None, "step_marker": step_marker}
+    with _Progress(interactive) as progress:
+        if export_dir:
+            # --export writes every rank's tables, so they are read here.
+            reports, written = _reports_and_tables(
+                run, read, rules, rules_file, gpu, export_dir, export_format, scheduler, progress
+            )
+        else:
+            # Ranks read and reduced to their reports in parallel, or on Dask.
+            reports = api.reports(
+                run, rules=rules, gpu=gpu, workers=workers, scheduler=scheduler, progress=progress, **read
+            )
+    color = color if output is None else False
+    _emit(_render_reports(reports, fmt, top, str(run), color, bool(ranks)), output)
+    if plot:
+        _write_plot(plot, reports)
+    if export_dir:
+        click.echo(f"wrote {export_dir}/: {', '.join(path.name for path in written)}", err=True)
+
+
+def _check_report_outputs(run, ncu, output, rules_file, plot, export_dir, export_format) -> None:
+    """Every output is checked before any work, and none may be an input."""
+    from kerneltriage import api
+    from kerneltriage.outputs import check_outputs
+
     check_outputs({"-o": output, "--plot": plot}, [run, ncu, rules_file], {"--export": export_dir})
     if plot:
         from kerneltriage.report.plots import check_plot_path
@@ -330,61 +358,44 @@ def report(
         check_plot_path(plot)  # fail before any work, not after the report
     if export_dir:
         api.check_export_format(export_format)  # parquet without pyarrow: before any work
-    # A bad rules file or threshold flag fails before the trace is read.
-    rules = api.load_rules(
-        rules_file, {"min_headroom": min_headroom, "min_share": min_share, "max_shapes": max_shapes}
-    )
-    interactive = sys.stderr.isatty() and output is None and fmt == "terminal"
-    with _Progress(interactive) as progress:
-        if export_dir:
-            # --export writes every rank's tables, so they are read here.
-            if scheduler:
-                raise InputError("--export reads the traces in this process; leave out --scheduler")
-            profile = api.load(
-                run,
-                ncu=ncu,
-                ranks=list(ranks) or None,
-                rules_file=rules_file,
-                step_marker=step_marker,
-                progress=progress,
-            )
-            reports = profile.reports(rules=rules, gpu=gpu, progress=progress)
-            progress("writing the tables")
-            written = api.export_tables(profile, reports, export_dir, export_format)
-        else:
-            # Ranks read and reduced to their reports in parallel, or on Dask.
-            reports = api.reports(
-                run,
-                rules=rules,
-                ncu=ncu,
-                ranks=list(ranks) or None,
-                gpu=gpu,
-                step_marker=step_marker,
-                workers=workers,
-                scheduler=scheduler,
-                progress=progress,
-            )
-    run_ref = str(run)
-    color = color if output is None else False
+
+
+def _reports_and_tables(run, read, rules, rules_file, gpu, export_dir, export_format, scheduler, progress):
+    """Every rank read in this process, reported, and its tables written to ``export_dir``:
+    (reports, the files written)."""
+    from kerneltriage import api
+    from kerneltriage.errors import InputError
+
+    if scheduler:
+        raise InputError("--export reads the traces in this process; leave out --scheduler")
+    profile = api.load(run, rules_file=rules_file, progress=progress, **read)
+    reports = profile.reports(rules=rules, gpu=gpu, progress=progress)
+    progress("writing the tables")
+    return reports, api.export_tables(profile, reports, export_dir, export_format)
+
+
+def _render_reports(reports: dict, fmt: str, top, run_ref: str, color, picked_ranks: bool) -> str:
+    """One report as ``fmt``, or several ranks' with their summary."""
+    from kerneltriage.report import render
+
     if len(reports) == 1:
         # A rank picked with --rank is named in the scaffold commands (ids are numbered per rank).
         (rank, one), *_ = reports.items()
-        text = render(one, fmt, top=top, run_ref=run_ref, color=color, rank=rank if ranks else None)
-    else:
-        from kerneltriage.analysis.ranks import summarize
-        from kerneltriage.report.ranks_render import render_rank_reports
+        return render(one, fmt, top=top, run_ref=run_ref, color=color, rank=rank if picked_ranks else None)
+    from kerneltriage.analysis.ranks import summarize
+    from kerneltriage.report.ranks_render import render_rank_reports
 
-        text = render_rank_reports(summarize(reports), reports, fmt, top=top, run_ref=run_ref, color=color)
-    _emit(text, output)
-    if plot:
-        from kerneltriage.outputs import atomic_path
-        from kerneltriage.report.plots import save_roofline
+    return render_rank_reports(summarize(reports), reports, fmt, top=top, run_ref=run_ref, color=color)
 
-        with atomic_path(plot) as tmp:
-            save_roofline(next(iter(reports.values())), tmp)
-        click.echo(f"wrote {plot}", err=True)
-    if export_dir:
-        click.echo(f"wrote {export_dir}/: {', '.join(path.name for path in written)}", err=True)
+
+def _write_plot(plot: Path, reports: dict) -> None:
+    """The roofline chart of the first report, written whole or not at all."""
+    from kerneltriage.outputs import atomic_path
+    from kerneltriage.report.plots import save_roofline
+
+    with atomic_path(plot) as tmp:
+        save_roofline(next(iter(reports.values())), tmp)
+    click.echo(f"wrote {plot}", err=True)
 
 
 # --- diff -----------------------------------------------------------------------------------
@@ -469,8 +480,8 @@ class _ProfileReporter:
 
         self.console = Console(stderr=True, highlight=False)
         self.quiet = quiet
-        self.progress = None
-        self.task = None
+        self.progress: Any = None  # a rich Progress bar while ncu runs
+        self.task: Any = None
 
     def phase(self, name: str, detail: str = "") -> None:
         self.console.print(f"[bold]kerneltriage[/] {name}: {detail}")

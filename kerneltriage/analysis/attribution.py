@@ -44,7 +44,7 @@ _OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
 _OPTIMIZER = re.compile(r"^Optimizer\.(step|zero_grad)#")
 # Ranges PyTorch itself opens with record_function. Whatever category a trace gives them
 # (PyTorch 1.8-1.9: "Operator", read as cpu_op) they frame work and are never ops.
-_FRAMING = re.compile(r"^(ProfilerStep#\d+$|Optimizer\.(step|zero_grad)#|enumerate\(DataLoader\)#)")
+_FRAMING = re.compile("|".join((PROFILER_STEP.pattern, _OPTIMIZER.pattern, r"^enumerate\(DataLoader\)#")))
 # A backward top-level op: today's evaluate_function wrapper, or (PyTorch <= 1.9) the autograd
 # node itself on the backward thread.
 _BACKWARD_ROOT = re.compile(

@@ -209,6 +209,44 @@ def compiled_graphs(
         return None
     names = cpu["name"].astype(str).to_numpy()
     starts = cpu["start"].to_numpy()
+    found = _compiled_records(names, starts, attr, rules)
+    if found is None:
+        return None
+    rows, launch_rows = found
+    k_all = attr.kernels
+    launched = set(k_all.loc[k_all["step"] >= 0, "op"].tolist())
+    counts, frames, region_rows, recompiles = _count_records(rows, names, attr)
+    k = attr.kernels
+    k = k[k["step"] >= 0]
+    graph_rows = region_rows or [r for r in rows if names[r] == "CompiledFunction"]
+    breaks, where = _graph_breaks(graph_rows, names, starts, attr, set(k["root"].tolist()), n_steps)
+    graphs = _graph_time(timeline, attr, rules, names, k, n_steps, step_ms, idle_scale)
+    out: dict[str, Any] = {
+        "regions_per_step": counts["regions"] / n_steps,
+        "frames": sorted(frames),
+        "compiled_functions_per_step": counts["compiled_functions"] / n_steps,
+        "compiled_backward_per_step": counts["compiled_backward"] / n_steps,
+        "cache_lookups_per_step": counts["cache_lookups"] / n_steps,
+        "fx_graph_calls_per_step": counts["fx_graphs"] / n_steps,
+        "inductor_launch_records_per_step": len(launch_rows) / n_steps,
+        "inductor_launch_records_without_kernel_per_step": sum(
+            1 for r in launch_rows.tolist() if r not in launched
+        )
+        / n_steps,
+        "graph_breaks_per_step": breaks / n_steps,
+        "graph_breaks": sorted(where.values(), key=lambda e: e["where"]),
+        "recompiles": recompiles,
+        "graphs": graphs,
+        "launch_bound": [g for g in graphs if g.get("launch_bound")],
+    }
+    return out
+
+
+def _compiled_records(
+    names: np.ndarray, starts: np.ndarray, attr: Attribution, rules: Rules
+) -> tuple[list[int], np.ndarray] | None:
+    """Rows of the steps' compiled-graph records (Dynamo regions, AOT graphs, cache lookups)
+    and of Inductor's launch records; None when the trace has neither."""
     lo = min(s.start for s in attr.steps)
     hi = max(s.end for s in attr.steps)
     distinct = np.unique(names)
@@ -220,9 +258,14 @@ def compiled_graphs(
     launch_rows = np.flatnonzero(np.isin(names, launch_names) & window) if launch_names else np.array([], int)
     if not unique and not len(launch_rows):
         return None
-    rows = np.flatnonzero(np.isin(names, unique) & window).tolist()
-    k_all = attr.kernels
-    launched = set(k_all.loc[k_all["step"] >= 0, "op"].tolist())
+    return np.flatnonzero(np.isin(names, unique) & window).tolist(), launch_rows
+
+
+def _count_records(
+    rows: list[int], names: np.ndarray, attr: Attribution
+) -> tuple[dict[str, int], dict[int, set[int]], list[int], list[dict[str, Any]]]:
+    """Counts of each kind of compiled record, each Dynamo frame's compilations, the rows of
+    the compiled regions, and the recompiled frames (with where they run)."""
     counts: dict[str, int] = defaultdict(int)
     frames: dict[int, set[int]] = defaultdict(set)
     region_rows: list[int] = []
@@ -249,18 +292,25 @@ def compiled_graphs(
         for f, c in sorted(frames.items())
         if max(c) > 0
     ]
+    return counts, frames, region_rows, recompiles
 
-    # Graph breaks: several compiled regions under one parent (a module's forward, a step).
+
+def _graph_breaks(
+    graph_rows: list[int],
+    names: np.ndarray,
+    starts: np.ndarray,
+    attr: Attribution,
+    gpu_roots: set[int],
+    n_steps: int,
+) -> tuple[int, dict[str, dict[str, Any]]]:
+    """Graph breaks: several compiled regions under one parent (a module's forward, a step).
+    Returns their count and, per place, how often and how many graphs a call."""
     parent = attr.cpu_parent
     by_parent: dict[int, list[int]] = defaultdict(list)
-    graph_rows = region_rows or [r for r in rows if names[r] == "CompiledFunction"]
     for r in graph_rows:
         by_parent[int(parent[r])].append(r)
     breaks = 0
     where: dict[str, dict[str, Any]] = {}
-    k = attr.kernels
-    k = k[k["step"] >= 0]
-    gpu_roots = set(k["root"].tolist())
     for p, children in by_parent.items():
         if len(children) < 2:
             continue
@@ -282,27 +332,7 @@ def compiled_graphs(
     for entry in where.values():
         entry["calls_per_step"] = entry.pop("calls") / n_steps
         entry["empty_per_call"] = entry.pop("empty") / max(1, entry["calls_per_step"] * n_steps)
-
-    graphs = _graph_time(timeline, attr, rules, names, k, n_steps, step_ms, idle_scale)
-    out: dict[str, Any] = {
-        "regions_per_step": counts["regions"] / n_steps,
-        "frames": sorted(frames),
-        "compiled_functions_per_step": counts["compiled_functions"] / n_steps,
-        "compiled_backward_per_step": counts["compiled_backward"] / n_steps,
-        "cache_lookups_per_step": counts["cache_lookups"] / n_steps,
-        "fx_graph_calls_per_step": counts["fx_graphs"] / n_steps,
-        "inductor_launch_records_per_step": len(launch_rows) / n_steps,
-        "inductor_launch_records_without_kernel_per_step": sum(
-            1 for r in launch_rows.tolist() if r not in launched
-        )
-        / n_steps,
-        "graph_breaks_per_step": breaks / n_steps,
-        "graph_breaks": sorted(where.values(), key=lambda e: e["where"]),
-        "recompiles": recompiles,
-        "graphs": graphs,
-        "launch_bound": [g for g in graphs if g.get("launch_bound")],
-    }
-    return out
+    return breaks, where
 
 
 def _place(row: int, names: np.ndarray, attr: Attribution) -> str:

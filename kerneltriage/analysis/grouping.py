@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,7 +67,46 @@ def group_candidates(timeline: Timeline, attr: Attribution, rules: Rules) -> dic
     """Groups by key: every in-step kernel in exactly one of them."""
     cpu = timeline.cpu
     names = cpu["name"].astype(str).to_numpy()
-    starts = cpu["start"].to_numpy()
+    op_info = _op_info_maker(timeline)
+    k = attr.kernels
+    in_step = k[k["step"] >= 0]
+    groups: dict[tuple, Group] = {}
+
+    # Communication kernels are their own candidates, whatever op launched them: they are
+    # never a Triton candidate, and folding them into that op would hide them.
+    comm_names = {n for n in in_step["name"].unique() if rules.classify(None, n) == "communication"}
+    comm = in_step["name"].isin(comm_names) & (in_step["kind"] == "kernel")
+    fwd_mask = (in_step["fwd_root"] >= 0) & in_step["phase"].isin(["fwd", "bwd"]) & ~comm
+    fwd = in_step[fwd_mask]
+    kinds = _RootKinds.of(fwd, rules, names)
+
+    # Compiled graphs (torch.compile) are not one opaque op: their kernels are candidates
+    # kernel by kernel (below, with the rest).
+    compiled_roots = {int(r) for r in fwd["fwd_root"].unique() if rules.match(names[r], "compiled_ops")}
+    if compiled_roots:
+        fwd_mask &= ~in_step["fwd_root"].isin(compiled_roots)
+        fwd = in_step[fwd_mask]
+
+    row_group = _group_forward_ops(groups, fwd, timeline, attr, rules, kinds, op_info)
+    # Kernels of forward/backward work: their forward op's group (one lookup per kernel).
+    for index, step, fr in zip(fwd.index, fwd["step"].tolist(), fwd["fwd_root"].tolist()):
+        groups[row_group[(step, fr)]].kernel_index.append(index)
+
+    rest = in_step[~fwd_mask]
+    launches = _group_other_kernels(groups, rest, rules, names, comm_names, compiled_roots, op_info)
+    for key, rows in launches.items():
+        if groups[key].attrs.get("inductor"):
+            _inductor_segments(groups[key], rows, timeline, rules, names)
+        else:
+            _launch_op_segments(groups[key], rows, rules, names, op_info)
+    _dominant_first(groups, fwd)
+    return {key: g for key, g in groups.items() if g.kernel_index}
+
+
+def _op_info_maker(timeline: Timeline) -> Callable[..., OpInfo]:
+    """``op_info(row, name, kind, compute_type=None)``: an ``OpInfo`` with the shapes, types
+    and concrete inputs the trace recorded for CPU op ``row``."""
+    cpu = timeline.cpu
     dims_ix, types_ix, concrete_ix = (cpu[c].to_numpy() for c in ("dims", "types", "concrete"))
 
     def op_info(row: int, name: str, kind: str, compute_type: str | None = None) -> OpInfo:
@@ -80,73 +120,91 @@ def group_candidates(timeline: Timeline, attr: Attribution, rules: Rules) -> dic
             compute_type,
         )
 
-    k = attr.kernels
-    in_step = k[k["step"] >= 0]
-    groups: dict[tuple, Group] = {}
-    row_group: dict[tuple[int, int], tuple] = {}  # (step, forward top-level op row) -> group key
+    return op_info
 
-    # Communication kernels are their own candidates, whatever op launched them: they are
-    # never a Triton candidate, and folding them into that op would hide them.
-    comm_names = {n for n in in_step["name"].unique() if rules.classify(None, n) == "communication"}
-    comm = in_step["name"].isin(comm_names) & (in_step["kind"] == "kernel")
-    fwd_mask = (in_step["fwd_root"] >= 0) & in_step["phase"].isin(["fwd", "bwd"]) & ~comm
-    fwd = in_step[fwd_mask]
-    first = fwd.groupby("fwd_root")[["name", "kind"]].first()
-    first_kernel, first_activity = first["name"].to_dict(), first["kind"].to_dict()
-    # An op whose GPU work is only copies and memsets is a memcpy, whatever its name says.
-    copy_only = (~(fwd["kind"] == "kernel").groupby(fwd["fwd_root"]).any()).to_dict()
 
-    # Kinds follow kernels: an op whose kernel time is mostly GEMM, convolution, attention or
-    # communication is of that kind and a boundary, whatever its name; ops of extension
-    # namespaces (fbgemm::, vllm::, …) are candidates of their own, classed by their kernels.
-    kernel_kind = {
-        (n, a): rules.kernel_kind(n, a) for n, a in set(zip(fwd["name"].tolist(), fwd["kind"].tolist()))
-    }
-    kinds_of = fwd.assign(
-        _kk=[kernel_kind[(n, a)] for n, a in zip(fwd["name"].tolist(), fwd["kind"].tolist())]
-    )
-    by_kind = kinds_of.groupby(["fwd_root", "_kk"])["dur"].sum()
-    root_kinds: dict[int, dict[str, float]] = {}
-    for (r, kk), dur in by_kind.items():
-        root_kinds.setdefault(int(r), {})[kk] = float(dur)
+@dataclass
+class _RootKinds:
+    """What a forward top-level op's kernels say of its kind: the first kernel (name and
+    activity), whether it launches only copies and memsets, and its kernel time by kind."""
 
-    def kernel_majority(r: int) -> tuple[str | None, str | None, bool]:
+    names: Any
+    rules: Rules
+    first_kernel: dict[int, str]
+    first_activity: dict[int, str]
+    copy_only: dict[int, bool]
+    by_kind: dict[int, dict[str, float]]
+
+    @classmethod
+    def of(cls, fwd: Any, rules: Rules, names: Any) -> _RootKinds:
+        first = fwd.groupby("fwd_root")[["name", "kind"]].first()
+        # An op whose GPU work is only copies and memsets is a memcpy, whatever its name says.
+        copy_only = (~(fwd["kind"] == "kernel").groupby(fwd["fwd_root"]).any()).to_dict()
+        # Kinds follow kernels: an op whose kernel time is mostly GEMM, convolution, attention
+        # or communication is of that kind and a boundary, whatever its name; ops of extension
+        # namespaces (fbgemm::, vllm::, …) are candidates of their own, classed by their kernels.
+        kernel_kind = {
+            (n, a): rules.kernel_kind(n, a) for n, a in set(zip(fwd["name"].tolist(), fwd["kind"].tolist()))
+        }
+        kinds_of = fwd.assign(
+            _kk=[kernel_kind[(n, a)] for n, a in zip(fwd["name"].tolist(), fwd["kind"].tolist())]
+        )
+        by_kind: dict[int, dict[str, float]] = {}
+        for (r, kk), dur in kinds_of.groupby(["fwd_root", "_kk"])["dur"].sum().items():
+            by_kind.setdefault(int(r), {})[kk] = float(dur)
+        return cls(names, rules, first["name"].to_dict(), first["kind"].to_dict(), copy_only, by_kind)
+
+    def kernel_majority(self, r: int) -> tuple[str | None, str | None, bool]:
         """(most time's kind, the unabsorbed kind holding ≥ half the time or None, whether any
         unabsorbed kernel runs in it at all)."""
-        shares = root_kinds.get(r)
+        shares = self.by_kind.get(r)
         if not shares:
             return None, None, False
         total = sum(shares.values()) or 1.0
-        top = max(shares, key=shares.get)
-        strong = max((kk for kk in shares if kk in rules.unabsorbed_kinds), key=shares.get, default=None)
+        top = max(shares, key=shares.__getitem__)
+        unabsorbed = (kk for kk in shares if kk in self.rules.unabsorbed_kinds)
+        strong = max(unabsorbed, key=shares.__getitem__, default=None)
         return top, strong if strong and shares[strong] >= 0.5 * total else None, strong is not None
 
-    # Compiled graphs (torch.compile) are not one opaque op: their kernels are candidates
-    # kernel by kernel (below, with the rest).
-    compiled_roots = {int(r) for r in fwd["fwd_root"].unique() if rules.match(names[r], "compiled_ops")}
-    if compiled_roots:
-        fwd_mask &= ~in_step["fwd_root"].isin(compiled_roots)
-        fwd = in_step[fwd_mask]
+    def kind(self, r: int) -> tuple[str, bool]:
+        """(kind, boundary) of forward top-level op ``r``. An op's class comes from the op;
+        copies or memsets inside it are part of it. A region never absorbs GEMM, convolution,
+        attention or communication kernels (a boundary)."""
+        rules, name = self.rules, self.names[r]
+        top, strong, boundary = self.kernel_majority(r)
+        if self.copy_only.get(r):
+            kind = "memcpy"
+        elif rules.is_extension_op(name):
+            kind, boundary = strong or top or "other", True
+        elif strong and rules.classify_op(name) not in rules.unabsorbed_kinds:
+            kind = strong
+        else:
+            kind = rules.classify_op(name) or rules.classify(
+                None, self.first_kernel.get(r), self.first_activity.get(r, "kernel")
+            )
+        return kind, boundary
 
+
+def _group_forward_ops(
+    groups: dict[tuple, Group],
+    fwd: Any,
+    timeline: Timeline,
+    attr: Attribution,
+    rules: Rules,
+    kinds: _RootKinds,
+    op_info: Callable[..., OpInfo],
+) -> dict[tuple[int, int], tuple]:
+    """Each step's forward top-level ops segmented (regions, single ops) into ``groups``;
+    returns the group key of every (step, forward top-level op row)."""
+    names = kinds.names
+    starts = timeline.cpu["start"].to_numpy()
+    row_group: dict[tuple[int, int], tuple] = {}
     compute_types = _compute_types(timeline, attr, set(fwd["fwd_root"].unique().tolist()))
     for step, frame in fwd.groupby("step"):
         rows = sorted(set(frame["fwd_root"].tolist()), key=lambda r: starts[r])
         ops = []
         for r in rows:
-            # An op's class comes from the op; copies or memsets inside it are part of it.
-            top, strong, any_strong = kernel_majority(r)
-            # A region never absorbs GEMM, convolution, attention or communication kernels.
-            boundary = any_strong
-            if copy_only.get(r):
-                kind = "memcpy"
-            elif rules.is_extension_op(names[r]):
-                kind, boundary = strong or top or "other", True
-            elif strong and rules.classify_op(names[r]) not in rules.unabsorbed_kinds:
-                kind = strong
-            else:
-                kind = rules.classify_op(names[r]) or rules.classify(
-                    None, first_kernel.get(r), first_activity.get(r, "kernel")
-                )
+            kind, boundary = kinds.kind(r)
             info = op_info(r, names[r], kind, compute_types.get(r))
             info.boundary = boundary
             info.module = attr.cpu_module[r]
@@ -159,23 +217,35 @@ def group_candidates(timeline: Timeline, attr: Attribution, rules: Rules) -> dic
                 g = groups[key] = _new_group(key, seg, rules)
             g.segments.append((int(step), seg))
             if seg.level == "region" and seg.kind != "attention":
-                # The modules a compile must cover to fuse every instance of the region.
-                holder = enclosing_module(seg.ops)
-                holder = holder and re.sub(r"\.\d+(?=\.|:|$)", ".*", holder)
-                held = g.attrs.setdefault("enclosing_modules", [])
-                if holder and holder not in held:
-                    held.append(holder)
+                _note_enclosing_module(g, seg)
             for r in seg.rows:
                 row_group[(int(step), r)] = key
+    return row_group
 
-    # Kernels of forward/backward work: their forward op's group (one lookup per kernel).
-    for index, step, fr in zip(fwd.index, fwd["step"].tolist(), fwd["fwd_root"].tolist()):
-        groups[row_group[(step, fr)]].kernel_index.append(index)
 
-    # The rest: optimizer ops, backward ops with no forward op, annotated or bare kernels.
+def _note_enclosing_module(g: Group, seg: Segment) -> None:
+    """The modules a compile must cover to fuse every instance of the region (layers folded)."""
+    holder = enclosing_module(seg.ops)
+    holder = holder and re.sub(r"\.\d+(?=\.|:|$)", ".*", holder)
+    held = g.attrs.setdefault("enclosing_modules", [])
+    if holder and holder not in held:
+        held.append(holder)
+
+
+def _group_other_kernels(
+    groups: dict[tuple, Group],
+    rest: Any,
+    rules: Rules,
+    names: Any,
+    comm_names: set[str],
+    compiled_roots: set[int],
+    op_info: Callable[..., OpInfo],
+) -> dict[tuple, list[tuple[int, int]]]:
+    """The rest into ``groups``: optimizer ops, backward ops with no forward op, communication,
+    compiled-graph, annotated or bare kernels. Returns each compiled group's launches (step,
+    launch op row)."""
     seen_roots: set[tuple[int, int]] = set()
-    rest = in_step[~fwd_mask]
-    launches: dict[tuple, list[tuple[int, int]]] = {}  # compiled group -> (step, launch op row)
+    launches: dict[tuple, list[tuple[int, int]]] = {}
     for index, step, phase, root, fwd_root, name, region, module, activity, launch_op in zip(
         rest.index,
         rest["step"].tolist(),
@@ -188,40 +258,22 @@ def group_candidates(timeline: Timeline, attr: Attribution, rules: Rules) -> dic
         rest["kind"].tolist(),
         rest["op"].tolist(),
     ):
-        if name in comm_names and activity == "kernel":
-            kind, label = "communication", base_name(name)
-            key, level = ("kernel", kind, label), "kernel"
-        elif int(fwd_root) in compiled_roots or (root >= 0 and rules.match(names[root], "compiled_ops")):
-            # A kernel of a compiled graph: one candidate per distinct kernel.
-            kind = rules.kernel_kind(name, activity)
-            label = compiled_kernel_label(
-                kernel_label(name), tuple(rules.regions.get("inductor_op_names") or ())
-            )
-            key, level = ("compiled", kind, base_name(name)), "kernel"
-        elif root >= 0:
-            label = names[root]
-            if label.startswith(_BACKWARD_PREFIX):
-                label = label[len(_BACKWARD_PREFIX) :]
-            kind = rules.classify_op(label) or rules.classify(None, name, activity)
-            key, level = ("op", kind, label, phase == "opt"), "op"
-        elif region is not None or module is not None:
-            # Kernels launched from Python inside a module or region (Triton kernels): one
-            # candidate per place in the model, layers folded (blocks.0.attn → blocks.*.attn).
-            label = region or module_label([module])
-            kind = rules.classify(None, name, activity)
-            key, level = ("annotation", label, kind), "region"
-        else:
-            kind = rules.classify(None, name, activity)
-            label = kernel_label(name)
-            key, level = ("kernel", kind, label), "kernel"
+        root_name = names[root] if root >= 0 else None
+        kind, label, key, level = _other_kernel_key(
+            name,
+            activity,
+            phase,
+            root_name,
+            region,
+            module,
+            rules,
+            communication=name in comm_names and activity == "kernel",
+            compiled=int(fwd_root) in compiled_roots
+            or (root_name is not None and rules.match(root_name, "compiled_ops")),
+        )
         g = groups.get(key)
         if g is None:
-            g = groups[key] = Group(key, kind, level, name=label, ops=[label] if level == "op" else [])
-            g.library = level == "op" and rules.is_library_op(label)
-            if key[0] == "compiled":
-                g.attrs["compiled"] = True
-                if rules.kernel_class(name, activity).library == "Inductor":
-                    g.attrs["inductor"] = True
+            g = groups[key] = _new_other_group(key, kind, level, label, name, activity, rules)
         if key[0] == "compiled":
             launches.setdefault(key, []).append((step, int(launch_op)))
         if level == "op" and (step, root) not in seen_roots:
@@ -229,13 +281,58 @@ def group_candidates(timeline: Timeline, attr: Attribution, rules: Rules) -> dic
             seen_roots.add((step, root))
             g.segments.append((step, Segment("op", kind, None, [op_info(root, label, kind)])))
         g.kernel_index.append(index)
-    for key, rows in launches.items():
-        if groups[key].attrs.get("inductor"):
-            _inductor_segments(groups[key], rows, timeline, rules, names)
-        else:
-            _launch_op_segments(groups[key], rows, rules, names, op_info)
-    _dominant_first(groups, fwd)
-    return {key: g for key, g in groups.items() if g.kernel_index}
+    return launches
+
+
+def _other_kernel_key(
+    name: str,
+    activity: str,
+    phase: str,
+    root_name: str | None,
+    region: Any,
+    module: Any,
+    rules: Rules,
+    *,
+    communication: bool,
+    compiled: bool,
+) -> tuple[str, str, tuple, str]:
+    """(kind, label, group key, level) of a kernel outside the forward ops' groups."""
+    if communication:
+        kind, label = "communication", base_name(name)
+        return kind, label, ("kernel", kind, label), "kernel"
+    if compiled:
+        # A kernel of a compiled graph: one candidate per distinct kernel.
+        kind = rules.kernel_kind(name, activity)
+        label = compiled_kernel_label(kernel_label(name), tuple(rules.regions.get("inductor_op_names") or ()))
+        return kind, label, ("compiled", kind, base_name(name)), "kernel"
+    if root_name is not None:
+        label = root_name
+        if label.startswith(_BACKWARD_PREFIX):
+            label = label[len(_BACKWARD_PREFIX) :]
+        kind = rules.classify_op(label) or rules.classify(None, name, activity)
+        return kind, label, ("op", kind, label, phase == "opt"), "op"
+    if region is not None or module is not None:
+        # Kernels launched from Python inside a module or region (Triton kernels): one
+        # candidate per place in the model, layers folded (blocks.0.attn → blocks.*.attn).
+        place = region or module_label([module])
+        assert place is not None  # one module: always a label
+        kind = rules.classify(None, name, activity)
+        return kind, place, ("annotation", place, kind), "region"
+    kind = rules.classify(None, name, activity)
+    label = kernel_label(name)
+    return kind, label, ("kernel", kind, label), "kernel"
+
+
+def _new_other_group(
+    key: tuple, kind: str, level: str, label: str, name: str, activity: str, rules: Rules
+) -> Group:
+    g = Group(key, kind, level, name=label, ops=[label] if level == "op" else [])
+    g.library = level == "op" and rules.is_library_op(label)
+    if key[0] == "compiled":
+        g.attrs["compiled"] = True
+        if rules.kernel_class(name, activity).library == "Inductor":
+            g.attrs["inductor"] = True
+    return g
 
 
 _SHAPED_KINDS = ("gemm", "attention", "convolution")
@@ -303,7 +400,7 @@ def _inductor_segments(
     for _, _, sig in per_launch:
         if sig is not None:
             counts[sig] = counts.get(sig, 0) + 1
-    common = max(counts, key=counts.get)
+    common = max(counts, key=counts.__getitem__)
     works: dict[tuple, Any] = {}
     why = ""
     for sig, (dims, types, strides, _) in recorded.items():
@@ -338,7 +435,7 @@ def _dominant_first(groups: dict[tuple, Group], fwd) -> None:
             label = _segment_name(seg)
             by_shape[label] = by_shape.get(label, 0.0) + sum(time_of.get((step, r), 0.0) for r in seg.rows)
             first_of.setdefault(label, (step, seg))
-        best = max(by_shape, key=by_shape.get)
+        best = max(by_shape, key=by_shape.__getitem__)
         if best == g.name or "region" in g.attrs:
             continue
         step, seg = first_of[best]
@@ -430,7 +527,7 @@ def _key_shape(seg: Segment) -> tuple:
     tensors = tensor_inputs(op.dims, op.types)
     if not tensors:
         return ()
-    key = [("x", tensors[0][0][-1] if tensors[0][0] else None, tensors[0][1])]
+    key: list[tuple[Any, ...]] = [("x", tensors[0][0][-1] if tensors[0][0] else None, tensors[0][1])]
     for d, t in tensors[1:]:
         key.append(("p", tuple(d), t) if len(d) <= 2 else ("x", d[-1] if d else None, t))
     return tuple(key)

@@ -9,7 +9,10 @@ budget cannot hold are named with their launch counts, never dropped silently.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+import pandas as pd
 
 from kerneltriage.analysis.attribution import attribute
 from kerneltriage.analysis.rules import Rules
@@ -99,3 +102,13 @@ def select_hot_kernels(
     return HotKernels(
         chosen, configs, covered / total, comm, variable, launches, variable_configs, over_budget
     )
+
+
+def without_counter_rows(hot: Iterable[str], counter_rows: Iterable[pd.DataFrame]) -> list[str]:
+    """The hot kernels (base names) that no row of the Nsight Compute exports (``rows`` of
+    ``Counters``) names: ncu profiled none of their launches. The profile's ncu phase asks
+    this of the exports it wrote, the report's join of the counters it joins."""
+    profiled: set[str] = set()
+    for rows in counter_rows:
+        profiled.update(base_name(str(n)) for n in rows["kernel_name"])
+    return [name for name in hot if name not in profiled]

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from kerneltriage.analysis.hot_kernels import without_counter_rows
 from kerneltriage.ingest.kernel_names import base_name, name_similarity
 from kerneltriage.ingest.ncu_csv import Counters
 
@@ -88,33 +89,46 @@ def join_counters(
     if in_step.empty or ncu.empty:
         return JoinResult(row, method, len(ncu), 0, 0, 0.0, warnings)
 
-    keys = [
+    in_step = in_step.assign(_key=_keys(in_step, "name"))
+    ncu_keys = _keys(ncu, "kernel_name")
+    _join_captures(in_step, ncu, ncu_keys, row, method)
+    rejected_rows, bad = _reject_by_duration(kernels, ncu, row, method, max_ratio, warnings)
+    rows_joined = int(row[row >= 0].nunique())
+    total_time = float(in_step["dur"].sum())
+    time_joined = float(kernels.loc[row[row >= 0].index, "dur"].sum())
+    share = time_joined / total_time if total_time else 0.0
+    unjoined = len(ncu) - rows_joined
+    if unjoined:
+        warnings.append(f"{unjoined} of {len(ncu)} counter rows matched no kernel of the recorded steps")
+    result = JoinResult(
+        row, method, len(ncu), rows_joined, len(rejected_rows - set(row.tolist())), share, warnings
+    )
+    if hot_kernels:
+        _measure_hot(result, in_step, ncu, ncu_keys, bad, hot_kernels)
+    return result
+
+
+def _keys(frame: pd.DataFrame, name_column: str) -> list[tuple]:
+    """The join key (base name, grid, block) of every row of ``frame``."""
+    return [
         _key(*t)
         for t in zip(
-            in_step["name"],
-            in_step["grid_x"],
-            in_step["grid_y"],
-            in_step["grid_z"],
-            in_step["block_x"],
-            in_step["block_y"],
-            in_step["block_z"],
+            frame[name_column],
+            frame["grid_x"],
+            frame["grid_y"],
+            frame["grid_z"],
+            frame["block_x"],
+            frame["block_y"],
+            frame["block_z"],
         )
     ]
-    in_step = in_step.assign(_key=keys)
-    ncu_keys = [
-        _key(*t)
-        for t in zip(
-            ncu["kernel_name"],
-            ncu["grid_x"],
-            ncu["grid_y"],
-            ncu["grid_z"],
-            ncu["block_x"],
-            ncu["block_y"],
-            ncu["block_z"],
-        )
-    ]
-    # Several captures (every launch of some kernels; one launch per configuration of the
-    # rest): each joins what the ones before it left.
+
+
+def _join_captures(
+    in_step: pd.DataFrame, ncu: pd.DataFrame, ncu_keys: list[tuple], row: pd.Series, method: pd.Series
+) -> None:
+    """Several captures (every launch of some kernels; one launch per configuration of the
+    rest): each joins what the ones before it left, by position, then by configuration."""
     captures = ncu["capture"].tolist() if "capture" in ncu else [0] * len(ncu)
     for capture in dict.fromkeys(captures):
         ids = [i for i, c in enumerate(captures) if c == capture]
@@ -129,7 +143,17 @@ def join_counters(
         hit = local_row >= 0
         row[hit] = np.asarray(ids, dtype=np.int64)[local_row[hit].to_numpy()]
 
-    # Reject joins whose durations disagree by more than max_ratio.
+
+def _reject_by_duration(
+    kernels: pd.DataFrame,
+    ncu: pd.DataFrame,
+    row: pd.Series,
+    method: pd.Series,
+    max_ratio: float,
+    warnings: list[str],
+) -> tuple[set[int], pd.Index]:
+    """Undo the joins whose durations disagree by more than ``max_ratio``; returns the
+    rejected counter rows and the kernels whose joins were undone."""
     joined = row[row >= 0]
     rejected_rows: set[int] = set()
     bad = joined.index[:0]
@@ -146,46 +170,49 @@ def join_counters(
                 f"{len(bad)} kernel launches had counters whose duration differs from the trace's by "
                 f"more than {max_ratio:g}×; those joins were rejected"
             )
-    rows_joined = int(row[row >= 0].nunique())
-    total_time = float(in_step["dur"].sum())
-    time_joined = float(kernels.loc[row[row >= 0].index, "dur"].sum())
-    share = time_joined / total_time if total_time else 0.0
-    unjoined = len(ncu) - rows_joined
-    if unjoined:
-        warnings.append(f"{unjoined} of {len(ncu)} counter rows matched no kernel of the recorded steps")
-    result = JoinResult(
-        row, method, len(ncu), rows_joined, len(rejected_rows - set(row.tolist())), share, warnings
+    return rejected_rows, bad
+
+
+def _measure_hot(
+    result: JoinResult,
+    in_step: pd.DataFrame,
+    ncu: pd.DataFrame,
+    ncu_keys: list[tuple],
+    bad: pd.Index,
+    hot_kernels: list[str],
+) -> None:
+    """How many of the kernels phase 2 targeted got counters, on what share of their time;
+    those with counters on less than half of it are named, and why."""
+    row = result.row
+    bases = in_step["_key"].map(lambda k: k[0])
+    hot = in_step[bases.isin(set(hot_kernels))]
+    hot_joined = row[hot.index] >= 0
+    hot_time = float(hot["dur"].sum())
+    result.hot_kernels = len(set(hot_kernels))
+    result.hot_kernels_joined = int(bases[hot.index][hot_joined].nunique())
+    result.hot_time_joined_share = float(hot.loc[hot_joined, "dur"].sum()) / hot_time if hot_time else 0.0
+    result.hot_without_counters = _hot_without_counters(
+        hot.assign(_base=bases[hot.index], _joined=hot_joined, _rejected=hot.index.isin(bad)),
+        set(ncu_keys),
+        set(without_counter_rows(hot_kernels, [ncu])),
     )
-    if hot_kernels:
-        bases = in_step["_key"].map(lambda k: k[0])
-        hot = in_step[bases.isin(set(hot_kernels))]
-        hot_joined = row[hot.index] >= 0
-        hot_time = float(hot["dur"].sum())
-        result.hot_kernels = len(set(hot_kernels))
-        result.hot_kernels_joined = int(bases[hot.index][hot_joined].nunique())
-        result.hot_time_joined_share = float(hot.loc[hot_joined, "dur"].sum()) / hot_time if hot_time else 0.0
-        result.hot_without_counters = _hot_without_counters(
-            hot.assign(_base=bases[hot.index], _joined=hot_joined, _rejected=hot.index.isin(bad)),
-            set(ncu_keys),
+    if result.hot_without_counters:
+        result.warnings.append(
+            "hot kernels without counters: "
+            + "; ".join(f"{name} ({why})" for name, why in result.hot_without_counters.items())
         )
-        if result.hot_without_counters:
-            result.warnings.append(
-                "hot kernels without counters: "
-                + "; ".join(f"{name} ({why})" for name, why in result.hot_without_counters.items())
-            )
-    return result
 
 
-def _hot_without_counters(hot: pd.DataFrame, row_keys: set[tuple]) -> dict[str, str]:
-    """Why each hot kernel has counters on less than half of its in-step time."""
-    row_bases = {k[0] for k in row_keys}
+def _hot_without_counters(hot: pd.DataFrame, row_keys: set[tuple], no_rows: set[str]) -> dict[str, str]:
+    """Why each hot kernel has counters on less than half of its in-step time (``no_rows``:
+    the hot kernels no counter row names)."""
     out: dict[str, str] = {}
     for name, launches in hot.groupby("_base", sort=False):
         time = float(launches["dur"].sum())
         joined = float(launches.loc[launches["_joined"], "dur"].sum())
         if time <= 0 or joined >= 0.5 * time:
             continue
-        if name not in row_bases:
+        if name in no_rows:
             why = "no counter row: ncu did not profile it in phase 2's step"
         else:
             left = launches[~launches["_joined"]]

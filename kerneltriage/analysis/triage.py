@@ -13,9 +13,11 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from kerneltriage.analysis import plausibility
 from kerneltriage.analysis.attribution import Attribution, attribute
@@ -34,7 +36,7 @@ from kerneltriage.analysis.idle import (
 )
 from kerneltriage.analysis.invariants import check_report, clean_timeline
 from kerneltriage.analysis.join import JoinResult, join_counters
-from kerneltriage.analysis.model import Gap, Idle, Report
+from kerneltriage.analysis.model import Candidate, Gap, Idle, Report
 from kerneltriage.analysis.roofline import raised_roofs, with_raised_roofs
 from kerneltriage.analysis.rules import Rules
 from kerneltriage.analysis.verdict import compiled_graph_advice, decide
@@ -64,6 +66,29 @@ def triage(
     require_gpu_activity(timeline)
     timeline = clean_timeline(timeline)  # duplicated events dropped, with a warning
     attr = attribute(timeline, step_marker)
+    in_step = _in_step_kernels(attr, timeline)
+    warnings = list(rules.warnings) + list(timeline.warnings) + list(attr.warnings)
+    warnings += plausibility.check_launches(timeline)
+    warnings += plausibility.check_kernels(timeline, attr.kernels)
+    join = None if counters is None else _join(attr.kernels, counters, rules, hot_kernels, warnings)
+    source = dict(source or {"trace": timeline.source})
+    steps = _step_time(attr, timeline, rules, timing, source, warnings)
+    candidates, gpu = _candidates(timeline, attr, in_step, join, counters, gpu, rules, steps, warnings)
+    env = environment(gpu, source, timeline.meta)
+    decide(candidates, rules, gpu, env)
+    compiled = _compiled(timeline, attr, rules, steps, source)
+    compiled_graph_advice(compiled, rules, env)
+    candidates.sort(key=lambda c: (c.verdict != "skip", c.expected_saving_share, c.time_share), reverse=True)
+    for i, c in enumerate(candidates, 1):
+        c.rank = i
+    report = _assemble_report(
+        timeline, attr, in_step, gpu, rules, source, steps, join, candidates, compiled, warnings
+    )
+    return check_report(report, timeline, attr.steps)  # nothing impossible is rendered
+
+
+def _in_step_kernels(attr: Attribution, timeline: Timeline) -> pd.DataFrame:
+    """The attributed kernels inside the active steps; none is a trace error."""
     kernels = attr.kernels
     in_step = kernels[kernels["step"] >= 0]
     if in_step.empty:
@@ -72,66 +97,168 @@ def triage(
             f"({len(attr.steps)} step(s) found from {attr.step_source})",
             path=timeline.source,
         )
-    warnings = list(rules.warnings) + list(timeline.warnings) + list(attr.warnings)
-    warnings += plausibility.check_launches(timeline)
-    warnings += plausibility.check_kernels(timeline, kernels)
-    join: JoinResult | None = None
-    if counters is not None:
-        join = join_counters(kernels, counters, rules.thresholds.join_max_duration_ratio, hot_kernels)
-        warnings += counters.warnings + join.warnings
-        if join.time_joined_share < rules.thresholds.join_warn:
-            warnings.append(
-                f"counters cover {join.time_joined_share:.0%} of kernel time; the rest is placed on "
-                "the roofline from shape estimates"
-            )
+    return in_step
+
+
+def _join(
+    kernels: pd.DataFrame,
+    counters: Counters,
+    rules: Rules,
+    hot_kernels: list[str] | None,
+    warnings: list[str],
+) -> JoinResult:
+    """The counters joined onto the kernels; their warnings, and one when they cover too
+    little of the kernel time, added to ``warnings``."""
+    join = join_counters(kernels, counters, rules.thresholds.join_max_duration_ratio, hot_kernels)
+    warnings += counters.warnings + join.warnings
+    if join.time_joined_share < rules.thresholds.join_warn:
+        warnings.append(
+            f"counters cover {join.time_joined_share:.0%} of kernel time; the rest is placed on "
+            "the roofline from shape estimates"
+        )
+    return join
+
+
+@dataclass
+class _StepTime:
+    """The step as measured: its time and spread, GPU busy time, idle causes, communication."""
+
+    n_steps: int
+    step_ms: float
+    spread_ms: float | None
+    busy_ms: float
+    gaps: list[Gap]
+    comm_ns: float
+    exposed_ns: float
+    idle: Idle
+
+
+def _step_time(
+    attr: Attribution,
+    timeline: Timeline,
+    rules: Rules,
+    timing: dict[str, Any] | None,
+    source: dict[str, Any],
+    warnings: list[str],
+) -> _StepTime:
+    """Step, busy and idle time of the recorded steps, or of the plain and clean steps of
+    ``profile``'s ``timing`` (recorded in ``source``)."""
     n_steps = len(attr.steps)
     walls = step_walls(attr)
-    warnings += plausibility.check_kernel_in_step(kernels, walls)
+    warnings += plausibility.check_kernel_in_step(attr.kernels, walls)
     step_ms = float(np.mean(walls)) / 1e6
     spread_ms = spread(np.asarray(walls) / 1e6)
     found = find_idle(attr, timeline, rules.thresholds.gap_us * 1000)
     gaps = found.gaps
     busy_ms = found.busy_ns / n_steps / 1e6
-    source = dict(source or {"trace": timeline.source})
     if timing:
         plausibility.check_step_time(timing, busy_ms, timeline.source)
         step_ms, busy_ms, gaps = _timed_as_run(timing, step_ms, busy_ms, gaps, source)
         spread_ms = spread(timing.get("plain_ms") or [])
     comm_ns, exposed_ns = communication_overlap(attr, lambda n: rules.classify(None, n) == "communication")
-    idle_pct = max(0.0, 100.0 * (1.0 - busy_ms / step_ms)) if step_ms else 0.0
     idle = idle_by_class(step_ms, busy_ms, spread_ms, gaps, exposed_ns / n_steps / 1e6, rules)
-    # Shares are of the step without its single stalls: a one-off must not dilute them all.
-    share_step_ms = idle.share_step_ms
+    return _StepTime(n_steps, step_ms, spread_ms, busy_ms, gaps, comm_ns, exposed_ns, idle)
 
+
+def _candidates(
+    timeline: Timeline,
+    attr: Attribution,
+    in_step: pd.DataFrame,
+    join: JoinResult | None,
+    counters: Counters | None,
+    gpu: GPUSpec | None,
+    rules: Rules,
+    steps: _StepTime,
+    warnings: list[str],
+) -> tuple[list[Candidate], GPUSpec | None]:
+    """A candidate per group, and the GPU they were placed against: its roofs raised first
+    where a kernel was measured above them (the roof was wrong), with a warning each."""
+    # Shares are of the step without its single stalls: a one-off must not dilute them all.
+    share_step_ms = steps.idle.share_step_ms
     groups = group_candidates(timeline, attr, rules)
     raised = raised_roofs(in_step, join.row, counters, gpu) if join is not None else []
     if raised:
         # A kernel measured above its roof: the roof was wrong. Raise it before placing anything.
+        assert gpu is not None  # roofs to raise are a GPU's
         gpu = with_raised_roofs(gpu, raised)
     candidates = [
-        build_candidate(g, attr, join, counters, gpu, n_steps, share_step_ms, busy_ms, rules)
+        build_candidate(g, attr, join, counters, gpu, steps.n_steps, share_step_ms, steps.busy_ms, rules)
         for g in groups.values()
     ]
     if raised:
         holders = {i: c.name for g, c in zip(groups.values(), candidates) for i in g.kernel_index}
         warnings += [r.warning(holders.get(r.launch, "")) for r in raised]
-    env = environment(gpu, source, timeline.meta)
-    decide(candidates, rules, gpu, env)
+    return candidates, gpu
+
+
+def _compiled(
+    timeline: Timeline, attr: Attribution, rules: Rules, steps: _StepTime, source: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The compiled graphs of the trace; Dynamo's own counts where ``profile`` recorded them."""
     idle_scale = float((source.get("timing") or {}).get("idle_scale", 1.0))
-    compiled = compiled_graphs(timeline, attr, rules, n_steps, share_step_ms, idle_scale=idle_scale)
+    compiled = compiled_graphs(
+        timeline, attr, rules, steps.n_steps, steps.idle.share_step_ms, idle_scale=idle_scale
+    )
     if source.get("dynamo"):
         # Counted by Dynamo itself in the plain steps: these replace what the trace suggests
         # (a wrapper or resume frame in a trace is not a graph break).
         compiled = dict(compiled or {})
         compiled["dynamo"] = source["dynamo"]
-    compiled_graph_advice(compiled, rules, env)
-    candidates.sort(key=lambda c: (c.verdict != "skip", c.expected_saving_share, c.time_share), reverse=True)
-    for i, c in enumerate(candidates, 1):
-        c.rank = i
+    return compiled
+
+
+def _assemble_report(
+    timeline: Timeline,
+    attr: Attribution,
+    in_step: pd.DataFrame,
+    gpu: GPUSpec | None,
+    rules: Rules,
+    source: dict[str, Any],
+    steps: _StepTime,
+    join: JoinResult | None,
+    candidates: list[Candidate],
+    compiled: dict[str, Any] | None,
+    warnings: list[str],
+) -> Report:
+    n_steps, step_ms, busy_ms, gaps = steps.n_steps, steps.step_ms, steps.busy_ms, steps.gaps
     unattributed = in_step[(in_step["op"] < 0) & in_step["module"].isna() & in_step["region"].isna()]
     early_ms = unlaunched_busy_ns(attr) / n_steps / 1e6
     # Work launched before the profiled window that runs inside the steps has no op either.
     unattributed_ms = float(unattributed["dur"].sum()) / n_steps / 1e6 + early_ms
+    return Report(
+        gpu=gpu,
+        source=source,
+        steps=n_steps,
+        step_source=attr.step_source,
+        step_time_ms=step_ms,
+        gpu_busy_ms=busy_ms,
+        gpu_busy_pct=100.0 * busy_ms / step_ms if step_ms else 0.0,
+        idle_pct=max(0.0, 100.0 * (1.0 - busy_ms / step_ms)) if step_ms else 0.0,
+        # The biggest causes, and any single stall or cause with a known fix beyond them.
+        gaps=gaps[:5]
+        + [g for g in gaps[5:] if (g.fix or g.kind == STALL) and g.ms_per_step >= 0.01 * step_ms][:3],
+        join=join.to_json() if join else None,
+        unattributed_ms_per_step=unattributed_ms,
+        unattributed_share=unattributed_ms / busy_ms if busy_ms else 0.0,
+        kind_breakdown=_kind_breakdown(candidates, early_ms, step_ms, busy_ms),
+        communication_ms_per_step=steps.comm_ns / n_steps / 1e6,
+        exposed_communication_ms_per_step=steps.exposed_ns / n_steps / 1e6,
+        rank=timeline.rank,
+        compiled=compiled,
+        idle=steps.idle,
+        step_spread_ms=steps.spread_ms,
+        unattributed_before_window_ms=early_ms,
+        candidates=candidates,
+        thresholds=rules.thresholds,
+        warnings=warnings,
+    )
+
+
+def _kind_breakdown(
+    candidates: list[Candidate], early_ms: float, step_ms: float, busy_ms: float
+) -> dict[str, float]:
+    """Step time per kind, biggest first: the candidates' kinds, work launched before the
+    window, idle."""
     breakdown: dict[str, float] = defaultdict(float)
     for c in candidates:
         breakdown[c.kind] += c.time_ms_per_step
@@ -140,34 +267,7 @@ def triage(
         # op of the trace launched it, so no candidate holds it.
         breakdown["launched before the window"] = early_ms
     breakdown["idle"] = max(0.0, step_ms - busy_ms)
-    report = Report(
-        gpu=gpu,
-        source=source,
-        steps=n_steps,
-        step_source=attr.step_source,
-        step_time_ms=step_ms,
-        gpu_busy_ms=busy_ms,
-        gpu_busy_pct=100.0 * busy_ms / step_ms if step_ms else 0.0,
-        idle_pct=idle_pct,
-        # The biggest causes, and any single stall or cause with a known fix beyond them.
-        gaps=gaps[:5]
-        + [g for g in gaps[5:] if (g.fix or g.kind == STALL) and g.ms_per_step >= 0.01 * step_ms][:3],
-        join=join.to_json() if join else None,
-        unattributed_ms_per_step=unattributed_ms,
-        unattributed_share=unattributed_ms / busy_ms if busy_ms else 0.0,
-        kind_breakdown=dict(sorted(breakdown.items(), key=lambda kv: -kv[1])),
-        communication_ms_per_step=comm_ns / n_steps / 1e6,
-        exposed_communication_ms_per_step=exposed_ns / n_steps / 1e6,
-        rank=timeline.rank,
-        compiled=compiled,
-        idle=idle,
-        step_spread_ms=spread_ms,
-        unattributed_before_window_ms=early_ms,
-        candidates=candidates,
-        thresholds=rules.thresholds,
-        warnings=warnings,
-    )
-    return check_report(report, timeline, attr.steps)  # nothing impossible is rendered
+    return dict(sorted(breakdown.items(), key=lambda kv: -kv[1]))
 
 
 def spread(values) -> float | None:

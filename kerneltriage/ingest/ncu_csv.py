@@ -30,6 +30,7 @@ import subprocess
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from pydantic import ValidationError
@@ -358,50 +359,35 @@ def _valid_rows(
     return kept
 
 
-def _derive(body, index, name_col, raw, unknown, warnings) -> pd.DataFrame:
-    n = len(body)
-    nan = [math.nan] * n
+class _Metrics:
+    """The metric columns of an export by name. A column whose unit was not recognized is
+    used as printed, with a warning the first time it is used."""
 
-    def get(*names: str):
+    def __init__(self, raw: dict[str, list[float]], unknown: set[str], warnings: list[str], n: int):
+        self.raw, self.unknown, self.warnings, self.n = raw, unknown, warnings, n
+
+    def get(self, *names: str) -> list[float] | None:
+        """The first of ``names`` the export has, or None."""
         for name in names:
-            if name in raw:
-                flagged = [u for u in unknown if u.startswith(name + " [")]
+            if name in self.raw:
+                flagged = [u for u in self.unknown if u.startswith(name + " [")]
                 if flagged:
-                    warnings.append(f"unknown unit for {flagged[0]}; values used as printed")
-                    unknown.difference_update(flagged)
-                return raw[name]
+                    self.warnings.append(f"unknown unit for {flagged[0]}; values used as printed")
+                    self.unknown.difference_update(flagged)
+                return self.raw[name]
         return None
 
-    def add(*columns):
-        present = [c for c in columns if c is not None]
-        if not present:
-            return None
-        return [
-            sum(v for v in values if not math.isnan(v))
-            if not all(math.isnan(v) for v in values)
-            else math.nan
-            for values in zip(*present)
-        ]
-
-    duration = get("gpu__time_duration.sum", "gpu__time_duration.avg") or nan
-    read = get("dram__bytes_read.sum")
-    write = get("dram__bytes_write.sum")
-    dram = add(read, write) if (read or write) else get("dram__bytes.sum")
-    if dram is None:
-        rate = get("dram__bytes.sum.per_second")
-        if rate is not None:
-            dram = [r * d * 1e-9 for r, d in zip(rate, duration)]
-    cycles_per_s = get("smsp__cycles_elapsed.avg.per_second", "sm__cycles_elapsed.avg.per_second")
-
-    def flops(prefix: str):
-        counts = [
-            get(f"smsp__sass_thread_inst_executed_op_{prefix}{op}_pred_on.sum")
-            for op in ("add", "mul", "fma")
-        ]
+    def flops(
+        self, prefix: str, cycles_per_s: list[float] | None, duration: list[float]
+    ) -> list[float] | None:
+        """FLOPs of one precision (``f``, ``d``, ``h``): add + mul + 2 × fma instructions, from
+        their counts or from their rates per elapsed cycle."""
+        ops = ("add", "mul", "fma")
+        counts = [self.get(f"smsp__sass_thread_inst_executed_op_{prefix}{op}_pred_on.sum") for op in ops]
         if all(c is None for c in counts):
             per_cycle = [
-                get(f"smsp__sass_thread_inst_executed_op_{prefix}{op}_pred_on.sum.per_cycle_elapsed")
-                for op in ("add", "mul", "fma")
+                self.get(f"smsp__sass_thread_inst_executed_op_{prefix}{op}_pred_on.sum.per_cycle_elapsed")
+                for op in ops
             ]
             if all(c is None for c in per_cycle) or cycles_per_s is None:
                 return None
@@ -409,24 +395,85 @@ def _derive(body, index, name_col, raw, unknown, warnings) -> pd.DataFrame:
                 None if c is None else [v * f * d * 1e-9 for v, f, d in zip(c, cycles_per_s, duration)]
                 for c in per_cycle
             ]
-        a, m, f = (c if c is not None else [0.0] * n for c in counts)
+        a, m, f = (c if c is not None else [0.0] * self.n for c in counts)
         return [x + y + 2.0 * z for x, y, z in zip(a, m, f)]
 
-    # Tensor-core FLOPs: the per-source-type totals (sm__ops_path_tensor_src_*) when present,
-    # else the per-instruction-path counters (hgmma, hmma …), which are disjoint. Sparsity
-    # splits repeat their parent counter and are left out.
-    def tensor_columns(prefix: str) -> list[str]:
-        return [n for n in raw if n.startswith(prefix) and n.endswith(".sum") and "sparsity" not in n]
+    def tensor_columns(self, prefix: str) -> list[str]:
+        """Tensor-core op counters under ``prefix``; sparsity splits repeat their parent
+        counter and are left out."""
+        return [n for n in self.raw if n.startswith(prefix) and n.endswith(".sum") and "sparsity" not in n]
 
-    tensor_cols = tensor_columns("sm__ops_path_tensor_src_") or tensor_columns("sm__ops_path_tensor_op_")
-    tensor = add(*(raw[c] for c in tensor_cols)) if tensor_cols else None
+
+def _sum_columns(*columns: list[float] | None) -> list[float] | None:
+    """Row-wise sums of the columns present, NaN ignored (NaN where every value is NaN)."""
+    present = [c for c in columns if c is not None]
+    if not present:
+        return None
+    return [
+        sum(v for v in values if not math.isnan(v)) if not all(math.isnan(v) for v in values) else math.nan
+        for values in zip(*present)
+    ]
+
+
+def _derive(body, index, name_col, raw, unknown, warnings) -> pd.DataFrame:
+    """One row per kernel launch: its identity and launch configuration, and the counters
+    derived from the metric columns (durations, DRAM bytes, FLOPs by precision, throughputs)."""
+    n = len(body)
+    nan = [math.nan] * n
+    metrics = _Metrics(raw, unknown, warnings, n)
+    duration = metrics.get("gpu__time_duration.sum", "gpu__time_duration.avg") or nan
+    read = metrics.get("dram__bytes_read.sum")
+    write = metrics.get("dram__bytes_write.sum")
+    dram = _sum_columns(read, write) if (read or write) else metrics.get("dram__bytes.sum")
+    if dram is None:
+        rate = metrics.get("dram__bytes.sum.per_second")
+        if rate is not None:
+            dram = [r * d * 1e-9 for r, d in zip(rate, duration)]
+    cycles_per_s = metrics.get("smsp__cycles_elapsed.avg.per_second", "sm__cycles_elapsed.avg.per_second")
+    # Tensor-core FLOPs: the per-source-type totals (sm__ops_path_tensor_src_*) when present,
+    # else the per-instruction-path counters (hgmma, hmma …), which are disjoint.
+    tensor_cols = metrics.tensor_columns("sm__ops_path_tensor_src_") or metrics.tensor_columns(
+        "sm__ops_path_tensor_op_"
+    )
+    tensor = _sum_columns(*(raw[c] for c in tensor_cols)) if tensor_cols else None
     tensor_precision = _tensor_precisions(raw, tensor_cols, n)
+
+    rows = _launch_columns(body, index, name_col)
+    rows["duration_ns"] = duration
+    rows["dram_bytes"] = dram if dram is not None else nan
+    rows["dram_read_bytes"] = read if read is not None else nan
+    rows["dram_write_bytes"] = write if write is not None else nan
+    rows["l2_bytes"] = metrics.get("lts__t_bytes.sum") or nan
+    rows["flops_fp32"] = metrics.flops("f", cycles_per_s, duration) or nan
+    rows["flops_fp64"] = metrics.flops("d", cycles_per_s, duration) or nan
+    rows["flops_fp16"] = metrics.flops("h", cycles_per_s, duration) or nan
+    rows["flops_tensor"] = tensor if tensor is not None else nan
+    rows["tensor_precision"] = tensor_precision
+    rows["sm_pct"] = metrics.get("sm__throughput.avg.pct_of_peak_sustained_elapsed") or nan
+    rows["memory_pct"] = (
+        metrics.get("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed") or nan
+    )
+    rows["dram_pct"] = (
+        metrics.get(
+            "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+            "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+        )
+        or nan
+    )
+    if (rows["grid_x"] < 0).all():
+        warnings.append("export has no Grid Size/Block Size columns: joins by name and order only")
+    return rows
+
+
+def _launch_columns(body: list[list[str]], index: dict[str, int], name_col: str) -> pd.DataFrame:
+    """Each row's identity: ID, kernel name and base name, grid, block, device, stream,
+    process and NVTX stack (``ROW_COLUMNS[:13]``)."""
 
     def cell(row, name, default=""):
         i = index.get(name)
         return row[i] if i is not None else default
 
-    records = {c: [] for c in ROW_COLUMNS}
+    records: dict[str, list[Any]] = {c: [] for c in ROW_COLUMNS}
     for r in body:
         grid = _triple(cell(r, "Grid Size"))
         block = _triple(cell(r, "Block Size"))
@@ -445,27 +492,6 @@ def _derive(body, index, name_col, raw, unknown, warnings) -> pd.DataFrame:
     rows = pd.DataFrame(records["id"], columns=["id"])
     for c in ROW_COLUMNS[1:13]:
         rows[c] = records[c]
-    rows["duration_ns"] = duration
-    rows["dram_bytes"] = dram if dram is not None else nan
-    rows["dram_read_bytes"] = read if read is not None else nan
-    rows["dram_write_bytes"] = write if write is not None else nan
-    rows["l2_bytes"] = get("lts__t_bytes.sum") or nan
-    rows["flops_fp32"] = flops("f") or nan
-    rows["flops_fp64"] = flops("d") or nan
-    rows["flops_fp16"] = flops("h") or nan
-    rows["flops_tensor"] = tensor if tensor is not None else nan
-    rows["tensor_precision"] = tensor_precision
-    rows["sm_pct"] = get("sm__throughput.avg.pct_of_peak_sustained_elapsed") or nan
-    rows["memory_pct"] = get("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed") or nan
-    rows["dram_pct"] = (
-        get(
-            "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
-            "dram__throughput.avg.pct_of_peak_sustained_elapsed",
-        )
-        or nan
-    )
-    if (rows["grid_x"] < 0).all():
-        warnings.append("export has no Grid Size/Block Size columns: joins by name and order only")
     return rows
 
 

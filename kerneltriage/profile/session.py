@@ -679,22 +679,22 @@ def _hot_without_counters(
 ) -> None:
     """Name every hot kernel that phase 2 left without counters, or with counters for some of
     its launches only, and why."""
-    from kerneltriage.ingest.kernel_names import base_name
+    from kerneltriage.analysis.hot_kernels import without_counter_rows
     from kerneltriage.ingest.ncu_csv import read_counters
 
-    profiled: set[str] = set()
+    exports = []
     for csv_name in (rundir.NCU_LAUNCHES_CSV, rundir.NCU_CSV):
         if (out / csv_name).is_file():
             try:
-                rows = read_counters(out / csv_name).rows
+                exports.append(read_counters(out / csv_name).rows)
             except Exception:  # an unreadable export: the report says so when it reads it
                 continue
-            profiled.update(base_name(str(n)) for n in rows["kernel_name"])
+    unprofiled = set(without_counter_rows(hot.names, exports))
     missing: dict[str, str] = {}
     for name in hot.names:
         if name in not_run:
             missing[name] = not_run[name]
-        elif name not in profiled:
+        elif name in unprofiled:
             missing[name] = (
                 "ncu profiled no launch of it: the profiled step of phase 2 did not run it "
                 "(a different program from phase 1's, or a kernel name ncu spells otherwise)"

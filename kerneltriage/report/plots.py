@@ -142,12 +142,14 @@ def roofline_data(report: Report, candidates: list[Candidate] | None = None) -> 
             not_placed.append((c, why))
             continue
         r = c.roofline
+        assert r.intensity is not None and r.achieved_tflops is not None  # _why_not_placed
         x, y = float(r.intensity), float(r.achieved_tflops)
         fused = r.source == "fused estimate"
         ceiling_x = x
         # Today's position of a fused region: the same FLOPs over the DRAM bytes ncu measured.
-        measured = bool(fused and r.measured_dram_bytes and r.flops)
-        if measured:
+        measured = False
+        if fused and r.measured_dram_bytes and r.flops:
+            measured = True
             x = float(r.flops) / float(r.measured_dram_bytes)
         if spec is None or bw is None:
             precision, roof = r.precision or "fp32", None
@@ -313,7 +315,8 @@ def _clamp(points: list[Point], x_lo: float, x_hi: float, y_lo: float, y_hi: flo
     it lies beyond (``off_chart`` names the edges)."""
     fx, fy = (x_hi / x_lo) ** 0.015, (y_hi / y_lo) ** 0.015
     for p in points:
-        x, y, where = p.intensity, p.achieved, []
+        x, y = p.intensity, p.achieved
+        where: list[str] = []
         if y < y_lo:
             y, where = y_lo * fy, [*where, "below"]
         elif y > y_hi:
@@ -340,9 +343,6 @@ def roofline_figure(report: Report, *, candidates: list[Candidate] | None = None
     fused region at its fused intensity) with an arrow up to its ceiling. ``key`` adds the
     labelled candidates' names under the chart (for a standalone image). Without a GPU there
     are no roofs: the points that can be placed, and a note saying why there is no roof."""
-    from matplotlib.lines import Line2D
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
     data = roofline_data(report, candidates)
     labelled = _labelled(data.points)
     x_lo, x_hi, y_lo, y_hi = _limits(data)
@@ -368,156 +368,187 @@ def roofline_figure(report: Report, *, candidates: list[Candidate] | None = None
 
         top_ridge = max(ridges) if bw and ridges else None
         if bw is None or top_ridge is None:
-            ax.text(
-                0.98,
-                0.03,
+            no_roofs = (
                 "No roofs: the GPU is unknown, so there are no ceilings.\n"
-                "Pass --gpu KEY to place the candidates against them.",
-                transform=ax.transAxes,
-                ha="right",
-                va="bottom",
-                fontsize=10,
-                color="#555555",
-                gid="kt-no-ceilings",
+                "Pass --gpu KEY to place the candidates against them."
             )
+            _corner_note(ax, 0.98, 0.03, no_roofs, fontsize=10, color="#555555", gid="kt-no-ceilings")
         else:
             _draw_roofs(ax, data, bw, top_ridge, x_lo, x_hi, y_lo, peaks)
-        # Points, biggest first so that small ones stay on top; arrows up to the ceiling (for
-        # a fused region drawn at its measured bytes, across to its fused intensity too).
-        for p in sorted(data.points, key=lambda p: -p.candidate.time_share):
-            c = p.candidate
-            color = VERDICT_COLORS.get(c.verdict, VERDICT_COLORS["skip"])
-            radius = _marker_radius_pt(c.time_share)
-            if _has_arrow(p):
-                arrow = ax.annotate(
-                    "",
-                    xy=(p.ceiling_intensity, p.ceiling),
-                    xytext=p.at,
-                    arrowprops={
-                        "arrowstyle": "-|>,head_length=0.5,head_width=0.22",
-                        "color": color,
-                        "lw": 1.3,
-                        "alpha": 0.85,
-                        "shrinkA": radius * (0.75 if p.fused else 0.6),
-                        "shrinkB": 0,
-                        "linestyle": (0, (4, 2)) if p.fused else "-",
-                    },
-                    zorder=2,
-                )
-                arrow.arrow_patch.set_gid(f"kt-arrow-{c.id}")
-                if p.roof and abs(math.log(p.ceiling / p.roof)) > 0.15:  # ceiling well off the roof: mark it
-                    ax.plot(
-                        [p.ceiling_intensity], [p.ceiling], marker="_", ms=9, mew=1.6, color=color, zorder=2
-                    )
-            sc = ax.scatter(
-                [p.at[0]],
-                [p.at[1]],
-                s=max(_marker_area(c.time_share) * (0.8 if p.fused else 1.0), 60.0 if p.off_chart else 0.0),
-                marker=_OFF_MARKERS[p.off_chart.split("-")[0]] if p.off_chart else ("D" if p.fused else "o"),
-                color=color,
-                alpha=0.88,
-                edgecolors="white",
-                linewidths=1.0,
-                zorder=3 + (1 - c.time_share),
-            )
-            sc.set_gid(f"kt-point-{c.id}")
-            sc.set_urls([f"#{c.id}"])
-
-        for axis in (ax.xaxis, ax.yaxis):
-            axis.set_major_locator(LogLocator(base=10))
-            axis.set_minor_locator(LogLocator(base=10, subs=(2.0, 5.0)))
-        ax.xaxis.set_major_formatter(FuncFormatter(_fmt_tick))
-        ax.yaxis.set_major_formatter(FuncFormatter(_fmt_tick))
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.yaxis.set_minor_formatter(NullFormatter())
-        ax.grid(True, which="major", color="#dddddd", lw=0.6, zorder=0)
-        ax.set_axisbelow(True)
-        for side in ("top", "right"):
-            ax.spines[side].set_visible(False)
-        ax.set_xlabel("arithmetic intensity (FLOP / byte)")
-        ax.set_ylabel("achieved TFLOP/s")
-
-        gpu = report.gpu
-        fig.text(
-            0.075,
-            1 - 0.3 / height,
-            f"Roofline — {gpu.name if gpu is not None else 'unknown GPU'}",
-            fontsize=13,
-            fontweight="bold",
-            color=_INK,
-            va="baseline",
-        )
-        sub = fig.text(
-            0.075,
-            1 - 0.52 / height,
-            f"{data.ceilings} · {report.source.get('path', '')} · step {ms(report.step_time_ms)}"
-            " · area ∝ share of step time · arrow: up to the candidate's ceiling",
-            fontsize=9,
-            color="#555555",
-            va="baseline",
-        )
-        # Never past the figure's right edge: drop the explanations, then the path.
-        for shorter in (
-            f"{data.ceilings} · {report.source.get('path', '')} · step {ms(report.step_time_ms)}",
-            f"{data.ceilings} · step {ms(report.step_time_ms)}",
-        ):
-            if sub.get_window_extent(fig.canvas.get_renderer()).x1 <= fig.bbox.width * 0.98:
-                break
-            sub.set_text(shorter)
-
-        # Legend: verdicts present, then the marker shapes.
-        verdicts = [v for v in VERDICT_COLORS if any(p.candidate.verdict == v for p in data.points)]
-        handles = [
-            Line2D([], [], ls="", marker="o", ms=9, color=VERDICT_COLORS[v], label=VERDICT_LABELS[v])
-            for v in verdicts
-        ]
-        handles += [
-            Line2D([], [], ls="", marker="o", ms=8, mfc="none", mec=_ROOF, label="op or kernel"),
-            Line2D(
-                [],
-                [],
-                ls="",
-                marker="D",
-                ms=7,
-                mfc="none",
-                mec=_ROOF,
-                label="fused region: today → its fused ceiling",
-            ),
-        ]
-        legend = ax.legend(
-            handles=handles,
-            loc="best",  # upper left in most charts: nothing can sit above the memory roof
-            frameon=True,
-            framealpha=0.95,
-            edgecolor="#cccccc",
-            fontsize=8.5,
-            borderpad=0.6,
-        )
-        legend.set_zorder(6)
-
+        _draw_points(ax, data)
+        _style_log_axes(ax)
+        _draw_titles(fig, report, data, height)
+        legend = _draw_legend(ax, data)
         if any(p.off_chart for p in data.points) and not key_lines:  # no key: say it on the chart
             off = ", ".join(p.id for p in data.points if p.off_chart)
-            ax.text(
-                0.99,
-                0.01,
-                f"{off}: off the chart, drawn at the edge",
-                transform=ax.transAxes,
-                ha="right",
-                va="bottom",
-                fontsize=8,
-                color="#666666",
-                gid="kt-off-chart",
-            )
+            note = f"{off}: off the chart, drawn at the edge"
+            _corner_note(ax, 0.99, 0.01, note, fontsize=8, color="#666666", gid="kt-off-chart")
         _place_labels(fig, ax, data, labelled, legend, top_ridge)
-
         if key_lines:
-            step = 0.2 / height
-            y0 = (key_in - 0.05) / height - 0.5 * step
-            for i, line in enumerate(key_lines):
-                fig.text(
-                    0.075, y0 - i * step, line, fontsize=8.5, color=_INK if i < len(labelled) else "#666666"
-                )
+            _draw_key(fig, key_lines, len(labelled), key_in, height)
     return fig
+
+
+def _corner_note(ax: Any, x: float, y: float, text: str, *, fontsize: float, color: str, gid: str) -> None:
+    """A note inside the axes, its lower right corner at (``x``, ``y``) in axes fractions."""
+    ax.text(
+        x, y, text, transform=ax.transAxes, ha="right", va="bottom", fontsize=fontsize, color=color, gid=gid
+    )
+
+
+def _draw_points(ax: Any, data: RooflineData) -> None:
+    """Points, biggest first so that small ones stay on top; arrows up to the ceiling (for a
+    fused region drawn at its measured bytes, across to its fused intensity too)."""
+    for p in sorted(data.points, key=lambda p: -p.candidate.time_share):
+        c = p.candidate
+        color = VERDICT_COLORS.get(c.verdict, VERDICT_COLORS["skip"])
+        if _has_arrow(p):
+            _draw_arrow(ax, p, color)
+        assert p.at is not None  # placed by _clamp
+        sc = ax.scatter(
+            [p.at[0]],
+            [p.at[1]],
+            s=max(_marker_area(c.time_share) * (0.8 if p.fused else 1.0), 60.0 if p.off_chart else 0.0),
+            marker=_OFF_MARKERS[p.off_chart.split("-")[0]] if p.off_chart else ("D" if p.fused else "o"),
+            color=color,
+            alpha=0.88,
+            edgecolors="white",
+            linewidths=1.0,
+            zorder=3 + (1 - c.time_share),
+        )
+        sc.set_gid(f"kt-point-{c.id}")
+        sc.set_urls([f"#{c.id}"])
+
+
+def _draw_arrow(ax: Any, p: Point, color: str) -> None:
+    """The arrow from a point to its ceiling, and a tick at the ceiling when it sits well off
+    the roof."""
+    c = p.candidate
+    ceiling = p.ceiling
+    assert ceiling is not None  # _has_arrow
+    radius = _marker_radius_pt(c.time_share)
+    arrow = ax.annotate(
+        "",
+        xy=(p.ceiling_intensity, ceiling),
+        xytext=p.at,
+        arrowprops={
+            "arrowstyle": "-|>,head_length=0.5,head_width=0.22",
+            "color": color,
+            "lw": 1.3,
+            "alpha": 0.85,
+            "shrinkA": radius * (0.75 if p.fused else 0.6),
+            "shrinkB": 0,
+            "linestyle": (0, (4, 2)) if p.fused else "-",
+        },
+        zorder=2,
+    )
+    assert arrow.arrow_patch is not None  # arrowprops given
+    arrow.arrow_patch.set_gid(f"kt-arrow-{c.id}")
+    if p.roof and abs(math.log(ceiling / p.roof)) > 0.15:  # ceiling well off the roof: mark it
+        ax.plot([p.ceiling_intensity], [ceiling], marker="_", ms=9, mew=1.6, color=color, zorder=2)
+
+
+def _style_log_axes(ax: Any) -> None:
+    """Decade ticks (minor at 2 and 5, unlabelled), a light grid, no top or right spine."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(LogLocator(base=10))
+        axis.set_minor_locator(LogLocator(base=10, subs=(2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(_fmt_tick))
+    ax.yaxis.set_major_formatter(FuncFormatter(_fmt_tick))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.grid(True, which="major", color="#dddddd", lw=0.6, zorder=0)
+    ax.set_axisbelow(True)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel("achieved TFLOP/s")
+
+
+def _draw_titles(fig: Figure, report: Report, data: RooflineData, height: float) -> None:
+    """The title (the GPU) and a subtitle (ceilings, trace, step time, how to read the chart)
+    that never runs past the figure's right edge."""
+    gpu = report.gpu
+    fig.text(
+        0.075,
+        1 - 0.3 / height,
+        f"Roofline — {gpu.name if gpu is not None else 'unknown GPU'}",
+        fontsize=13,
+        fontweight="bold",
+        color=_INK,
+        va="baseline",
+    )
+    sub = fig.text(
+        0.075,
+        1 - 0.52 / height,
+        f"{data.ceilings} · {report.source.get('path', '')} · step {ms(report.step_time_ms)}"
+        " · area ∝ share of step time · arrow: up to the candidate's ceiling",
+        fontsize=9,
+        color="#555555",
+        va="baseline",
+    )
+    # Never past the figure's right edge: drop the explanations, then the path.
+    for shorter in (
+        f"{data.ceilings} · {report.source.get('path', '')} · step {ms(report.step_time_ms)}",
+        f"{data.ceilings} · step {ms(report.step_time_ms)}",
+    ):
+        if sub.get_window_extent(_renderer(fig)).x1 <= fig.bbox.width * 0.98:
+            break
+        sub.set_text(shorter)
+
+
+def _draw_legend(ax: Any, data: RooflineData) -> Any:
+    """Legend: the verdicts present, then the marker shapes."""
+    from matplotlib.lines import Line2D
+
+    verdicts = [v for v in VERDICT_COLORS if any(p.candidate.verdict == v for p in data.points)]
+    handles = [
+        Line2D([], [], ls="", marker="o", ms=9, color=VERDICT_COLORS[v], label=VERDICT_LABELS[v])
+        for v in verdicts
+    ]
+    handles += [
+        Line2D([], [], ls="", marker="o", ms=8, mfc="none", mec=_ROOF, label="op or kernel"),
+        Line2D(
+            [],
+            [],
+            ls="",
+            marker="D",
+            ms=7,
+            mfc="none",
+            mec=_ROOF,
+            label="fused region: today → its fused ceiling",
+        ),
+    ]
+    legend = ax.legend(
+        handles=handles,
+        loc="best",  # upper left in most charts: nothing can sit above the memory roof
+        frameon=True,
+        framealpha=0.95,
+        edgecolor="#cccccc",
+        fontsize=8.5,
+        borderpad=0.6,
+    )
+    legend.set_zorder(6)
+    return legend
+
+
+def _draw_key(fig: Figure, key_lines: list[str], n_labelled: int, key_in: float, height: float) -> None:
+    """The key under the chart: a line per labelled candidate, then the notes (greyed)."""
+    step = 0.2 / height
+    y0 = (key_in - 0.05) / height - 0.5 * step
+    for i, line in enumerate(key_lines):
+        fig.text(0.075, y0 - i * step, line, fontsize=8.5, color=_INK if i < n_labelled else "#666666")
+
+
+def _renderer(fig: Figure) -> Any:
+    """The renderer of a figure made by ``_figure`` (an Agg canvas), for measuring text."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = fig.canvas
+    assert isinstance(canvas, FigureCanvasAgg)
+    return canvas.get_renderer()
 
 
 def _draw_roofs(
@@ -572,7 +603,7 @@ def _place_labels(
     a leader line when a label sits far from its point."""
     from matplotlib.transforms import Bbox
 
-    renderer = fig.canvas.get_renderer()
+    renderer = _renderer(fig)
     to_px = fig.dpi / 72.0
     trans = ax.transData
     obstacles: list[Bbox] = [legend.get_window_extent(renderer)]
@@ -772,7 +803,7 @@ def breakdown_figure(report: Report) -> Figure:
             left += value
         ax.set_xlim(0, total)
         ax.set_ylim(-0.45, 0.45)
-        renderer = fig.canvas.get_renderer()
+        renderer = _renderer(fig)
         for start, value, kind in labels:  # inside a segment only where the text fits
             share = value / total
             x0, _ = ax.transData.transform((start, 0))

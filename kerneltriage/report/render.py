@@ -154,10 +154,33 @@ def terminal(
     if report.compiled:
         console.print(Text("\n".join(compiled_lines(report))))
     candidates = report.candidates[:top] if top else report.candidates
+    console.print(_candidates_table(candidates, console.width))
+    for c in _detailed(candidates):
+        _print_candidate_detail(console, c, run_ref, rank)
+    if report.warnings:
+        console.print()
+        for w in report.warnings:
+            console.print(Text(f"warning: {w}", style="yellow"))
+    return buffer.getvalue()
+
+
+def _candidates_table(candidates: list[Candidate], width: int) -> Table:
+    """The candidates as a table a row each; a ``realized`` column when any was verified."""
     table = Table(
         title="Candidates (actionable first, by expected saving)", title_justify="left", expand=False
     )
-    headers = ("#", "id", "candidate", "kind", "share", "headroom", "bound", "shapes", "verdict", "saving")
+    headers: tuple[str, ...] = (
+        "#",
+        "id",
+        "candidate",
+        "kind",
+        "share",
+        "headroom",
+        "bound",
+        "shapes",
+        "verdict",
+        "saving",
+    )
     verified = any(c.verification for c in candidates)
     if verified:
         headers = (*headers, "realized")
@@ -178,7 +201,7 @@ def terminal(
         for c in candidates
     ]
     # Names wrap between words or at their joints, never mid-word (see report.shared).
-    widths = name_widths(console.width, headers, rows, {2: 52, 8: 44})
+    widths = name_widths(width, headers, rows, {2: 52, 8: 44})
     right = {"#", "share", "headroom", "shapes", "saving", "realized"}
     for i, col in enumerate(headers):
         table.add_column(
@@ -191,46 +214,51 @@ def terminal(
         cells: list = [wrap_name(cell, widths.get(i)) for i, cell in enumerate(row)]
         cells[8] = Text(cells[8], style=_VERDICT_STYLE[c.verdict])
         table.add_row(*cells)
-    console.print(table)
+    return table
+
+
+def _detailed(candidates: list[Candidate]) -> list[Candidate]:
+    """The candidates shown in detail: every actionable one (else the first), then up to
+    three skipped ones of at least 5% of the step."""
     detail = [c for c in candidates if c.verdict != "skip"] or candidates[:1]
     shown = {id(c) for c in detail}
     detail += [c for c in candidates if c.verdict == "skip" and c.time_share >= 0.05 and id(c) not in shown][
         :3
     ]
-    for c in detail:
-        console.print()
+    return detail
+
+
+def _print_candidate_detail(console: Console, c: Candidate, run_ref: str, rank: int | None) -> None:
+    """One candidate in detail: its verdict, the three conditions, roofline, time, saving,
+    verification, and for an actionable one why, the fix and the scaffold command."""
+    console.print()
+    console.print(
+        Text(f"{c.id}  {c.name}", style="bold"),
+        Text(f"→ {verdict_text(c)}", style=_VERDICT_STYLE[c.verdict]),
+    )
+    for name in ("headroom", "hotness", "stability"):
+        mark, label, text = condition_line(name, c.conditions[name])
+        style = "green" if mark == "✓" else ("red" if mark == "✗" else "yellow")
+        console.print(Text(f"  {mark} ", style=style), Text(f"{label:<10}", style="bold"), text)
+    console.print(f"  roofline   {roofline_line(c)}")
+    console.print(
+        f"  time       {ms(c.time_ms_per_step)} per step (fwd {ms(c.fwd_ms_per_step)}, bwd {ms(c.bwd_ms_per_step)}), "
+        f"{c.instances_per_step:g} instance(s) per step"
+    )
+    if c.expected_saving_share:
         console.print(
-            Text(f"{c.id}  {c.name}", style="bold"),
-            Text(f"→ {verdict_text(c)}", style=_VERDICT_STYLE[c.verdict]),
+            f"  saving     up to {pct(c.expected_saving_share)} of step time "
+            f"({ms(c.expected_saving_ms)}) = share × (1 − 1/headroom)"
         )
-        for name in ("headroom", "hotness", "stability"):
-            mark, label, text = condition_line(name, c.conditions[name])
-            style = "green" if mark == "✓" else ("red" if mark == "✗" else "yellow")
-            console.print(Text(f"  {mark} ", style=style), Text(f"{label:<10}", style="bold"), text)
-        console.print(f"  roofline   {roofline_line(c)}")
-        console.print(
-            f"  time       {ms(c.time_ms_per_step)} per step (fwd {ms(c.fwd_ms_per_step)}, bwd {ms(c.bwd_ms_per_step)}), "
-            f"{c.instances_per_step:g} instance(s) per step"
-        )
-        if c.expected_saving_share:
-            console.print(
-                f"  saving     up to {pct(c.expected_saving_share)} of step time "
-                f"({ms(c.expected_saving_ms)}) = share × (1 − 1/headroom)"
-            )
-        if c.verification:
-            console.print(Text(f"  verify     {verification_line(c.verification)}"))
-        if c.verdict != "skip":
-            why = c.reason + (f"; {c.note}" if c.note else "")
-            console.print(f"  why        {why}")
-            if c.fix:
-                fix = c.fix.replace("\n", "\n             ")
-                console.print(Text(f"  fix        {fix}"))
-            console.print(f"  start      {scaffold_command(run_ref, c.id, rank)}")
-    if report.warnings:
-        console.print()
-        for w in report.warnings:
-            console.print(Text(f"warning: {w}", style="yellow"))
-    return buffer.getvalue()
+    if c.verification:
+        console.print(Text(f"  verify     {verification_line(c.verification)}"))
+    if c.verdict != "skip":
+        why = c.reason + (f"; {c.note}" if c.note else "")
+        console.print(f"  why        {why}")
+        if c.fix:
+            fix = c.fix.replace("\n", "\n             ")
+            console.print(Text(f"  fix        {fix}"))
+        console.print(f"  start      {scaffold_command(run_ref, c.id, rank)}")
 
 
 # --- markdown -------------------------------------------------------------------------------

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from kerneltriage.analysis.hot_kernels import select_hot_kernels
+from kerneltriage.analysis.hot_kernels import select_hot_kernels, without_counter_rows
 from kerneltriage.analysis.rules import load_rules
-from tests.helpers import timeline
+from kerneltriage.ingest.ncu_csv import read_counters
+from tests.helpers import EXAMPLE_RUN, timeline
 
 
 def test_hot_kernels_cover_the_step():
@@ -50,3 +51,16 @@ def test_variable_size_kernels_fit_a_launch_budget_or_are_named():
     assert tight.variable == ["nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"]
     assert tight.over_budget == {"nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT": 20}
     assert tight.variable_launches == 21 and set(tight.names) == set(hot.names)
+
+
+def test_hot_kernels_without_counter_rows_are_those_no_export_names():
+    # The shipped run's two exports: per configuration, and every launch of the variable-size GEMMs.
+    per_config = read_counters(EXAMPLE_RUN / "ncu.csv.gz").rows
+    every_launch = read_counters(EXAMPLE_RUN / "ncu.launches.csv.gz").rows
+    named = list(dict.fromkeys(per_config["base_name"]))
+    assert without_counter_rows([*named, "no_such_kernel"], [per_config]) == ["no_such_kernel"]
+    gemms = sorted(set(every_launch["base_name"]) - set(per_config["base_name"]))
+    assert gemms and all(g.startswith("nvjet") for g in gemms)
+    assert without_counter_rows(gemms, [per_config]) == gemms  # in hot order, as asked
+    assert without_counter_rows(gemms, [per_config, every_launch]) == []
+    assert without_counter_rows(named, []) == named  # no export: nothing was profiled

@@ -838,6 +838,17 @@ def calibrate(quick, device, as_json, run_path):
 # --- scaffold -------------------------------------------------------------------------------
 
 
+class _KindOption(click.Option):
+    """``--kind``, its help read from the scaffold families' registry when help is shown (the
+    registry's import is too slow for every start)."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        from kerneltriage.scaffold import kinds_text
+
+        self.help = f"Without a run, the op class to scaffold, by template: {kinds_text()}."
+        return super().get_help_record(ctx)
+
+
 @main.command()
 @click.argument("run", required=False, type=click.Path(path_type=Path))
 @click.argument("candidate", required=False)
@@ -851,11 +862,7 @@ def calibrate(quick, device, as_json, run_path):
 @click.option(
     "--force", is_flag=True, help="Write into a non-empty --out, replacing the scaffold's own files."
 )
-@click.option(
-    "--kind",
-    help="Without a run: rmsnorm, layernorm, add_rmsnorm, softmax, log_softmax, cross_entropy, attention, "
-    "gemm (+bias, +gelu/relu/silu/tanh/sigmoid), an elementwise chain such as gelu or mul+silu, or generic.",
-)
+@click.option("--kind", cls=_KindOption)
 @click.option(
     "--shape",
     "shapes",

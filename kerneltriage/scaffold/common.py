@@ -1,5 +1,5 @@
 """What every template's context holds: provenance, verdict and conditions, roofline, GPU,
-shapes and dtypes as Python literals. The class builders (``classes.py``) add their own keys."""
+shapes and dtypes as Python literals. The families (``families/``) add their own keys."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from kerneltriage.errors import InputError
 from kerneltriage.scaffold.identifiers import SHORT_DTYPE, comment_text, dims_text, literal, parse_signature
 from kerneltriage.scaffold.op_chains import op_label
 
-# (absolute relative to max|expected|, relative) per output dtype; classes may override.
+# (absolute relative to max|expected|, relative) per output dtype; families may override.
 DEFAULT_TOL = {"float32": (1e-5, 1e-4), "bfloat16": (1e-2, 2e-2), "float16": (2e-3, 5e-3)}
 
 
@@ -108,15 +108,21 @@ def _fmt_ms(value: float | None) -> str:
     return f"{value:.3g} ms" if value >= 0.1 else f"{value * 1e3:.3g} µs"
 
 
-def gpu_context(gpu: GPUSpec | None) -> dict[str, Any]:
-    """The GPU and the ceilings the report used (measured, else datasheet × achievable): the
-    benchmark measures the kernel against them, so a package needs a GPU."""
+def require_gpu(gpu: GPUSpec | None) -> GPUSpec:
+    """The GPU, refused when there is none: bench.py measures the kernel against its ceilings,
+    so a package needs a GPU."""
     if gpu is None:
         raise InputError(
             "scaffold needs the GPU's ceilings (bench.py measures the kernel against them) and "
             "the trace names no GPU kerneltriage knows: pass --gpu KEY",
             hint=f"one of: {', '.join(known_gpus())}",
         )
+    return gpu
+
+
+def gpu_context(gpu: GPUSpec | None) -> dict[str, Any]:
+    """The GPU and the ceilings the report used (measured, else datasheet × achievable)."""
+    gpu = require_gpu(gpu)
     peaks = {p: round(v, 2) for p, v in gpu.ceiling_tflops.items()}
     shown = [f"{peaks[p]:g} {p}" for p in ("bf16", "fp16_tensor", "tf32", "fp32") if p in peaks]
     return {
@@ -129,25 +135,8 @@ def gpu_context(gpu: GPUSpec | None) -> dict[str, Any]:
     }
 
 
-def report_context(origin: Origin) -> dict[str, Any]:
-    """Verdict, conditions, time and roofline of the candidate (empty-ish in --kind mode)."""
-    cand, report = origin.candidate, origin.report
-    if cand is None or report is None:
-        return {
-            "has_report": False,
-            "verdict": None,
-            "reason": "",
-            "builtin": None,
-            "note": "",
-            "conditions": [],
-            "roofline": {},
-            "report_numbers": {},
-            "time_text": "",
-            "saving_text": "",
-        }
-    rf = cand.roofline
-    calls = cand.instances_per_step or 1.0
-    includes_bwd = (cand.bwd_ms_per_step or 0.0) > 0 and (cand.fwd_ms_per_step or 0.0) > 0
+def _conditions(cand: Candidate) -> list[dict[str, str]]:
+    """The three conditions as the README's table rows."""
     conditions = []
     for key in ("headroom", "hotness", "stability"):
         c = cand.conditions.get(key)
@@ -172,6 +161,29 @@ def report_context(origin: Origin) -> dict[str, Any]:
                 "detail": comment_text(c.detail, 160).replace("|", "/"),
             }
         )
+    return conditions
+
+
+def report_context(origin: Origin) -> dict[str, Any]:
+    """Verdict, conditions, time and roofline of the candidate (empty-ish in --kind mode)."""
+    cand, report = origin.candidate, origin.report
+    if cand is None or report is None:
+        return {
+            "has_report": False,
+            "verdict": None,
+            "reason": "",
+            "builtin": None,
+            "note": "",
+            "conditions": [],
+            "roofline": {},
+            "report_numbers": {},
+            "time_text": "",
+            "saving_text": "",
+        }
+    rf = cand.roofline
+    calls = cand.instances_per_step or 1.0
+    includes_bwd = (cand.bwd_ms_per_step or 0.0) > 0 and (cand.fwd_ms_per_step or 0.0) > 0
+    conditions = _conditions(cand)
     ceiling_call = rf.ceiling_ms / calls if rf.ceiling_ms else None
     roofline = {
         "calls_per_step": f"{calls:g}",
@@ -188,7 +200,7 @@ def report_context(origin: Origin) -> dict[str, Any]:
     }
     numbers = {
         "candidate": cand.id,
-        "gpu": comment_text(report.gpu.name, 80),
+        "gpu": comment_text(require_gpu(report.gpu).name, 80),
         "calls_per_step": _round(calls),
         "measured_ms_per_step": _round(cand.time_ms_per_step),
         "measured_ms_per_call": _round(cand.time_ms_per_step / calls),

@@ -207,6 +207,59 @@ def op_label(op: dict) -> str:
     return comment_text(f"{op.get('name', '?')}({', '.join(parts)})", 120)
 
 
+def _tensor_step(
+    short: str, label: str, op: dict, operand: tuple[int, list[int], str], name: str, default_dtype: str
+) -> Step:
+    """add/sub/mul/div of a second tensor (``operand``: its argument index, dims and type)."""
+    fwd, dv, de, torch_expr = TENSOR[short]
+    alpha = number(_concrete(op, 2)) if short in ("add", "sub") else None
+    if alpha not in (None, 1.0):
+        fwd = fwd.replace("{e}", f"{alpha!r} * {{e}}")
+        torch_expr = torch_expr.replace("{e}", f"{alpha!r} * {{e}}")
+        de = f"{-alpha if short == 'sub' else alpha!r}"
+    _, dims, t = operand
+    return Step(
+        short,
+        label,
+        "tensor",
+        fwd,
+        dv,
+        de,
+        torch_expr,
+        operand=name,
+        operand_dims=dims,
+        operand_dtype=trace_dtype(t, default_dtype),
+    )
+
+
+def _scalar_step(short: str, label: str, op: dict, name: str, notes: list[str]) -> Step | None:
+    """add/sub/mul/div/pow of a scalar (named ``name`` in the kernel); pow by 2, 3, 0.5, -1 or 1
+    as the unary op (or identity) it is; None, with a note, for a pow the chain cannot model."""
+    value = number(_concrete(op, 1))
+    if short == "pow" and value in (2.0, 3.0, 0.5, -1.0, 1.0):
+        mapped = {2.0: "square", 3.0: "cube", 0.5: "sqrt", -1.0: "reciprocal"}.get(value)
+        if mapped is None:
+            return Step(short, label, "layout", note="pow 1: identity")
+        return unary_step(mapped, label)
+    if short == "pow" and (value is None or float(value).is_integer()):
+        notes.append(f"{label}: pow with this exponent is not modelled; left out of the chain")
+        return None
+    alpha = number(_concrete(op, 2)) if short in ("add", "sub") else None
+    recorded = value is not None
+    if value is None:
+        value = {"add": 0.0, "sub": 0.0, "mul": 1.0, "div": 1.0, "pow": 1.0}[short]
+        notes.append(
+            f"{label}: the scalar's value is not in the trace (the profiler records only "
+            f"Scalar arguments); the scaffold uses {value!r}: set it in kernel.py and reference.py"
+        )
+    elif alpha not in (None, 1.0):
+        value *= alpha
+    fwd, dv, torch_expr = SCALAR[short]
+    return Step(
+        short, label, "scalar", fwd, dv, "", torch_expr, scalar=name, value=float(value), recorded=recorded
+    )
+
+
 def chain_from_example(example: list[dict], default_dims: list[int], default_dtype: str) -> Chain:
     """The elementwise chain of a region/op as recorded. Unknown ops are left out and noted."""
     steps: list[Step] = []
@@ -233,70 +286,16 @@ def chain_from_example(example: list[dict], default_dims: list[int], default_dty
         if short in UNARY:
             steps.append(unary_step(short, label))
             continue
-        if short in SCALAR or short in TENSOR:
-            if len(tensors) >= 2 and short in TENSOR:
-                n_operands += 1
-                fwd, dv, de, torch_expr = TENSOR[short]
-                alpha = number(_concrete(op, 2)) if short in ("add", "sub") else None
-                if alpha not in (None, 1.0):
-                    fwd = fwd.replace("{e}", f"{alpha!r} * {{e}}")
-                    torch_expr = torch_expr.replace("{e}", f"{alpha!r} * {{e}}")
-                    de = f"{-alpha if short == 'sub' else alpha!r}"
-                _, dims, t = tensors[1]
-                steps.append(
-                    Step(
-                        short,
-                        label,
-                        "tensor",
-                        fwd,
-                        dv,
-                        de,
-                        torch_expr,
-                        operand=f"y{n_operands}",
-                        operand_dims=dims,
-                        operand_dtype=trace_dtype(t, default_dtype),
-                    )
-                )
-                continue
-            if short in SCALAR and len(tensors) == 1:
-                value = number(_concrete(op, 1))
-                if short == "pow" and value in (2.0, 3.0, 0.5, -1.0, 1.0):
-                    mapped = {2.0: "square", 3.0: "cube", 0.5: "sqrt", -1.0: "reciprocal"}.get(value)
-                    if mapped is None:
-                        steps.append(Step(short, label, "layout", note="pow 1: identity"))
-                    else:
-                        steps.append(unary_step(mapped, label))
-                    continue
-                if short == "pow" and (value is None or float(value).is_integer()):
-                    notes.append(f"{label}: pow with this exponent is not modelled; left out of the chain")
-                    continue
-                alpha = number(_concrete(op, 2)) if short in ("add", "sub") else None
-                recorded = value is not None
-                if value is None:
-                    value = {"add": 0.0, "sub": 0.0, "mul": 1.0, "div": 1.0, "pow": 1.0}[short]
-                    notes.append(
-                        f"{label}: the scalar's value is not in the trace (the profiler records only "
-                        f"Scalar arguments); the scaffold uses {value!r}: set it in kernel.py and reference.py"
-                    )
-                elif alpha not in (None, 1.0):
-                    value *= alpha
-                n_scalars += 1
-                fwd, dv, torch_expr = SCALAR[short]
-                steps.append(
-                    Step(
-                        short,
-                        label,
-                        "scalar",
-                        fwd,
-                        dv,
-                        "",
-                        torch_expr,
-                        scalar=f"c{n_scalars}",
-                        value=float(value),
-                        recorded=recorded,
-                    )
-                )
-                continue
+        if len(tensors) >= 2 and short in TENSOR:
+            n_operands += 1
+            steps.append(_tensor_step(short, label, op, tensors[1], f"y{n_operands}", default_dtype))
+            continue
+        if short in SCALAR and len(tensors) == 1:
+            step = _scalar_step(short, label, op, f"c{n_scalars + 1}", notes)
+            if step is not None:
+                n_scalars += 1 if step.kind == "scalar" else 0
+                steps.append(step)
+            continue
         if name:
             notes.append(f"{label}: not an elementwise op the scaffold models; left out of the chain")
     if x_dims is None:
@@ -306,7 +305,7 @@ def chain_from_example(example: list[dict], default_dims: list[int], default_dty
 
 def chain_from_kind(ops: list[str], dims: list[int], dtype: str) -> Chain:
     """``--kind gelu`` / ``--kind mul+silu``: unary ops, and add/sub/mul/div with a second input of
-    the same shape, in order (``plan_kind`` has checked that every op is in ``KIND_OPS``)."""
+    the same shape, in order (``families.for_kind`` has checked that every op is in ``KIND_OPS``)."""
     steps: list[Step] = []
     for op in ops:
         op = ALIASES.get(op, op)

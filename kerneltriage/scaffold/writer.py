@@ -10,9 +10,10 @@ from typing import Any
 from kerneltriage.errors import InputError
 from kerneltriage.outputs import atomic_dir
 from kerneltriage.resources import data_path
+from kerneltriage.scaffold.families import FAMILIES, FILES
 from kerneltriage.scaffold.identifiers import literal
 
-FILES = ("kernel.py", "reference.py", "test_kernel.py", "bench.py", "README.md")
+__all__ = ["FILES", "check_out", "render", "safe_target", "templates_dir", "write"]
 
 
 def templates_dir() -> Path:
@@ -51,22 +52,20 @@ def _tidy(text: str, python: bool) -> str:
     return "\n".join(out) + "\n"
 
 
-def render(op_class: str, context: dict[str, Any]) -> dict[str, str]:
-    """{file name: text} for one scaffold."""
+def render(template: str, context: dict[str, Any]) -> dict[str, str]:
+    """{file name: text} for one scaffold of the family named ``template`` (``FAMILIES``)."""
     import jinja2
 
     env = _environment()
     root = templates_dir()
     files = {}
-    for name in FILES:
-        candidates = [f"{op_class}/{name}.j2"] + ([f"{name}.j2"] if name == "README.md" else [])
-        template = next((c for c in candidates if (root / c).is_file()), None)
-        if template is None:
-            raise InputError(f"template {candidates[0]} is missing from {root}")
+    for name, source in FAMILIES[template].templates.items():
+        if not (root / source).is_file():
+            raise InputError(f"template {source} is missing from {root}")
         try:
-            text = env.get_template(template).render(**context)
+            text = env.get_template(source).render(**context)
         except jinja2.TemplateError as exc:  # a bug in a template, not a user error
-            raise RuntimeError(f"rendering {template}: {exc}") from exc
+            raise RuntimeError(f"rendering {source}: {exc}") from exc
         files[name] = _tidy(text, python=name.endswith(".py"))
     return files
 

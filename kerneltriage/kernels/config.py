@@ -85,7 +85,8 @@ class KernelConfig:
 _MAPPINGS = {"norm_configs", "attention_configs"}
 _default = KernelConfig()  # the settings outside any override (``set_defaults`` changes them)
 _current = _default
-_overrides: list[tuple[object, dict[str, Any]]] = []  # active overrides, oldest first
+# The active overrides, oldest first: [token, changes, the config in force inside it].
+_overrides: list[list[Any]] = []
 
 
 def current() -> KernelConfig:
@@ -112,12 +113,13 @@ def _checked(changes: dict[str, Any]) -> dict[str, Any]:
     return {k: _frozen(k, v) for k, v in changes.items()}
 
 
-def _rebuild() -> None:
-    """The settings in force: the default with the active overrides on top, oldest first."""
+def _rebuild(start: int = 0) -> None:
+    """The settings in force: the default with the active overrides on top, oldest first; the
+    configs of the overrides below ``start`` are kept (the same objects as before)."""
     global _current
-    cfg = _default
-    for _, changes in _overrides:
-        cfg = replace(cfg, **changes)
+    cfg = _default if start == 0 else _overrides[start - 1][2]
+    for entry in _overrides[start:]:
+        cfg = entry[2] = replace(cfg, **entry[1])
     _current = cfg
 
 
@@ -135,10 +137,11 @@ def override(**changes: Any) -> Iterator[KernelConfig]:
     """Replace some settings for the duration of a ``with`` block (mappings may be given as
     dicts). Yields the config in force inside the block."""
     token = object()
-    _overrides.append((token, _checked(changes)))
-    _rebuild()
+    _overrides.append([token, _checked(changes), None])
+    _rebuild(len(_overrides) - 1)
     try:
         yield _current
     finally:
-        _overrides[:] = [o for o in _overrides if o[0] is not token]
-        _rebuild()
+        i = next(i for i, entry in enumerate(_overrides) if entry[0] is token)
+        del _overrides[i]
+        _rebuild(i)

@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from kerneltriage.errors import KernelInputError
-from kerneltriage.kernels import config, host_path
+from kerneltriage.kernels import config
+
+# The host path's choice for a config (``host_path.select``: fast or plain launches), installed
+# by ``host_path`` when it is imported, which every kernel package does before its first launch.
+# A hook, not an import: host_path reaches the launch plans through the norms' bound calls, so
+# importing it here would close an import cycle. Until it is installed: plain launches.
+_select_host: Callable[[config.KernelConfig], Any] | None = None
+
+
+def route_launches(select: Callable[[config.KernelConfig], Any]) -> None:
+    """Launch through ``select(cfg).launch`` from now on (``host_path`` calls it)."""
+    global _select_host
+    _select_host = select
 
 
 def interpreter_mode() -> bool:
@@ -60,8 +74,10 @@ def launch(kernel, grid: tuple[int, ...], args: tuple, kwargs: dict, cfg: config
     its launchers by that dict."""
     if cfg.launcher is not None:
         cfg.launcher(kernel, grid, args, kwargs)
+    elif _select_host is None:
+        kernel[grid](*args, **kwargs)
     else:
-        host_path.select(cfg).launch(kernel, grid, args, kwargs)
+        _select_host(cfg).launch(kernel, grid, args, kwargs)
 
 
 def cdiv(a: int, b: int) -> int:

@@ -1,7 +1,10 @@
 """How the built-in kernels are launched from the host: the fast path, or plain Triton launches.
 
 The one place that decides (``select``); the rest of ``kernels/`` launches through the object it
-returns and never imports the fast path's modules itself.
+returns and never imports the fast path's modules itself. Attention launches through
+``launch`` here; the norms' launch plans, which the fast path's bound calls build on, through
+``_common.launch``, which this module routes through ``select`` when it is imported (the norms'
+API imports it; an import from the plans would be a cycle).
 
 - **plain**: every launch is ``kernel[grid](*args, **kwargs)``, the tile configuration chosen by
   ``triton.autotune`` on a GPU's first call. Public Triton API only, all of it there since
@@ -41,7 +44,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from kerneltriage.kernels import config
+from kerneltriage.kernels import _common, config
 
 # Triton (major, minor) versions whose internals the fast path was written against.
 SUPPORTED_TRITON = ((3, 6),)
@@ -289,8 +292,12 @@ def select(cfg: config.KernelConfig | None = None) -> Host:
 
 
 def launch(kernel: Any, grid: tuple[int, ...], args: tuple, kwargs: dict, cfg: config.KernelConfig) -> None:
-    """``kernel[grid](*args, **kwargs)`` on the path ``select(cfg)`` picks."""
-    select(cfg).launch(kernel, grid, args, kwargs)
+    """``kernel[grid](*args, **kwargs)`` on the path ``select(cfg)`` picks, or ``cfg.launcher``
+    (a stub) with the same arguments: what ``_common.launch`` does once this module is imported."""
+    if cfg.launcher is not None:
+        cfg.launcher(kernel, grid, args, kwargs)
+    else:
+        select(cfg).launch(kernel, grid, args, kwargs)
 
 
 def set_fast_launch(enabled: bool) -> None:
@@ -324,3 +331,6 @@ def _reset() -> None:
     _State.tried, _State.why = False, None
     _State.fast = _State.fast_bound = None
     _State.chosen = (None, PLAIN, "")
+
+
+_common.route_launches(select)  # every kernel launch from now on takes the path picked here

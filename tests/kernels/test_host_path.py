@@ -31,6 +31,7 @@ from kerneltriage.kernels import (  # noqa: E402
     LlamaRMSNorm,
     Olmo2RMSNorm,
     RMSNorm,
+    _common,
     config,
     host_path,
     launch_path,
@@ -214,10 +215,13 @@ class RecordingKernel:
 
 
 def _assert_plain_launches():
+    """Both launch functions (attention's, and the norms' plans' ``_common.launch``, routed
+    through the host path) launch plainly."""
     kernel = RecordingKernel()
     kwargs = {"BLOCK": 64, "num_warps": 4}
     host_path.launch(kernel, (3,), (1, 2), kwargs, config.current())
-    assert kernel.plain == [((3,), (1, 2), kwargs)]
+    _common.launch(kernel, (5,), (1, 2), kwargs, config.current())
+    assert kernel.plain == [((3,), (1, 2), kwargs), ((5,), (1, 2), kwargs)]
 
 
 def test_another_triton_takes_plain_launches_and_says_why(monkeypatch):

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from kerneltriage.kernels import config, host_path, native
+from kerneltriage.kernels import config, native
 from kerneltriage.kernels.fast_launch import Bound, current_device, direct_ok
 from kerneltriage.kernels.norms import launch as L
 
@@ -38,8 +38,10 @@ _f32 = torch.float32
 
 
 def usable() -> bool:
-    """The bound calls are on (fast host path, default configuration) and no launch hook is set."""
-    return host_path.select().bound and direct_ok()
+    """The bound calls may run: the default configuration, fast launches on, no interpreter
+    (``host_path`` chose them when it bound the call), and no launch hook set."""
+    cfg = config.current()
+    return cfg is config.default() and cfg.fast_launch and not cfg.interpreter and direct_ok()
 
 
 def _sig(t: torch.Tensor | None) -> tuple | None:

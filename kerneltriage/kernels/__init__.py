@@ -10,6 +10,8 @@
 - ``patch(model)`` swaps a model's matching norm modules in place and reports what it did.
 - ``config``: the settings the host code reads per call (``KernelConfig``; tests change them
   with ``config.override(...)``).
+- ``set_fast_launch(enabled)`` and ``launch_path()`` (module ``host_path``): the switch of the
+  fast host path, and which path launches the kernels and why (``LaunchPath``).
 
 Each package splits by role: ``triton_kernels`` (device code), ``launch`` (checks, tile
 configurations, cached launch plans, host functions), ``autograd`` (the eager
@@ -17,9 +19,12 @@ configurations, cached launch plans, host functions), ``autograd`` (the eager
 ``functional`` / ``modules`` (the API), ``reference`` (pure torch). Names resolve lazily so
 that importing this package does not import torch or Triton until a kernel is used.
 
-Host paths of a repeated call, fastest first: the norms' C++ bound calls (``native``, built on
-first use; ``KERNELTRIAGE_NATIVE=0`` turns it off), the Python bound calls (``norms/fast.py``)
-and the launch fast path (``fast_launch``); each falls back to the next.
+Host paths (``host_path``, the one module that picks): the fast path, which relies on Triton 3.6
+internals (fastest first: the norms' C++ bound calls, ``native``, built on first use,
+``KERNELTRIAGE_NATIVE=0`` turns them off; the Python bound calls, ``norms/fast.py``; direct
+launches, ``fast_launch``; each falls back to the next), or plain ``kernel[grid](...)``
+launches, always correct, taken when the fast path is off (``KERNELTRIAGE_FAST_LAUNCH=0``,
+``set_fast_launch(False)``) or cannot be set up (another Triton, the interpreter).
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ _EXPORTS = {
     "flash_attention": "attention",
     "use_flash_attention": "hf_attention",
     "KernelConfig": "config",
+    "LaunchPath": "host_path",
+    "launch_path": "host_path",
+    "set_fast_launch": "host_path",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from kerneltriage.errors import KernelInputError
 from kerneltriage.kernels import config
-from kerneltriage.kernels.fast_launch import fast_launch
+
+# The host path's choice for a config (``host_path.select``: fast or plain launches), installed
+# by ``host_path`` when it is imported, which every kernel package does before its first launch.
+# A hook, not an import: host_path reaches the launch plans through the norms' bound calls, so
+# importing it here would close an import cycle. Until it is installed: plain launches.
+_select_host: Callable[[config.KernelConfig], Any] | None = None
+
+
+def route_launches(select: Callable[[config.KernelConfig], Any]) -> None:
+    """Launch through ``select(cfg).launch`` from now on (``host_path`` calls it)."""
+    global _select_host
+    _select_host = select
 
 
 def interpreter_mode() -> bool:
@@ -31,7 +44,7 @@ def check_device(*tensors, name: str = "kernel") -> None:
         elif t.device != device:
             devices = sorted({str(u.device) for u in tensors if u is not None})
             raise KernelInputError(f"{name}: tensors are on different devices: {devices}")
-    if device.type == "cuda":
+    if device is None or device.type == "cuda":  # no tensor: nothing to check
         return
     if device.type == "cpu" and config.current().interpreter:
         return
@@ -55,15 +68,16 @@ def empty(shape, dtype: torch.dtype, device: torch.device, cfg: config.KernelCon
 
 
 def launch(kernel, grid: tuple[int, ...], args: tuple, kwargs: dict, cfg: config.KernelConfig) -> None:
-    """``kernel[grid](*args, **kwargs)``, or ``cfg.launcher`` with the same arguments. On a GPU
-    through the cached launcher (``fast_launch.py``); ``kwargs`` should be one dict per
-    configuration, kept by the caller (a launch plan), not built per call."""
+    """``kernel[grid](*args, **kwargs)``, or ``cfg.launcher`` with the same arguments, on the
+    host path ``host_path.select`` picks (fast or plain); ``kwargs`` should be one dict per
+    configuration, kept by the caller (a launch plan), not built per call: the fast path caches
+    its launchers by that dict."""
     if cfg.launcher is not None:
         cfg.launcher(kernel, grid, args, kwargs)
-    elif cfg.fast_launch and not cfg.interpreter:
-        fast_launch(kernel, grid, args, kwargs)
-    else:
+    elif _select_host is None:
         kernel[grid](*args, **kwargs)
+    else:
+        _select_host(cfg).launch(kernel, grid, args, kwargs)
 
 
 def cdiv(a: int, b: int) -> int:

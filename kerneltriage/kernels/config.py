@@ -1,7 +1,7 @@
 """Process-wide settings of the built-in kernels, read once per call through ``current()``.
 
 Tests and benchmarks change them with ``override(...)`` (a context manager), never by patching
-module globals::
+module globals (``set_defaults`` changes them for the rest of the process)::
 
     from kerneltriage.kernels import config
 
@@ -55,9 +55,9 @@ class KernelConfig:
         kernel; a no-op launcher measures the host code alone.
     interpreter: kernels run through Triton's CPU interpreter (CPU tensors allowed). Default:
         $TRITON_INTERPRET.
-    fast_launch: launch compiled kernels directly once Triton has resolved them for an argument
-        class (``fast_launch.py``); off: every launch through ``kernel[grid](...)``. Never used
-        by the interpreter. Default: $KERNELTRIAGE_FAST_LAUNCH, else on.
+    fast_launch: the fast host path (``host_path.py``: direct launches, bound norm calls) where
+        it can be set up; off: every launch through ``kernel[grid](...)``. Never used by the
+        interpreter. Default: $KERNELTRIAGE_FAST_LAUNCH, else on; ``set_fast_launch`` changes it.
     """
 
     norm_configs: tuple[tuple[str, Any], ...] = ()
@@ -83,12 +83,20 @@ class KernelConfig:
 
 
 _MAPPINGS = {"norm_configs", "attention_configs"}
-_current = KernelConfig()
+_default = KernelConfig()  # the settings outside any override (``set_defaults`` changes them)
+_current = _default
+# The active overrides, oldest first: [token, changes, the config in force inside it].
+_overrides: list[list[Any]] = []
 
 
 def current() -> KernelConfig:
     """The settings in force."""
     return _current
+
+
+def default() -> KernelConfig:
+    """The settings outside any override; ``current() is default()`` when none is active."""
+    return _default
 
 
 def _frozen(name: str, value: Any) -> Any:
@@ -97,18 +105,43 @@ def _frozen(name: str, value: Any) -> Any:
     return value
 
 
-@contextlib.contextmanager
-def override(**changes: Any) -> Iterator[KernelConfig]:
-    """Replace some settings for the duration of a ``with`` block (mappings may be given as
-    dicts). Yields the config in force inside the block."""
-    global _current
+def _checked(changes: dict[str, Any]) -> dict[str, Any]:
     names = {f.name for f in fields(KernelConfig)}
     unknown = sorted(set(changes) - names)
     if unknown:
         raise TypeError(f"KernelConfig has no setting {', '.join(unknown)}; settings: {sorted(names)}")
-    previous = _current
-    _current = replace(previous, **{k: _frozen(k, v) for k, v in changes.items()})
+    return {k: _frozen(k, v) for k, v in changes.items()}
+
+
+def _rebuild(start: int = 0) -> None:
+    """The settings in force: the default with the active overrides on top, oldest first; the
+    configs of the overrides below ``start`` are kept (the same objects as before)."""
+    global _current
+    cfg = _default if start == 0 else _overrides[start - 1][2]
+    for entry in _overrides[start:]:
+        cfg = entry[2] = replace(cfg, **entry[1])
+    _current = cfg
+
+
+def set_defaults(**changes: Any) -> KernelConfig:
+    """Change settings for the rest of the process (``kernels.set_fast_launch`` uses it);
+    overrides active now keep their own settings on top. Returns the new default."""
+    global _default
+    _default = replace(_default, **_checked(changes))
+    _rebuild()
+    return _default
+
+
+@contextlib.contextmanager
+def override(**changes: Any) -> Iterator[KernelConfig]:
+    """Replace some settings for the duration of a ``with`` block (mappings may be given as
+    dicts). Yields the config in force inside the block."""
+    token = object()
+    _overrides.append([token, _checked(changes), None])
+    _rebuild(len(_overrides) - 1)
     try:
         yield _current
     finally:
-        _current = previous
+        i = next(i for i, entry in enumerate(_overrides) if entry[0] is token)
+        del _overrides[i]
+        _rebuild(i)

@@ -11,12 +11,14 @@ launch per class goes through Triton (which compiles or finds the binary, and la
 
 Anything unexpected (another Triton version's internals, launch hooks set by a profiler such as
 Proton, async compilation, an argument type not classified here) takes Triton's own path, so
-the fast path can only skip work, not change what runs. ``KernelConfig.fast_launch`` (default
-on; ``KERNELTRIAGE_FAST_LAUNCH=0``) turns it off; the interpreter never uses it.
+the fast path can only skip work, not change what runs. Part of the fast host path: only
+``host_path.py`` imports it for launching, and picks it or plain launches (its docstring: the
+switch ``KERNELTRIAGE_FAST_LAUNCH=0``, the Triton versions it is set up for, the fallback).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from threading import get_ident
 from typing import Any
 
@@ -54,6 +56,7 @@ class _Driver:
 
     ok = False
     failed = False
+    why: str | None = None  # why the lookup failed
     device: Any = None
     stream: Any = None
     runtime: Any = None
@@ -71,8 +74,8 @@ class _Driver:
             cls.stream = active.get_current_stream
             cls.runtime = knobs.runtime
             cls.hooks_set()  # HookChain objects with .calls in 3.6; else fall back
-        except Exception:
-            cls.failed = True
+        except Exception as e:
+            cls.failed, cls.why = True, f"{type(e).__name__}: {e}"
             return False
         cls.ok = True
         return True
@@ -105,7 +108,8 @@ class FastLauncher:
         return self.why is not None
 
     def __call__(self, grid: tuple, args: tuple) -> None:
-        if self.why is None and not _Driver.hooks_set():
+        tail = self.tail
+        if self.why is None and tail is not None and not _Driver.hooks_set():
             device = _Driver.device()
             hit = self.compiled.get((device, _arg_class(args)))
             if hit is not None:
@@ -117,10 +121,10 @@ class FastLauncher:
                 try:
                     if scratch:  # CudaLauncher.__call__ allocates the scratch buffers
                         launch(grid[0], g1, g2, _Driver.stream(device), function, packed, None, None, None,
-                               *args, *self.tail)  # fmt: skip
+                               *args, *tail)  # fmt: skip
                     else:  # its C launcher, with the arguments CudaLauncher.__call__ passes
                         launch(grid[0], g1, g2, _Driver.stream(device), function, coop, pdl, None, None,
-                               packed, None, None, None, *args, *self.tail)  # fmt: skip
+                               packed, None, None, None, *args, *tail)  # fmt: skip
                     return
                 except TypeError as e:  # the launcher parses its arguments before launching
                     self.why = f"launcher rejected the arguments: {e}"
@@ -200,6 +204,14 @@ class Bound:
     b.packed, None, None, None, *args, *b.tail)``. None when there is none to bind."""
 
     __slots__ = ("compiled", "coop", "function", "launch", "packed", "pdl", "stream", "tail")
+    launch: Callable[..., Any]  # the compiled kernel's C launcher
+    function: int  # the CUfunction handle
+    packed: Any  # packed kernel metadata, passed through
+    coop: int
+    pdl: int
+    compiled: Any  # Triton's CompiledKernel: signature and metadata
+    stream: Callable[[int], int]  # device index -> raw current stream
+    tail: tuple  # the constexpr parameters after the positional arguments
 
     @classmethod
     def latest(cls, kernel, kwargs: dict) -> Bound | None:

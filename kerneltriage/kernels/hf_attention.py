@@ -212,6 +212,7 @@ def attention_forward(
         window=_window(sliding_window, bool(is_causal)),
         softcap=softcap,
     )
+    assert not isinstance(out, tuple)  # without return_lse: the output alone
     CALLS["kernel"] += 1
     return out.transpose(1, 2).contiguous(), None
 

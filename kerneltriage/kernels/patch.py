@@ -125,6 +125,7 @@ def _hf_match(
 
 def _hf_replacement(module: nn.Module, drop_in: type, eps_attr: str) -> nn.Module:
     weight = module.weight
+    assert isinstance(weight, nn.Parameter)  # _hf_match checked: a 1-D weight Parameter
     new = drop_in(weight.shape[0], eps=float(getattr(module, eps_attr)), device="meta")
     new.weight = weight  # the Parameter object itself
     return new
@@ -147,7 +148,7 @@ def _decide(module: nn.Module, classes: dict, semantics: dict) -> tuple[nn.Modul
     drop_in, eps_attr, reason = _hf_match(module, classes, semantics)
     if reason is not None:
         return None, reason
-    if drop_in is not None:
+    if drop_in is not None and eps_attr is not None:  # _hf_match gives both or neither
         reason = _runnable(module)
         return (None, reason) if reason else (_hf_replacement(module, drop_in, eps_attr), None)
     if _looks_like_norm(module):

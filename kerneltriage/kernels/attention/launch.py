@@ -18,8 +18,9 @@ import triton
 
 from kerneltriage.errors import KernelInputError
 from kerneltriage.kernels import config
-from kerneltriage.kernels._common import cdiv, check_device, check_dtype, empty, launch
+from kerneltriage.kernels._common import cdiv, check_device, check_dtype, empty
 from kerneltriage.kernels.attention import triton_kernels as K
+from kerneltriage.kernels.host_path import launch
 
 NAME = "flash_attention"
 UNBOUNDED = 1 << 30  # window side without a limit; keeps the bound arithmetic in int32

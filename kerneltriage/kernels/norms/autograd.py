@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch.library import custom_op
 
-from kerneltriage.kernels.norms import fast
+from kerneltriage.kernels import host_path
 from kerneltriage.kernels.norms.launch import as_rows, like, norm_bwd, norm_fwd, out_dtype
 
 
@@ -44,7 +44,7 @@ class NormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, residual, weight, bias, eps, is_rms, w_offset, cast_x, key=None, run=None):
-        """``key``/``run``: the call's signature and its bound forward (norms/fast.py), if any."""
+        """``key``/``run``: the call's signature and its bound forward (``host_path``), if any."""
         shape = x.shape
         if run is not None:  # outputs already in x's shape
             y, h, mean, rstd = run(x, residual, weight, bias)
@@ -57,7 +57,7 @@ class NormFunction(torch.autograd.Function):
             y = like(y, shape)
             h = None if h is None else like(h, shape)
             if key is not None:
-                fast.bind_fwd(key, x, residual, weight, bias, eps, is_rms, w_offset, cast_x, True)
+                host_path.select().norm_bind(key, x, residual, weight, bias, eps, is_rms, w_offset, cast_x)
         # Backward needs the normalized input: x, or x + residual, which new_residual holds.
         ctx.save_for_backward(xs, weight, mean, rstd)
         ctx.meta = (shape, h is not None, bias is not None, w_offset, cast_x, key)
@@ -74,13 +74,10 @@ class NormFunction(torch.autograd.Function):
             dy = torch.zeros(shape, dtype=xs.dtype, device=xs.device)
         needs = ctx.needs_input_grad
         need_dw, need_db = needs[2], has_bias and needs[3]
-        bkey = None
-        if key is not None and fast.usable():
-            try:
-                bkey = fast.bwd_key(key, dy, dnew_residual, need_dw, need_db)
-            except Exception:
-                bkey = None
-            run = None if bkey is None else fast.bwd(bkey)
+        host, bkey = None, None
+        if key is not None:
+            host = host_path.select()
+            bkey, run = host.norm_lookup_bwd(key, dy, dnew_residual, need_dw, need_db)
             if run is not None:
                 dx, dw, db = run(dy, xs, weight, mean, rstd, dnew_residual)
                 return dx, (dx if has_res else None), dw, db, None, None, None, None, None, None
@@ -97,8 +94,10 @@ class NormFunction(torch.autograd.Function):
             w_offset=w_offset,
             cast_x=cast_x,
         )
-        if bkey is not None:
-            fast.bind_bwd(bkey, dy, xs, weight, mean, rstd, dnew_residual, need_dw, need_db, w_offset, cast_x)
+        if host is not None and bkey is not None:
+            host.norm_bind_bwd(
+                bkey, dy, xs, weight, mean, rstd, dnew_residual, need_dw, need_db, w_offset, cast_x
+            )
         dx = like(dx, shape)
         return dx, (dx if has_res else None), dw, db, None, None, None, None, None, None
 
@@ -117,6 +116,7 @@ def _nothing(x: torch.Tensor) -> torch.Tensor:
 
 
 def _stat_view(t: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    assert t is not None  # norm_fwd returns rstd always, mean for LayerNorm
     return t.view(x.shape[:-1])
 
 
@@ -168,6 +168,7 @@ def fused_add_rms_norm_op(
         w_offset=weight_offset,
         cast_x=cast_before_weight,
     )
+    assert h is not None  # norm_fwd returns new_residual whenever a residual is given
     return like(y, x.shape), like(h, x.shape), _stat_view(rstd, x)
 
 

@@ -8,14 +8,18 @@ arguments fixed in advance (row strides, grid, constexprs). A later call with th
 costs a key (shape, strides, dtypes, device, 16-byte alignment of each input) and the closure.
 
 The key covers everything the generic path checks and everything Triton specializes on, so a
-hit is a call the generic path has already accepted and launched. Only the default kernel
-configuration uses it (no ``config.override`` active: tests' poisoned buffers and launcher stubs
-take the generic path), never the interpreter, and never while a launch hook (a profiler) is
-set. Row views that would copy (a strided last dim) and the two-kernel backward of long rows
-are not bound.
+hit is a call the generic path has already accepted and launched. Part of the fast host path:
+only ``host_path.py`` imports this module, and calls it only on that path with the default
+kernel configuration (no ``config.override`` active: tests' poisoned buffers and launcher stubs
+take the generic path), never under the interpreter, and never while a launch hook (a
+profiler) is set. Row views that would copy (a strided last dim) and the two-kernel backward of
+long rows are not bound.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -23,11 +27,10 @@ from kerneltriage.kernels import config, native
 from kerneltriage.kernels.fast_launch import Bound, current_device, direct_ok
 from kerneltriage.kernels.norms import launch as L
 
-_DEFAULT = config.current()
-_FWD: dict[tuple, object] = {}
-_BWD: dict[tuple, object] = {}
+_FWD: dict[tuple, Callable[..., Any]] = {}
+_BWD: dict[tuple, Callable[..., Any]] = {}
 # The C++ signature table (``native.py``) once the extension is loaded: call -> bound Norm.
-TABLE = None
+TABLE: Any = None
 KINDS = {"rms": 0, "ln": 1, "add": 2}
 _MAX = 1024  # signatures per direction; cleared beyond (a bound against unbounded shapes)
 _empty = torch.empty
@@ -35,9 +38,10 @@ _f32 = torch.float32
 
 
 def usable() -> bool:
-    """The default configuration is in force, on a GPU, with the fast launch path on."""
+    """The bound calls may run: the default configuration, fast launches on, no interpreter
+    (``host_path`` chose them when it bound the call), and no launch hook set."""
     cfg = config.current()
-    return cfg is _DEFAULT and cfg.fast_launch and not cfg.interpreter and direct_ok()
+    return cfg is config.default() and cfg.fast_launch and not cfg.interpreter and direct_ok()
 
 
 def _sig(t: torch.Tensor | None) -> tuple | None:
@@ -46,7 +50,12 @@ def _sig(t: torch.Tensor | None) -> tuple | None:
     return (t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() & 15)
 
 
-def fwd_key(kind: str, x, residual, weight, bias, eps, w_offset, cast_x, grad: bool) -> tuple:
+def fwd_key(kind: str, x, residual, weight, bias, eps, w_offset, cast_x) -> tuple:
+    """The call's signature; ``key[-2]``: whether it needs a gradient. Raises for inputs that
+    are not tensors (the generic path checks and rejects them)."""
+    grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, residual, weight, bias)
+    )
     sigs = (_sig(x), _sig(residual), _sig(weight), _sig(bias))
     return (kind, *sigs, eps, w_offset, cast_x, grad, current_device())
 
@@ -55,15 +64,17 @@ def _same_memory(view: torch.Tensor, t: torch.Tensor) -> bool:
     return view.data_ptr() == t.data_ptr()
 
 
-def _store(cache: dict, key: tuple, fn) -> None:
+def _store(cache: dict[tuple, Callable[..., Any]], key: tuple, fn: Callable[..., Any]) -> None:
     if len(cache) >= _MAX:
         cache.clear()
     cache[key] = fn
 
 
-def bind_fwd(key: tuple, x, residual, weight, bias, eps, is_rms: bool, w_offset, cast_x, grad: bool) -> None:
-    """After a generic forward of these inputs: the closure for their signature, if it can be
-    bound (plan tuned, kernel launched through the fast path, row views without copies)."""
+def bind_fwd(key: tuple, x, residual, weight, bias, eps, is_rms: bool, w_offset, cast_x) -> None:
+    """After a generic forward of these inputs (signature ``key``): the closure for their
+    signature, if it can be bound (plan tuned, kernel launched through the fast path, row views
+    without copies)."""
+    grad = bool(key[-2])
     try:
         N = x.shape[-1]
         x2 = L.as_rows(x)
@@ -71,6 +82,7 @@ def bind_fwd(key: tuple, x, residual, weight, bias, eps, is_rms: bool, w_offset,
         r2 = None if residual is None else L.as_rows(residual)
         if M == 0 or not _same_memory(x2, x) or (r2 is not None and not _same_memory(r2, residual)):
             return
+        sr = 0 if r2 is None else r2.stride(0)
         if any(t is not None and t.stride(-1) != 1 for t in (weight, bias)):
             return  # the generic path passes unit-stride copies of these
         ydtype = L.out_dtype(x, weight, cast_x)
@@ -98,7 +110,7 @@ def bind_fwd(key: tuple, x, residual, weight, bias, eps, is_rms: bool, w_offset,
         dev, dev_index = x.device, x.get_device()
         shape, xdtype = x.shape, x.dtype
         has_res = residual is not None
-        sx, sr = x2.stride(0), (r2.stride(0) if has_res else 0)
+        sx = x2.stride(0)
         eps_, w_off = float(eps), float(w_offset)
         # Without a gradient the statistics are not returned: the kernel writes them to a
         # buffer kept with the closure (same values each time; never read).
@@ -161,10 +173,10 @@ _NAMES = {
     "ln": "kerneltriage::layer_norm",
     "add": "kerneltriage::fused_add_rms_norm",
 }
-_LIKE: dict = {}
+_LIKE: dict[torch.dtype, torch.Tensor] = {}
 
 
-def _like(dtype) -> torch.Tensor:
+def _like(dtype: torch.dtype) -> torch.Tensor:
     """An empty tensor of ``dtype``: how a dtype crosses into the extension."""
     t = _LIKE.get(dtype)
     if t is None:
@@ -172,7 +184,7 @@ def _like(dtype) -> torch.Tensor:
     return t
 
 
-def _new_table(m):
+def _new_table(m: Any) -> Any:
     global TABLE
     TABLE = m.Table()
     return TABLE
@@ -186,7 +198,7 @@ def _forget() -> None:
         TABLE.clear()
 
 
-def _on_native_load(m) -> None:
+def _on_native_load(m: Any) -> None:
     m.set_fallback(_fallback_backward)
     _forget()
 
@@ -211,7 +223,7 @@ def _fallback_backward(norm, dy, xs, weight, mean, rstd, dres, need_dw: bool, ne
     return L.like(dx, dy.shape), dw, db
 
 
-def fwd(key: tuple):
+def fwd(key: tuple) -> Callable[..., Any] | None:
     """The bound forward of this signature (on the current device), or None."""
     return _FWD.get(key)
 
@@ -221,12 +233,32 @@ def bwd_key(fkey: tuple, dy, dres, need_dw: bool, need_db: bool) -> tuple:
 
 
 class _BwdPlan:
-    """What a bound backward of one gradient signature launches (rows up to 16384 only)."""
+    """What a bound backward of one gradient signature launches (rows up to 16384 only): the
+    backward kernel ``b`` on grid ``g``, and the partial-sum kernel ``sums`` on ``sum_grid``
+    when dw or db is summed."""
 
     __slots__ = (
         "M", "N", "b", "dev_index", "g", "has_dw", "need_db", "nprog", "rows", "sdres", "sdy",
         "shape", "sum_grid", "sums", "sx", "w_off", "wdtype", "xdtype",
     )  # fmt: skip
+    M: int
+    N: int
+    b: Bound
+    dev_index: int
+    g: tuple[int, int, int]
+    has_dw: bool
+    need_db: bool
+    nprog: torch.Tensor
+    rows: int
+    sdres: int
+    sdy: int
+    shape: torch.Size
+    sum_grid: tuple[int, ...]
+    sums: Bound | None
+    sx: int
+    w_off: float
+    wdtype: torch.dtype
+    xdtype: torch.dtype
 
 
 def _bwd_plan(
@@ -256,15 +288,16 @@ def _bwd_plan(
     plan = L._plan_for("bwd", N, dtypes, flags, x2.device, cfg)
     if plan.kwargs is None:
         return None
-    p.b = Bound.latest(L.KERNELS["bwd"], plan.kwargs)
-    p.sums = p.sum_grid = None
+    b = Bound.latest(L.KERNELS["bwd"], plan.kwargs)
+    p.sums, p.sum_grid = None, ()
     if p.has_dw or need_db:
         sum_grid, sum_kwargs = L._sum_partials_meta(N, p.has_dw, need_db, False)
         p.sums, p.sum_grid = Bound.latest(L.K._sum_partials_kernel, sum_kwargs), sum_grid
         if p.sums is None:
             return None
-    if p.b is None:
+    if b is None:
         return None
+    p.b = b
     g = plan.grid(M, N, plan.kwargs)
     p.g = (g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1)
     p.rows = plan.partial_rows(M)
@@ -358,7 +391,7 @@ def bind_native_bwd(norm, dy, xs, weight, mean, rstd, dres, need_dw: bool, need_
         return
 
 
-def bwd(key: tuple):
+def bwd(key: tuple) -> Callable[..., Any] | None:
     return _BWD.get(key)
 
 

@@ -2,48 +2,25 @@
 
 Each runs the custom op while ``torch.compile`` traces (no graph break), the eager
 ``autograd.Function`` when a gradient is needed, and the host function directly otherwise. In
-eager mode a call whose input signature was seen before takes its bound launch (``fast.py``);
-any other call checks its input and takes the generic host code, then binds its signature.
-Once the C++ extension is built (``native.py``), a bound signature's call is one C++ call,
-autograd node included.
+eager mode the host path (``kernels/host_path.py``: ``select()``, fast or plain) is asked for
+the call's bound launch first: on the fast path a call whose input signature was seen before
+takes it (one C++ call, autograd node included, once the extension is built); any other call
+checks its input and takes the generic host code, then the host path binds its signature. On
+the plain path there is no binding: every call takes the generic host code.
 """
 
 from __future__ import annotations
 
 import torch
 
-from kerneltriage.kernels.norms import fast
+from kerneltriage.kernels import host_path
 from kerneltriage.kernels.norms.autograd import NormFunction, needs_grad
 from kerneltriage.kernels.norms.launch import as_rows, check_inputs, like, norm_fwd
 
 
-def _native(kind: int, x, residual, weight, bias, eps, w_offset, cast_x):
-    """The call's output through the C++ signature table when its signature is bound there
-    (allocation, launch and autograd node in one C++ call), else None."""
-    table = fast.TABLE
-    if table is None or not fast.usable():
-        return None
-    try:
-        return table.call(kind, x, residual, weight, bias, eps, w_offset, cast_x)
-    except TypeError:  # not tensors or floats: the generic path checks and rejects them
-        return None
-
-
-def _lookup(kind: str, x, residual, weight, bias, eps, w_offset, cast_x):
-    """(signature, its bound forward or None) of an eager call; (None, None) when the bound
-    path is off or the inputs are not tensors (the generic path checks and rejects them)."""
-    if not fast.usable():
-        return None, None
-    try:
-        grad = needs_grad(x, residual, weight, bias)
-        key = fast.fwd_key(kind, x, residual, weight, bias, eps, w_offset, cast_x, grad)
-        return key, fast.fwd(key)
-    except Exception:  # e.g. an unhashable eps
-        return None, None
-
-
 def _grad(key: tuple | None, *tensors) -> bool:
-    return key[-2] if key is not None else needs_grad(*tensors)
+    """Whether the call needs a gradient (a bound call's signature says so in ``key[-2]``)."""
+    return bool(key[-2]) if key is not None else needs_grad(*tensors)
 
 
 def rms_norm(
@@ -66,10 +43,11 @@ def rms_norm(
     if torch.compiler.is_compiling():
         check_inputs("rms_norm", x, weight)
         return torch.ops.kerneltriage.rms_norm(x, weight, eps, weight_offset, cast_before_weight)[0]
-    out = _native(0, x, None, weight, None, eps, weight_offset, cast_before_weight)
+    host = host_path.select()
+    out = host.norm_call("rms", x, None, weight, None, eps, weight_offset, cast_before_weight)
     if out is not None:
         return out
-    key, run = _lookup("rms", x, None, weight, None, eps, weight_offset, cast_before_weight)
+    key, run = host.norm_lookup("rms", x, None, weight, None, eps, weight_offset, cast_before_weight)
     if run is None:
         check_inputs("rms_norm", x, weight)
     grad = _grad(key, x, weight)
@@ -83,7 +61,7 @@ def rms_norm(
         as_rows(x), weight, None, None, eps, True, w_offset=weight_offset, cast_x=cast_before_weight
     )
     if key is not None:
-        fast.bind_fwd(key, x, None, weight, None, eps, True, weight_offset, cast_before_weight, False)
+        host.norm_bind(key, x, None, weight, None, eps, True, weight_offset, cast_before_weight)
     return like(y, x.shape)
 
 
@@ -99,10 +77,11 @@ def layer_norm(
     if torch.compiler.is_compiling():
         check_inputs("layer_norm", x, weight, bias)
         return torch.ops.kerneltriage.layer_norm(x, weight, bias, float(eps))[0]
-    out = _native(1, x, None, weight, bias, eps, 0.0, False)
+    host = host_path.select()
+    out = host.norm_call("ln", x, None, weight, bias, eps, 0.0, False)
     if out is not None:
         return out
-    key, run = _lookup("ln", x, None, weight, bias, eps, 0.0, False)
+    key, run = host.norm_lookup("ln", x, None, weight, bias, eps, 0.0, False)
     if run is None:
         check_inputs("layer_norm", x, weight, bias)
     grad = _grad(key, x, weight, bias)
@@ -112,7 +91,7 @@ def layer_norm(
         return run(x, None, weight, bias)[0]
     y, _, _, _ = norm_fwd(as_rows(x), weight, bias, None, eps, False)
     if key is not None:
-        fast.bind_fwd(key, x, None, weight, bias, eps, False, 0.0, False, False)
+        host.norm_bind(key, x, None, weight, bias, eps, False, 0.0, False)
     return like(y, x.shape)
 
 
@@ -136,10 +115,11 @@ def fused_add_rms_norm(
             x, residual, weight, eps, weight_offset, cast_before_weight
         )
         return y, h
-    out = _native(2, x, residual, weight, None, eps, weight_offset, cast_before_weight)
+    host = host_path.select()
+    out = host.norm_call("add", x, residual, weight, None, eps, weight_offset, cast_before_weight)
     if out is not None:
         return out
-    key, run = _lookup("add", x, residual, weight, None, eps, weight_offset, cast_before_weight)
+    key, run = host.norm_lookup("add", x, residual, weight, None, eps, weight_offset, cast_before_weight)
     if run is None:
         check_inputs("fused_add_rms_norm", x, weight, residual=residual)
     grad = _grad(key, x, residual, weight)
@@ -161,5 +141,6 @@ def fused_add_rms_norm(
         cast_x=cast_before_weight,
     )
     if key is not None:
-        fast.bind_fwd(key, x, residual, weight, None, eps, True, weight_offset, cast_before_weight, False)
+        host.norm_bind(key, x, residual, weight, None, eps, True, weight_offset, cast_before_weight)
+    assert h is not None  # norm_fwd returns new_residual whenever a residual is given
     return like(y, x.shape), like(h, x.shape)

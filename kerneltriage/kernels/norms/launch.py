@@ -11,6 +11,7 @@ configuration is launched directly. No host reads of device memory, no syncs.
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
 import triton
@@ -180,9 +181,15 @@ def _bwd_tuning_post_hook(nargs: dict, exception) -> None:
         _sum_partials(nargs["DW_PART"], nargs["DB_PART"], nargs["NPROG"], dw, db, n, config.current())
 
 
+# The autotuner's disk cache came with Triton 3.4; older ones take no such argument.
+_CACHE_RESULTS = (
+    {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+)
+
+
 def _autotuned(kernel, kind: str, key: list[str], post_hook=None):
     """The autotuner needs more than one config to tune at all; the real candidates per N come
-    from the prune hook. Results are also cached on disk (Triton's cache dir)."""
+    from the prune hook. Results are also cached on disk (Triton's cache dir, Triton >= 3.4)."""
     candidates = CANDIDATES[kind]
     placeholder = [triton.Config({}, num_warps=4), triton.Config({}, num_warps=8)]
     return triton.autotune(
@@ -190,7 +197,7 @@ def _autotuned(kernel, kind: str, key: list[str], post_hook=None):
         key=key,
         prune_configs_by={"early_config_prune": lambda configs, nargs, **kw: candidates(nargs["N"])},
         post_hook=post_hook,
-        cache_results=True,
+        **_CACHE_RESULTS,
     )(kernel)
 
 
@@ -412,7 +419,7 @@ def norm_fwd(
     )
     args = (
         x, residual, weight, bias, y, h, mean, rstd, M, N,
-        x.stride(0), residual.stride(0) if has_res else 0, y.stride(0), h.stride(0) if has_res else 0,
+        x.stride(0), 0 if residual is None else residual.stride(0), y.stride(0), 0 if h is None else h.stride(0),
         float(eps), float(w_offset),
     )  # fmt: skip
     p.launch(args, M, N, cfg)
@@ -476,8 +483,9 @@ def norm_bwd(
     dw_part = empty((rows, N), torch.float32, dev, cfg) if has_dw else None
     db_part = empty((rows, N), torch.float32, dev, cfg) if need_db else None
     nprog = torch.empty(1, dtype=torch.int32, device=dev)
-    stride_dres = dresidual.stride(0) if has_dres else 0
+    stride_dres = 0 if dresidual is None else dresidual.stride(0)
     w_offset = float(w_offset)
+    args: tuple
     if not split:
         args = (
             dy, x, weight, mean, rstd, dresidual, dx, dw_part, db_part, nprog, M, N,

@@ -279,7 +279,7 @@ def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
     if c.kind == "attention" and c.attrs.get("written") != "naive":
         _library_attention(c, rules, gpu)
         return
-    if c.attrs.get("inductor"):
+    if c.inductor:
         _inductor_verdict(c, rules, gpu)
         return
     if _disagrees(c, rules):
@@ -478,7 +478,7 @@ def _fix(c: Candidate, candidates: list[Candidate], rules: Rules, env: Environme
     (what Inductor could try first): the first recipe that matches it, whose preconditions the
     trace meets and that carries every parameter detected on it. The prediction counts what
     that recipe covers."""
-    if c.verdict not in ("use-builtin", "compile") and not (c.verdict == "write" and c.attrs.get("inductor")):
+    if c.verdict not in ("use-builtin", "compile") and not (c.verdict == "write" and c.inductor):
         return
     step_ms = c.time_ms_per_step / c.time_share if c.time_share else 0.0
     params = detect_params(c, candidates, env, step_ms)
@@ -713,7 +713,7 @@ def _attention_choice(c: Candidate, rec: dict[str, Any], gpu: GPUSpec) -> tuple[
         return ours, "all three conditions hold; a variant SDPA cannot run fused"
     perf = attention_perf(gpu, c.attrs.get("head_dim"), c.attrs.get("mask") == "causal")
     if perf is None:
-        q = c.attrs.get("q") or [0, 0]
+        q = c.q or [0, 0]
         rates = attention_rates(
             gpu.key,
             int(c.attrs.get("head_dim") or 0),
@@ -750,7 +750,8 @@ class _GraphCandidate:
     def __init__(self, g: dict[str, Any]) -> None:
         self.verdict, self.reason, self.builtin = "compile", "launch-bound", g.get("builtin")
         self.kind, self.variant, self.module = "other", None, None
-        self.attrs = {"compiled": True}
+        self.attrs: dict[str, Any] = {}
+        self.compiled, self.inductor = True, False
         self.instances_per_step = 1.0
         self.roofline = type("R", (), {"launches_per_step": float(g.get("kernels_per_step") or 0.0)})()
 

@@ -89,8 +89,6 @@ class Plan:
 def recipe_of(candidate: Any) -> dict[str, Any] | None:
     """The candidate's fix recipe (the contract's ``recipe`` mapping), None when it has none."""
     recipe = getattr(candidate, "recipe", None)
-    if recipe is None and isinstance(getattr(candidate, "attrs", None), dict):
-        recipe = candidate.attrs.get("recipe")
     return recipe if isinstance(recipe, dict) else None
 
 

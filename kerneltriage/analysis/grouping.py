@@ -195,7 +195,7 @@ def group_candidates(timeline: Timeline, attr: Attribution, rules: Rules) -> dic
             # A kernel of a compiled graph: one candidate per distinct kernel.
             kind = rules.kernel_kind(name, activity)
             label = compiled_kernel_label(
-                kernel_label(name), tuple(rules.regions.get("inductor_op_names") or ())
+                kernel_label(name), rules.regions.inductor_op_names
             )
             key, level = ("compiled", kind, base_name(name)), "kernel"
         elif root >= 0:
@@ -273,7 +273,7 @@ def _inductor_segments(
     recorded launch at all, the estimate is unavailable and ``attrs["estimate"]`` says why."""
     cpu = timeline.cpu
     label = base_name(g.key[2])
-    vocab = tuple(rules.regions.get("inductor_op_names") or ())
+    vocab = rules.regions.inductor_op_names
     decoded = decode_inductor(label, vocab)
     if decoded is not None:
         g.attrs["inductor_flavour"] = FLAVOURS[decoded[0]]
@@ -413,7 +413,7 @@ def _segments_with_regions(ops: list[OpInfo], region_of: list[str | None], rules
                 "attention"
                 if "attention" in kinds
                 else next(
-                    (k for k in ("norm", "gemm", *rules.regions.get("kind_priority", [])) if k in kinds),
+                    (k for k in ("norm", "gemm", *rules.regions.kind_priority) if k in kinds),
                     "other",
                 )
             )

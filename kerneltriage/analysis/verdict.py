@@ -39,6 +39,7 @@ from kerneltriage.analysis.gpus import GPUSpec, attention_perf
 from kerneltriage.analysis.model import Candidate, Condition
 from kerneltriage.analysis.roofline import AT_ROOF
 from kerneltriage.analysis.rules import Rules
+from kerneltriage.analysis.rules_schema import Recommendation
 
 # Below this share of the best measured backend a library backend is worth switching.
 _SWITCH_RATIO = 1.15
@@ -562,11 +563,11 @@ def _compiled_with(c: Candidate, candidates: list[Candidate], classes: list[str]
     return sorted(inside, key=lambda o: -o.time_share)
 
 
-def _already_uses(c: Candidate, rec: dict[str, Any]) -> str | None:
+def _already_uses(c: Candidate, rec: Recommendation) -> str | None:
     """The op of ``c`` that is already the fused kernel ``rec`` would recommend, if any."""
     for pattern in rec.get("already") or []:
         for op in c.ops:
-            if re.search(pattern, op):
+            if pattern.search(op):
                 return op
     return None
 
@@ -705,7 +706,7 @@ def _attention_case(c: Candidate) -> tuple[int, int, bool, float] | None:
     return None
 
 
-def _attention_choice(c: Candidate, rec: dict[str, Any], gpu: GPUSpec) -> tuple[str | None, str]:
+def _attention_choice(c: Candidate, rec: Recommendation, gpu: GPUSpec) -> tuple[str | None, str]:
     """SDPA or the built-in flash attention: variants SDPA cannot fuse get the built-in; plain
     attention gets whichever the shipped benchmark table measured faster on this GPU."""
     library, ours = rec.get("builtin"), rec.get("variant_builtin")
@@ -763,13 +764,13 @@ def compiled_graph_advice(
     `compile (launch-bound)`: mode="reduce-overhead" (CUDA graphs), with its fix and note."""
     if not compiled:
         return
-    lb = rules.regions.get("compiled_launch_bound") or {}
+    lb = rules.regions.compiled_launch_bound
     for g in compiled.get("graphs", []):
         if not g.get("launch_bound"):
             continue
         g.update(verdict="compile", reason="launch-bound", builtin='torch.compile(mode="reduce-overhead")')
         idle = f"{g['host_launch_idle_ms_per_step']:.2f} ms per step"
-        g["note"] = str(lb.get("note", "")).format(
+        g["note"] = lb.note.format(
             kernels=g["kernels_per_step"],
             median_us=g["median_kernel_us"],
             idle=idle,

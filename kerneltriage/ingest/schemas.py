@@ -50,8 +50,13 @@ _EXPECTED = {
     "model_attributes_type": "a mapping (JSON object)",
     "list_type": "a list",
     "tuple_type": "a list",
+    "frozen_set_type": "a list",
     "missing": "present",
 }
+
+
+#: Error types whose message is a whole sentence of kerneltriage's (a pattern's, a rule's).
+OWN_MESSAGES = frozenset({"pattern", "rules"})
 
 
 def describe(error: ValidationError, what: str = "") -> str:
@@ -62,6 +67,8 @@ def describe(error: ValidationError, what: str = "") -> str:
     expected = _EXPECTED.get(first["type"])
     if first["type"] == "missing":
         return f"{field} is missing"
+    if first["type"] in OWN_MESSAGES:  # a validator's own sentence: it says what was wrong
+        return f"{field}: {first['msg']}" if field else first["msg"]
     got = repr(first.get("input"))
     got = got if len(got) <= 40 else got[:37] + "..."
     text = f"expected {expected}" if expected else first["msg"][0].lower() + first["msg"][1:]

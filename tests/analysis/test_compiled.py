@@ -31,7 +31,7 @@ MI300X = CORPUS / "tracelens-compile-mi300x"
 DLRM = CORPUS / "hta-dlrm-compiled-a100-80g"
 V100 = CORPUS / "hta-compiled-2rank-v100"
 VLLM = CORPUS / "tracelens-vllm-graph-capture-mi300x"
-VOCAB = tuple(load_rules().regions["inductor_op_names"])
+VOCAB = load_rules().regions.inductor_op_names
 
 
 @cache

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import kerneltriage
 from kerneltriage import rundir
@@ -35,6 +35,9 @@ from kerneltriage.profile import nsight_compute as ncu_tools
 from kerneltriage.profile.command import Command, parse_command
 from kerneltriage.profile.hooks import CAPTURE_RANGE, EXIT_NO_GPU, Plan
 from kerneltriage.profile.runner import CONFIG_ENV
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kerneltriage.analysis.hot_kernels import HotKernels
 
 #: Phase 1 warns when the clean steps (GPU busy time) run this much slower than the same
 #: process's plain steps (step time): kernel time barely moves with host time, but a profiler
@@ -218,6 +221,19 @@ def run_profile(argv: list[str], options: Options, reporter: Reporter | None = N
 # --- phase 1 ------------------------------------------------------------------------------
 
 
+@dataclass
+class _TimelineRuns:
+    """What the script's runs under the profiler left: the last run's exit code and output,
+    the traces and per-process statuses, and how long the runs took."""
+
+    seconds: float
+    code: int
+    tail: list[str]
+    traces: list[Path]
+    statuses: list[dict[str, Any]]
+    steps_seen: int
+
+
 def _phase_timeline(
     command: Command, options: Options, out: Path, manifest, say: Reporter, warnings: list[str]
 ) -> None:
@@ -236,84 +252,138 @@ def _phase_timeline(
             "or pass --cpu for a CPU-only dry run of the set-up",
         )
     traces = sorted(out.glob("trace*.json.gz"))
-    steps_seen = max((s.get("steps_seen", 0) for s in statuses), default=0)
-    fitted = _fitted_timing(options, steps_seen) if not traces and not whole_run and code == 0 else None
-    if fitted is not None:
-        # The script ended before the recorded steps (they follow the plain, clean and shapes
-        # steps): run it again with as many timing steps as its length allows.
-        needed = Plan(options.warmup, options.steps, options.timing_steps).stop_after
-        message = (
-            f"the script ran {steps_seen} steps; --warmup {options.warmup}, {options.timing_steps} plain and "
-            f"{options.timing_steps} clean timing steps and --steps {options.steps} need {needed}: "
-            f"profiled again with --timing-steps {fitted}"
-            + (
-                ""
-                if fitted
-                else " (no plain steps: step and idle time are the recorded steps', profiler included)"
-            )
-        )
-        say.warn(message)
-        warnings.append(message)
-        options = dataclasses.replace(options, timing_steps=fitted)
-        manifest.schedule["timing_steps"] = fitted
-        config = _write_config(out, "timeline", options, command, whole_run=False)
-        seconds2, code, tail = _run(
-            command.with_runner(), config, out / rundir.LOGS / "phase1-fit", say, manifest
-        )
-        manifest.phases["timeline"]["seconds"] = round(seconds + seconds2, 2)
-        manifest.exit_code = code
-        seconds += seconds2
-        traces = sorted(out.glob("trace*.json.gz"))
-        statuses = _statuses(out, "timeline")
-        steps_seen = max((s.get("steps_seen", 0) for s in statuses), default=0)
-    if not traces and not whole_run and code == 0 and steps_seen < options.warmup + options.steps:
-        # No step boundary fired often enough: record the whole run instead, and say so.
-        reason = (
-            "no step boundary was seen (no torch.optim step, no kerneltriage.step())"
-            if steps_seen == 0
-            else f"only {steps_seen} steps ran, fewer than --warmup {options.warmup} + --steps {options.steps}"
-        )
-        say.warn(f"{reason}; profiling the whole run instead")
-        warnings.append(f"{reason}: the whole run was profiled as one step")
-        manifest.schedule["whole_run"] = True
-        config = _write_config(out, "timeline", options, command, whole_run=True)
-        seconds2, code, tail = _run(
-            command.with_runner(), config, out / rundir.LOGS / "phase1-whole", say, manifest
-        )
-        manifest.phases["timeline"]["seconds"] = round(seconds + seconds2, 2)
-        manifest.exit_code = code
-        traces = sorted(out.glob("trace*.json.gz"))
-        statuses = _statuses(out, "timeline")
+    runs = _TimelineRuns(seconds, code, tail, traces, statuses, _steps_seen(statuses))
+    options = _rerun_fitted(command, options, out, manifest, say, warnings, runs, whole_run)
+    _rerun_whole(command, options, out, manifest, say, warnings, runs, whole_run)
     if whole_run:
         manifest.schedule["whole_run"] = True
-    failed = _failed_ranks(command, statuses)
+    _stop_on_failure(command, out, manifest, warnings, runs)
+    _record_timeline(out, options, manifest, warnings, runs)
+    say.phase_done(
+        "timeline",
+        runs.seconds,
+        f"{len(runs.traces)} trace(s), steps from {manifest.phases['timeline']['step_source'] or 'the whole run'}",
+    )
+
+
+def _steps_seen(statuses: list[dict[str, Any]]) -> int:
+    return max((s.get("steps_seen", 0) for s in statuses), default=0)
+
+
+def _rerun_fitted(
+    command: Command,
+    options: Options,
+    out: Path,
+    manifest,
+    say: Reporter,
+    warnings: list[str],
+    runs: _TimelineRuns,
+    whole_run: bool,
+) -> Options:
+    """The script ended before the recorded steps (they follow the plain, clean and shapes
+    steps): run it again with as many timing steps as its length allows. The options used."""
+    ok = not runs.traces and not whole_run and runs.code == 0
+    fitted = _fitted_timing(options, runs.steps_seen) if ok else None
+    if fitted is None:
+        return options
+    needed = Plan(options.warmup, options.steps, options.timing_steps).stop_after
+    message = (
+        f"the script ran {runs.steps_seen} steps; --warmup {options.warmup}, {options.timing_steps} plain and "
+        f"{options.timing_steps} clean timing steps and --steps {options.steps} need {needed}: "
+        f"profiled again with --timing-steps {fitted}"
+        + (
+            ""
+            if fitted
+            else " (no plain steps: step and idle time are the recorded steps', profiler included)"
+        )
+    )
+    say.warn(message)
+    warnings.append(message)
+    options = dataclasses.replace(options, timing_steps=fitted)
+    manifest.schedule["timing_steps"] = fitted
+    config = _write_config(out, "timeline", options, command, whole_run=False)
+    seconds, runs.code, runs.tail = _run(
+        command.with_runner(), config, out / rundir.LOGS / "phase1-fit", say, manifest
+    )
+    manifest.phases["timeline"]["seconds"] = round(runs.seconds + seconds, 2)
+    manifest.exit_code = runs.code
+    runs.seconds += seconds
+    runs.traces = sorted(out.glob("trace*.json.gz"))
+    runs.statuses = _statuses(out, "timeline")
+    runs.steps_seen = _steps_seen(runs.statuses)
+    return options
+
+
+def _rerun_whole(
+    command: Command,
+    options: Options,
+    out: Path,
+    manifest,
+    say: Reporter,
+    warnings: list[str],
+    runs: _TimelineRuns,
+    whole_run: bool,
+) -> None:
+    """No step boundary fired often enough: record the whole run instead, and say so."""
+    if runs.traces or whole_run or runs.code != 0 or runs.steps_seen >= options.warmup + options.steps:
+        return
+    reason = (
+        "no step boundary was seen (no torch.optim step, no kerneltriage.step())"
+        if runs.steps_seen == 0
+        else f"only {runs.steps_seen} steps ran, fewer than --warmup {options.warmup} + --steps {options.steps}"
+    )
+    say.warn(f"{reason}; profiling the whole run instead")
+    warnings.append(f"{reason}: the whole run was profiled as one step")
+    manifest.schedule["whole_run"] = True
+    config = _write_config(out, "timeline", options, command, whole_run=True)
+    seconds, runs.code, runs.tail = _run(
+        command.with_runner(), config, out / rundir.LOGS / "phase1-whole", say, manifest
+    )
+    manifest.phases["timeline"]["seconds"] = round(runs.seconds + seconds, 2)
+    manifest.exit_code = runs.code
+    runs.traces = sorted(out.glob("trace*.json.gz"))
+    runs.statuses = _statuses(out, "timeline")
+
+
+def _stop_on_failure(command: Command, out: Path, manifest, warnings: list[str], runs: _TimelineRuns) -> None:
+    """Fix up what was recorded, then raise ``ToolError`` if the script failed or left no trace."""
+    failed = _failed_ranks(command, runs.statuses)
     for rank, why in failed.items():
         warnings.append(f"rank {rank} failed: {why}")
-    if traces:
-        _finish_traces(out, statuses, manifest, warnings)  # before any failure: what is kept must read right
-    if code != 0:
-        detail = "\n".join(tail)
+    if runs.traces:
+        _finish_traces(
+            out, runs.statuses, manifest, warnings
+        )  # before any failure: what is kept must read right
+    if runs.code != 0:
+        detail = "\n".join(runs.tail)
         if failed:
             detail = "; ".join(f"rank {r}: {w}" for r, w in failed.items()) + "\n" + detail
-        if not traces:
+        if not runs.traces:
             raise ToolError(
-                f"the script failed (exit code {code}) before any step was recorded; its last output:\n{detail}"
+                f"the script failed (exit code {runs.code}) before any step was recorded; its last output:\n{detail}"
             )
-        manifest.ranks = sorted(s.get("rank", 0) for s in statuses if s.get("trace")) or [0]
+        manifest.ranks = sorted(s.get("rank", 0) for s in runs.statuses if s.get("trace")) or [0]
+        kept = ", ".join(t.name for t in runs.traces)
         raise ToolError(
-            f"the script failed (exit code {code}); what was recorded is kept ({', '.join(t.name for t in traces)}): "
+            f"the script failed (exit code {runs.code}); what was recorded is kept ({kept}): "
             f"`kerneltriage report` can read it. Last output:\n{detail}"
         )
-    if not traces:
+    if not runs.traces:
         raise ToolError("the profiler wrote no trace (see the logs folder of the run directory)")
+
+
+def _record_timeline(out: Path, options: Options, manifest, warnings: list[str], runs: _TimelineRuns) -> None:
+    """What the first rank's run says about its steps: where they came from, Dynamo's counts,
+    the plain and clean steps' times."""
     plan = Plan(options.warmup, options.steps, options.timing_steps, bool(manifest.schedule.get("whole_run")))
+    statuses = runs.statuses
     first = min(statuses, key=lambda s: s.get("rank", 0), default={})
     hooked_steps = 1 if plan.whole_run else max(1, plan.last_recorded - plan.hooks_from + 1)
     manifest.phases["timeline"].update(
-        steps_seen=steps_seen,
+        steps_seen=runs.steps_seen,
         step_source=next((s.get("step_source") for s in statuses if s.get("step_source")), None),
         module_calls_per_step=round(first.get("module_calls", 0) / hooked_steps, 1),
-        traces=[t.name for t in traces],
+        traces=[t.name for t in runs.traces],
     )
     dynamo = first.get("dynamo") or {}
     if dynamo.get("plain") or dynamo.get("end"):
@@ -323,11 +393,6 @@ def _phase_timeline(
     clean = _clean_summary(out, first, plan, warnings)
     _step_time(first.get("step_times") or {}, plan, manifest, warnings, clean, rank=first.get("rank", 0))
     manifest.ranks = sorted(s.get("rank", 0) for s in statuses if s.get("trace")) or [0]
-    say.phase_done(
-        "timeline",
-        seconds,
-        f"{len(traces)} trace(s), steps from {manifest.phases['timeline']['step_source'] or 'the whole run'}",
-    )
 
 
 def _fitted_timing(options: Options, steps_seen: int) -> int | None:
@@ -587,23 +652,7 @@ def _phase_ncu(
         warnings.append("ncu not found: no counters; the report uses shape estimates")
         return
     manifest.versions["ncu"] = ncu_tools.ncu_version(ncu) or "unknown"
-    rank_trace = out / (rundir.TRACE if not command.distributed else f"trace.rank{options.ncu_rank}.json.gz")
-    if not rank_trace.is_file() and (out / rundir.TRACE_NSYS).is_file():
-        rank_trace = out / rundir.TRACE_NSYS
-    if not rank_trace.is_file():
-        raise ToolError(
-            f"no phase-1 trace for rank {options.ncu_rank} ({rank_trace.name}) to pick hot kernels from"
-        )
-    from kerneltriage.analysis.hot_kernels import select_hot_kernels
-    from kerneltriage.ingest.source import read_timeline
-
-    hot = select_hot_kernels(
-        read_timeline(rank_trace),
-        load_rules(options.rules_file),
-        coverage=options.coverage,
-        max_kernels=options.max_kernels,
-        max_variable_launches=options.max_variable_launches,
-    )
+    hot = _hot_kernels(command, options, out)
     if not hot.names:
         warnings.append("phase 1 recorded no GPU kernels in the steps: nothing for ncu to profile")
         return
@@ -625,23 +674,71 @@ def _phase_ncu(
         f"Nsight Compute on {len(hot.names)} hot kernels ({hot.coverage:.0%} of GPU time), "
         f"~{hot.configs} launch configurations",
     )
-    passes = [("ncu", rundir.NCU_CSV, hot.names, None, hot.configs)]
-    if hot.variable and not whole_run:
-        # Kernels that run several problem sizes under one configuration: every launch, in a
-        # first pass; the per-configuration pass then leaves them out (it runs only if the
-        # first went well).
-        rest = [n for n in hot.names if n not in hot.variable]
-        passes = [
-            (
-                "ncu.launches",
-                rundir.NCU_LAUNCHES_CSV,
-                hot.variable,
-                hot.variable_launches,
-                hot.variable_launches,
-            )
-        ]
-        if rest:
-            passes.append(("ncu", rundir.NCU_CSV, rest, None, hot.configs - hot.variable_configs))
+    passes = _ncu_passes(hot, whole_run)
+    total_seconds, launches, not_run = _run_ncu_passes(
+        ncu, passes, metrics, config, command, options, out, manifest, say, warnings
+    )
+    manifest.phases["ncu"].update(seconds=round(total_seconds, 2), profiled_launches=launches)
+    _hot_without_counters(out, hot, not_run, options.max_variable_launches, manifest, warnings)
+    if (out / rundir.NCU_CSV).is_file() or (out / rundir.NCU_LAUNCHES_CSV).is_file():
+        say.phase_done("ncu", total_seconds, f"{launches} launches profiled")
+
+
+def _hot_kernels(command: Command, options: Options, out: Path) -> HotKernels:
+    """The hot kernels of the ncu rank's phase-1 trace."""
+    rank_trace = out / (rundir.TRACE if not command.distributed else f"trace.rank{options.ncu_rank}.json.gz")
+    if not rank_trace.is_file() and (out / rundir.TRACE_NSYS).is_file():
+        rank_trace = out / rundir.TRACE_NSYS
+    if not rank_trace.is_file():
+        raise ToolError(
+            f"no phase-1 trace for rank {options.ncu_rank} ({rank_trace.name}) to pick hot kernels from"
+        )
+    from kerneltriage.analysis.hot_kernels import select_hot_kernels
+    from kerneltriage.ingest.source import read_timeline
+
+    return select_hot_kernels(
+        read_timeline(rank_trace),
+        load_rules(options.rules_file),
+        coverage=options.coverage,
+        max_kernels=options.max_kernels,
+        max_variable_launches=options.max_variable_launches,
+    )
+
+
+#: One ncu pass: its file stem, CSV, kernels, launches to take of each (None: one per
+#: configuration) and the launches expected.
+_NcuPass = tuple[str, str, list[str], int | None, int]
+
+
+def _ncu_passes(hot: HotKernels, whole_run: bool) -> list[_NcuPass]:
+    if not hot.variable or whole_run:
+        return [("ncu", rundir.NCU_CSV, hot.names, None, hot.configs)]
+    # Kernels that run several problem sizes under one configuration: every launch, in a first
+    # pass; the per-configuration pass then leaves them out (it runs only if the first went well).
+    rest = [n for n in hot.names if n not in hot.variable]
+    passes: list[_NcuPass] = [
+        ("ncu.launches", rundir.NCU_LAUNCHES_CSV, hot.variable, hot.variable_launches, hot.variable_launches)
+    ]
+    if rest:
+        passes.append(("ncu", rundir.NCU_CSV, rest, None, hot.configs - hot.variable_configs))
+    return passes
+
+
+def _run_ncu_passes(
+    ncu: str,
+    passes: list[_NcuPass],
+    metrics: list[str],
+    config: Path,
+    command: Command,
+    options: Options,
+    out: Path,
+    manifest,
+    say: Reporter,
+    warnings: list[str],
+) -> tuple[float, int, dict[str, str]]:
+    """Run the passes in order, up to the first that fails: (seconds, launches profiled, kernel
+    -> why it has no counters, for the kernels of the failed pass and of those after it)."""
+    whole_run = bool(manifest.schedule.get("whole_run"))
     total_seconds = 0.0
     launches = 0
     not_run: dict[str, str] = {}
@@ -668,10 +765,7 @@ def _phase_ncu(
                 why = "failed" if later_stem == stem else f"did not run (the {stem} pass failed)"
                 not_run.update(dict.fromkeys(later, f"its ncu pass ({later_stem}) {why}"))
             break
-    manifest.phases["ncu"].update(seconds=round(total_seconds, 2), profiled_launches=launches)
-    _hot_without_counters(out, hot, not_run, options.max_variable_launches, manifest, warnings)
-    if (out / rundir.NCU_CSV).is_file() or (out / rundir.NCU_LAUNCHES_CSV).is_file():
-        say.phase_done("ncu", total_seconds, f"{launches} launches profiled")
+    return total_seconds, launches, not_run
 
 
 def _hot_without_counters(
@@ -838,7 +932,7 @@ def _statuses(out: Path, mode: str) -> list[dict[str, Any]]:
 
 
 def _record_environment(manifest, statuses: list[dict[str, Any]]) -> None:
-    env = next((s["environment"] for s in statuses if s.get("environment")), {})
+    env: dict[str, Any] = next((s["environment"] for s in statuses if s.get("environment")), {})
     for key in ("python", "torch", "cuda", "triton"):
         if env.get(key):
             manifest.versions[key] = str(env[key])

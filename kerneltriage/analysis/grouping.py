@@ -194,9 +194,7 @@ def group_candidates(timeline: Timeline, attr: Attribution, rules: Rules) -> dic
         elif int(fwd_root) in compiled_roots or (root >= 0 and rules.match(names[root], "compiled_ops")):
             # A kernel of a compiled graph: one candidate per distinct kernel.
             kind = rules.kernel_kind(name, activity)
-            label = compiled_kernel_label(
-                kernel_label(name), rules.regions.inductor_op_names
-            )
+            label = compiled_kernel_label(kernel_label(name), rules.regions.inductor_op_names)
             key, level = ("compiled", kind, base_name(name)), "kernel"
         elif root >= 0:
             label = names[root]

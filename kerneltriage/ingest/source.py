@@ -55,8 +55,8 @@ class Profile:
     @property
     def counters_rank(self) -> int:
         """The rank ncu profiled (``--ncu-rank``; the first rank when the manifest does not say)."""
-        if self.manifest and self.manifest.schedule.get("ncu_rank") is not None:
-            return int(self.manifest.schedule["ncu_rank"])
+        if self.manifest and self.manifest.schedule.ncu_rank is not None:
+            return self.manifest.schedule.ncu_rank
         return min(self.timelines or self.trace_files)
 
     @property
@@ -73,8 +73,8 @@ class Profile:
         """Base names phase 2 was asked to profile (None for counters not made by ``profile``)."""
         if self.manifest is None:
             return None
-        names = self.manifest.phases.get("ncu", {}).get("kernels")
-        return list(names) if names else None
+        ncu = self.manifest.phases.ncu
+        return list(ncu.kernels) if ncu and ncu.kernels else None
 
     def step_timing(self, rank: int) -> dict[str, Any] | None:
         """``profile``'s timing of ``rank`` (``phases.timeline.step_time``: plain, clean and
@@ -82,10 +82,11 @@ class Profile:
         runs stopped before them: the report then times the recorded steps)."""
         if self.manifest is None:
             return None
-        timing = self.manifest.phases.get("timeline", {}).get("step_time") or {}
-        if not timing.get("plain_median_ms") or "clean_ms" not in timing or timing.get("rank", 0) != rank:
+        timeline = self.manifest.phases.timeline
+        timing = timeline.step_time if timeline else None
+        if timing is None or not timing.plain_median_ms or "clean_ms" not in timing.model_fields_set:
             return None
-        return dict(timing)
+        return timing.to_json() if timing.rank == rank else None
 
     def source_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {
@@ -97,7 +98,8 @@ class Profile:
             info["command"] = self.manifest.command
             info["versions"] = self.manifest.versions
             info["status"] = self.manifest.status
-            dynamo = (self.manifest.phases.get("timeline", {}).get("dynamo") or {}).get("plain")
+            timeline = self.manifest.phases.timeline
+            dynamo = ((timeline.dynamo if timeline else None) or {}).get("plain")
             if dynamo:
                 # Dynamo's own counts after the plain steps, before any profiler or hook ran.
                 info["dynamo"] = dynamo
@@ -214,9 +216,9 @@ def _run_warnings(run: rundir.RunDir) -> list[str]:
     """What the report must say about the run as a whole: an ncu rank with no trace (its
     counters then go to the first rank), ranks missing, a run that did not finish."""
     out = []
-    ncu_rank = run.manifest.schedule.get("ncu_rank")
+    ncu_rank = run.manifest.schedule.ncu_rank
     if ncu_rank is not None and ncu_rank not in run.traces:
-        run.manifest.schedule["ncu_rank"] = None  # this copy: the counters go to the first rank
+        run.manifest.schedule.ncu_rank = None  # this copy: the counters go to the first rank
         out.append(
             f"the manifest's ncu_rank {ncu_rank} names no trace of the run (it has rank(s) "
             f"{', '.join(map(str, sorted(run.traces)))}): its counters are joined to rank "

@@ -36,7 +36,11 @@ def test_a_pass_records_under_its_file_stem():
     ncu = rundir.NcuPhase()
     ncu.record_pass("ncu.launches", seconds=1.5, exit_code="timeout")
     ncu.record_pass("ncu", exit_code=0)
-    assert ncu.to_json() == {"ncu.launches_seconds": 1.5, "ncu.launches_exit_code": "timeout", "ncu_exit_code": 0}
+    assert ncu.to_json() == {
+        "ncu.launches_seconds": 1.5,
+        "ncu.launches_exit_code": "timeout",
+        "ncu_exit_code": 0,
+    }
 
 
 def test_a_field_of_the_wrong_type_is_one_line_naming_it(tmp_path):
@@ -44,6 +48,8 @@ def test_a_field_of_the_wrong_type_is_one_line_naming_it(tmp_path):
     data = json.loads((run / rundir.MANIFEST).read_text())
     data["phases"]["timeline"]["step_time"] = {"plain_median_ms": -5}
     (tmp_path / rundir.MANIFEST).write_text(json.dumps(data))
-    with pytest.raises(RunDirError, match=r"manifest\.json\.phases\.timeline\.step_time\.plain_median_ms") as err:
+    with pytest.raises(
+        RunDirError, match=r"manifest\.json\.phases\.timeline\.step_time\.plain_median_ms"
+    ) as err:
         rundir.read_manifest(tmp_path)
     assert len(str(err.value).splitlines()) == 1

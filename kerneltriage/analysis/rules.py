@@ -1,8 +1,9 @@
 """Rules: the thresholds, op classes, region patterns and recommendations, as data.
 
 ``kerneltriage/data/rules/default.yaml`` is the base; a user file given with ``--rules`` is merged over it
-(mappings merge key by key, lists replace). Patterns are compiled regular expressions used
-with ``re.search``; nothing from a rules file is evaluated as code.
+(mappings merge key by key, lists replace). Each file is validated as it is read, and the
+merged rules once more as a whole, into ``rules_schema.RulesFile``: its patterns are compiled
+there, once, and ``Rules`` reads that model. Nothing from a rules file is evaluated as code.
 """
 
 from __future__ import annotations

@@ -681,7 +681,7 @@ def profile(
     result = run_profile(list(command), options, _ProfileReporter(quiet))
     for warning in result.warnings:
         click.echo(f"warning: {warning}", err=True)
-    phases = ", ".join(f"{name} {p.get('seconds', 0):.1f} s" for name, p in result.manifest.phases.items())
+    phases = ", ".join(f"{name} {s:.1f} s" for name, s in result.manifest.phases.seconds().items())
     click.echo(f"wrote {result.run_dir} ({phases})")
     click.echo(f"next: kerneltriage report {result.run_dir}")
 

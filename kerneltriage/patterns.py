@@ -17,20 +17,30 @@ from kerneltriage.errors import InputError
 
 
 class Pattern(Protocol):
-    pattern: Any
+    @property
+    def pattern(self) -> Any: ...
 
     def search(self, text: str, *args: Any) -> Any: ...
 
 
-def compile_user_pattern(pattern: Any, where: str, error: type[InputError] = InputError) -> Pattern:
-    """``pattern`` compiled for linear-time matching; ``error`` (exit code 2) naming ``where``
-    when it is not a string, not a regular expression, or needs backtracking."""
+class PatternError(ValueError):
+    """A user pattern that cannot be matched in linear time: ``reason`` says why, ``hint`` what
+    to do (None when nothing more can be said)."""
+
+    def __init__(self, reason: str, hint: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason, self.hint = reason, hint
+
+
+def compile_linear(pattern: Any) -> Pattern:
+    """``pattern`` compiled with RE2; ``PatternError`` when it is not a string, not a regular
+    expression, or needs backtracking."""
     if not isinstance(pattern, str):
-        raise error(f"{where}: pattern {pattern!r} is not a string")
+        raise PatternError(f"pattern {pattern!r} is not a string")
     try:
         re.compile(pattern)
     except re.error as exc:
-        raise error(f"{where}: bad regular expression {pattern!r} ({exc})") from None
+        raise PatternError(f"bad regular expression {pattern!r} ({exc})") from None
     import re2
 
     options = re2.Options()
@@ -39,8 +49,17 @@ def compile_user_pattern(pattern: Any, where: str, error: type[InputError] = Inp
         return re2.compile(pattern, options)
     except re2.error as exc:
         reason = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else str(exc)
-        raise error(
-            f"{where}: pattern {pattern!r} needs backtracking ({reason}), which can take hours on a "
-            "long name; backreferences and lookaround are not supported in user patterns",
+        raise PatternError(
+            f"pattern {pattern!r} needs backtracking ({reason}), which can take hours on a long "
+            "name; backreferences and lookaround are not supported in user patterns",
             hint="rewrite it without them",
         ) from None
+
+
+def compile_user_pattern(pattern: Any, where: str, error: type[InputError] = InputError) -> Pattern:
+    """``pattern`` compiled for linear-time matching; ``error`` (exit code 2) naming ``where``
+    when it is not a string, not a regular expression, or needs backtracking."""
+    try:
+        return compile_linear(pattern)
+    except PatternError as exc:
+        raise error(f"{where}: {exc.reason}", hint=exc.hint) from None

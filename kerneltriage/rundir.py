@@ -25,9 +25,20 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 
 from kerneltriage.errors import RunDirError
 
@@ -45,42 +56,173 @@ LOGS = "logs"
 _RANK_RE = re.compile(r"trace\.rank(\d+)\.json\.gz$")
 
 
-@dataclass
-class Manifest:
-    """Everything about how a run was made. Unknown keys in a file are kept in ``extra``."""
+_Open = ConfigDict(extra="allow", validate_assignment=True, populate_by_name=True)
 
-    schema: str = SCHEMA
-    kerneltriage_version: str = ""
-    created: str = ""
-    command: list[str] = field(default_factory=list)
-    cwd: str = ""
-    env: dict[str, str] = field(default_factory=dict)
-    gpu: dict[str, Any] = field(default_factory=dict)
-    versions: dict[str, str] = field(default_factory=dict)
-    schedule: dict[str, Any] = field(default_factory=dict)
-    phases: dict[str, Any] = field(default_factory=dict)
-    calibration: dict[str, Any] = field(default_factory=dict)
-    status: str = "ok"
-    exit_code: int | None = None
-    ranks: list[int] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    #: What the report must repeat about how the run was measured (the profiler's overhead on
-    #: the step time, hot kernels left without counters and why); a subset of ``notes``.
-    warnings: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
+
+def _number(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError("expected a number")
+    return value
+
+
+#: A time in milliseconds: a finite number above zero (a step of -5 ms or NaN ms is no step).
+Milliseconds = Annotated[float, BeforeValidator(_number), Field(gt=0, allow_inf_nan=False)]
+Seconds = Annotated[float, BeforeValidator(_number), Field(ge=0, allow_inf_nan=False)]
+
+
+class _Part(BaseModel):
+    """A mapping of the manifest. Only what was set is written: the manifest says what ran."""
+
+    model_config = _Open
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        extra = data.pop("extra")
-        data.update(extra)
-        return data
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
+class Schedule(_Part):
+    warmup: StrictInt | None = None
+    steps: StrictInt | None = None
+    step_marker: StrictStr | None = None
+    run_to_end: bool | None = None
+    ncu_rank: StrictInt | None = Field(default=None, ge=0)
+    timing_steps: StrictInt | None = None  # fewer than asked: the script was too short
+    whole_run: bool | None = None  # the whole run was recorded as one step
+
+
+class StepTime(_Part):
+    """``phases.timeline.step_time``: the steps ``profile`` timed, which the report then uses."""
+
+    rank: StrictInt = Field(default=0, ge=0)
+    plain_median_ms: Milliseconds | None = None
+    clean_median_ms: Milliseconds | None = None
+    recorded_median_ms: Milliseconds | None = None
+    gpu_busy_ms: Seconds | None = None
+    plain_ms: list[Milliseconds] = []
+    clean_ms: list[Milliseconds] = []
+    recorded_ms: list[Milliseconds] = []
+    # The clean steps against the plain ones (None: no clean profiler ran).
+    overhead: float | None = None
+
+
+class TimelinePhase(_Part):
+    seconds: Seconds | None = None
+    exit_code: StrictInt | StrictStr | None = None
+    tool: StrictStr | None = None  # "nsys" for an Nsight Systems timeline
+    steps_seen: StrictInt | None = None
+    step_source: StrictStr | None = None
+    module_calls_per_step: float | None = None  # module ranges per recorded step
+    traces: list[StrictStr] | None = None
+    dynamo: dict[StrictStr, Any] | None = None  # Dynamo's counts after the plain steps, at the end
+    trace_fixup: dict[StrictStr, Any] | None = None
+    step_time: StepTime | None = None
+
+
+class NcuPhase(_Part):
+    """``phases.ncu``: the hot kernels asked for and each pass's time and exit code (a pass's
+    keys are named after its file stem: ``ncu_…`` and ``ncu.launches_…``)."""
+
+    kernels: list[StrictStr] | None = None
+    expected_configs: StrictInt | None = None
+    coverage_of_gpu_time: float | None = None
+    metrics: list[StrictStr] | None = None
+    excluded_communication: list[StrictStr] | None = None
+    variable_size_kernels: list[StrictStr] | None = None
+    variable_launches_per_step: StrictInt | None = None
+    variable_over_budget: dict[StrictStr, StrictInt] | None = None
+    seconds: Seconds | None = None
+    profiled_launches: StrictInt | None = None
+    hot_without_counters: dict[StrictStr, StrictStr] | None = None
+    ncu_seconds: Seconds | None = None
+    ncu_exit_code: StrictInt | StrictStr | None = None  # "timeout" when it was stopped
+    launches_seconds: Seconds | None = Field(default=None, alias="ncu.launches_seconds")
+    launches_exit_code: StrictInt | StrictStr | None = Field(default=None, alias="ncu.launches_exit_code")
+
+    def record_pass(
+        self, stem: str, *, seconds: float | None = None, exit_code: int | str | None = None
+    ) -> None:
+        """The time or exit code of the pass that wrote ``stem`` (``ncu`` or ``ncu.launches``)."""
+        prefix = {"ncu": "ncu", "ncu.launches": "launches"}[stem]
+        if seconds is not None:
+            setattr(self, f"{prefix}_seconds", seconds)
+        if exit_code is not None:
+            setattr(self, f"{prefix}_exit_code", exit_code)
+
+
+class CalibratePhase(_Part):
+    seconds: Seconds | None = None
+
+
+class Phases(_Part):
+    """Phase name -> what it recorded, in the order the phases run."""
+
+    __pydantic_extra__: dict[str, dict[StrictStr, Any]] = Field(init=False)
+    calibrate: CalibratePhase | None = None
+    timeline: TimelinePhase | None = None
+    ncu: NcuPhase | None = None
+
+    def seconds(self) -> dict[str, float]:
+        """Phase -> how long it took, for the phases that ran."""
+        out = {}
+        for name, value in self.to_json().items():
+            out[name] = float(value.get("seconds") or 0.0) if isinstance(value, dict) else 0.0
+        return out
+
+
+class Calibration(BaseModel):
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    gpu: StrictStr | None = None
+    peak_tflops: dict[StrictStr, float] | None = None
+    hbm_gbs: float | None = None
+
+
+def _calibration(value: dict[str, Any]) -> dict[str, Any]:
+    Calibration.model_validate(value)  # its numbers checked; kept as the mapping gpus.py reads
+    return value
+
+
+class Manifest(BaseModel):
+    """Everything about how a run was made (``manifest.json``, schema ``kerneltriage.run/1``),
+    typed. Unknown keys are kept and written back: a newer kerneltriage may add keys."""
+
+    model_config = _Open
+    schema_: StrictStr = Field(default=SCHEMA, alias="schema")
+    kerneltriage_version: StrictStr = ""
+    created: StrictStr = ""
+    command: list[StrictStr] = []
+    cwd: StrictStr = ""
+    env: dict[StrictStr, StrictStr] = {}
+    gpu: dict[StrictStr, Any] = {}
+    versions: dict[StrictStr, Any] = {}
+    schedule: Schedule = Field(default_factory=Schedule)
+    phases: Phases = Field(default_factory=Phases)
+    calibration: Annotated[dict[StrictStr, Any], AfterValidator(_calibration)] = {}
+    status: StrictStr = "ok"
+    exit_code: StrictInt | None = None
+    ranks: list[StrictInt] = []
+    notes: list[StrictStr] = []
+    #: What the report must repeat about how the run was measured (the profiler's overhead on
+    #: the step time, hot kernels left without counters and why); a subset of ``notes``.
+    warnings: list[StrictStr] = []
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field (a part, with what was set in it), then the unknown keys read."""
+        data: dict[str, Any] = {}
+        for name, info in type(self).model_fields.items():
+            value = getattr(self, name)
+            data[info.alias or name] = value.to_json() if isinstance(value, _Part) else value
+        data.update(self.model_extra or {})
+        return json.loads(json.dumps(data))  # a copy: what is written is not the model's own
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Manifest:
-        known = {f for f in cls.__dataclass_fields__ if f != "extra"}
-        kwargs = {k: v for k, v in data.items() if k in known}
-        extra = {k: v for k, v in data.items() if k not in known}
-        return cls(**kwargs, extra=extra)
+    def from_json(cls, data: dict[str, Any], where: str = MANIFEST) -> Manifest:
+        """``data`` read; ``RunDirError`` (one line: the field and the type expected) unless it
+        follows the schema."""
+        from kerneltriage.ingest.schemas import describe
+
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise RunDirError(describe(exc, "manifest.json"), path=where) from None
 
 
 @dataclass
@@ -128,10 +270,7 @@ def read_manifest(path: Path) -> Manifest:
             f"run directory schema {schema!r} is not supported by this kerneltriage ({SCHEMA})",
             path=str(path),
         )
-    from kerneltriage.ingest.schemas import validate_manifest  # pydantic: only when a run is read
-
-    validate_manifest(data, str(path))
-    return Manifest.from_json(data)
+    return Manifest.from_json(data, str(path))
 
 
 def open_run(path: str | os.PathLike[str]) -> RunDir:

@@ -49,6 +49,11 @@ def build_candidate(
     if module and g.level != "kernel":
         name = f"{name} in {module}"
     full_name, name = name, short_name(name)
+    attrs = _json_attrs(g) | ({"full_name": full_name} if full_name != name else {})
+    order = tuple(attrs)
+    # What the report reads becomes a typed field; the rest stays in attrs for the analysis.
+    full, fused_ops, q = attrs.pop("full_name", None), attrs.pop("fused_ops", None), attrs.pop("q", None)
+    compiled, inductor = bool(attrs.pop("compiled", False)), bool(attrs.pop("inductor", False))
     return Candidate(
         id="",
         name=name,
@@ -68,14 +73,20 @@ def build_candidate(
         headroom=headroom,
         shapes=shapes,
         conditions={},
-        attrs=_json_attrs(g) | ({"full_name": full_name} if full_name != name else {}),
+        attrs=attrs,
         builtin=None,
         example=_example(g),
+        full_name=full,
+        compiled=compiled,
+        inductor=inductor,
+        fused_ops=list(fused_ops) if fused_ops is not None else None,
+        q=list(q) if q is not None else None,
+        attrs_order=order,
     )
 
 
 # Candidate names longer than this are cut at a joint (Tensile kernel names run to 700
-# characters); the full name stays in ``attrs["full_name"]`` (JSON, HTML tooltips).
+# characters); the full name stays in ``Candidate.full_name`` (JSON, HTML tooltips).
 NAME_LIMIT = 80
 _JOINT = re.compile(r"[_.:,<(\s]")
 
@@ -114,10 +125,10 @@ def _follow_kernels(g: Group, k: pd.DataFrame, rules: Rules) -> None:
         kk: round(v / total, 3) for kk, v in sorted(by_kind.items(), key=lambda kv: -kv[1])[:4]
     }
     if by_lib:
-        lib = max(by_lib, key=by_lib.get)
+        lib = max(by_lib, key=by_lib.__getitem__)
         g.attrs["kernel_library"] = lib
     g.attrs["vendor_share"] = round(vendor / total, 3)
-    top = max(by_kind, key=by_kind.get)
+    top = max(by_kind, key=by_kind.__getitem__)
     pattern = g.level == "region" and (g.kind in ("attention", "norm") or "region" in g.attrs)
     if top != g.kind and top in rules.unabsorbed_kinds and by_kind[top] >= 0.5 * total and not pattern:
         g.kind = top

@@ -372,11 +372,9 @@ def _graph_time(
     roots = {int(r) for r in k["root"].unique() if r >= 0 and rules.match(names[int(r)], "compiled_ops")}
     if not roots:
         return []
-    lb = rules.regions.get("compiled_launch_bound") or {}
-    min_kernels = float(lb.get("min_kernels_per_step", 20))
-    max_median_us = float(lb.get("max_median_kernel_us", 25))
-    min_idle = float(lb.get("min_idle_share", 0.10))
-    min_step_share = float(lb.get("min_step_share", 0.02))
+    lb = rules.regions.compiled_launch_bound
+    min_kernels, max_median_us = lb.min_kernels_per_step, lb.max_median_kernel_us
+    min_idle, min_step_share = lb.min_idle_share, lb.min_step_share
     # Every gap's cause, not only the biggest few the report shows.
     _, gaps = idle_gaps(attr, timeline, rules.thresholds.gap_us * 1000, top=10_000)
     host_idle: dict[str, float] = defaultdict(float)

@@ -71,8 +71,8 @@ class Diff:
 def main_shape(c: Candidate) -> tuple | None:
     """What identifies the computation: q's shape for attention, every input's shape for a
     single op (a GEMM is its activation and its weight), the input activation for a region."""
-    if "q" in c.attrs:
-        return tuple(c.attrs["q"])
+    if c.q is not None:
+        return tuple(c.q)
     if not c.example:
         return None
     op = c.example[0]
@@ -159,7 +159,7 @@ def compare(before: Report, after: Report, names: tuple[str, str] = ("before", "
 
 
 def _compiled(report: Report) -> bool:
-    return any(c.attrs.get("compiled") for c in report.candidates)
+    return any(c.compiled for c in report.candidates)
 
 
 _COMPILED_HOWS = ("fused ops (Inductor)", "kind total (compiled)")
@@ -173,7 +173,7 @@ def _compiled_section(before: Report, after: Report, matches: list[Match]) -> di
     rows = []
     for m in matches:
         after_c = [by_id[i] for i in m.ids["after"] if i in by_id]
-        if not any(c.attrs.get("compiled") for c in after_c) and m.how not in _COMPILED_HOWS:
+        if not any(c.compiled for c in after_c) and m.how not in _COMPILED_HOWS:
             continue
         t = m.time_ms_per_step
         rows.append(
@@ -205,13 +205,13 @@ def _compiled_section(before: Report, after: Report, matches: list[Match]) -> di
                 "predicted_saving_share": m.predicted_saving_share,
                 "realized_saving_share": m.realized_saving_share,
                 "held": m.realized_saving_share >= 0.5 * m.predicted_saving_share,
-                "compiled": any(i in by_id and by_id[i].attrs.get("compiled") for i in m.ids["after"]),
+                "compiled": any(i in by_id and by_id[i].compiled for i in m.ids["after"]),
             }
         )
     checks.sort(key=lambda c: (not c["verdict_before"].startswith("compile"), -c["predicted_saving_share"]))
-    compiled_after = sum(c.time_ms_per_step for c in after.candidates if c.attrs.get("compiled"))
+    compiled_after = sum(c.time_ms_per_step for c in after.candidates if c.compiled)
     matched_after = {i for r in rows for i in r["compiled_ids"]}
-    unmatched = [c for c in after.candidates if c.attrs.get("compiled") and c.id not in matched_after]
+    unmatched = [c for c in after.candidates if c.compiled and c.id not in matched_after]
     return {
         "rows": rows,
         "compile_predictions": checks,
@@ -234,7 +234,7 @@ def _match(before: Report, after: Report) -> list[tuple[list[Candidate], list[Ca
     to_compiled = _compiled(after) and not _compiled(before)
 
     def plain(key):
-        return lambda c: None if to_compiled and c.attrs.get("compiled") else key(c)
+        return lambda c: None if to_compiled and c.compiled else key(c)
 
     keys = (
         (lambda c: c.name, "same name"),
@@ -351,7 +351,7 @@ def _match_compiled(
     taken: dict[tuple[int, ...], list[Candidate]] = {}
     rest_a: list[tuple[str, Candidate]] = []  # (kind it counts under, candidate)
     for a in as_:
-        fused = a.attrs.get("fused_ops") if a.attrs.get("inductor") else None
+        fused = a.fused_ops if a.inductor else None
         if not fused:
             rest_a.append((a.kind, a))
             continue

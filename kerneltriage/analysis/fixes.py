@@ -436,7 +436,7 @@ def _attention_params(c: Any, by_module: dict[str, Any]) -> dict[str, Any]:
     params: dict[str, Any] = {}
     mask = a.get("mask")
     head_dim = a.get("head_dim")
-    q = a.get("q") or []
+    q = c.q or []
     seq = q[-2] if len(q) >= 2 else None
     mask_shape = None
     for o in ops:
@@ -699,7 +699,7 @@ def candidate_fields(c: Any, params: dict[str, Any]) -> dict[str, Any]:
         "module_list": head or "?",
         "module_leaf": leaf or "?",
         "variant": c.variant or "",
-        "compiled": str(bool(c.attrs.get("inductor") or c.attrs.get("compiled"))),
+        "compiled": str(bool(c.inductor or c.compiled)),
         "classes": classes,
         # The candidate's own module class: what a norm swap replaces (``classes`` holds the
         # modules around a region, a residual add's Block among them).

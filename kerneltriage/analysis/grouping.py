@@ -303,7 +303,7 @@ def _other_kernel_key(
     if compiled:
         # A kernel of a compiled graph: one candidate per distinct kernel.
         kind = rules.kernel_kind(name, activity)
-        label = compiled_kernel_label(kernel_label(name), tuple(rules.regions.get("inductor_op_names") or ()))
+        label = compiled_kernel_label(kernel_label(name), rules.regions.inductor_op_names)
         return kind, label, ("compiled", kind, base_name(name)), "kernel"
     if root_name is not None:
         label = root_name
@@ -370,7 +370,7 @@ def _inductor_segments(
     recorded launch at all, the estimate is unavailable and ``attrs["estimate"]`` says why."""
     cpu = timeline.cpu
     label = base_name(g.key[2])
-    vocab = tuple(rules.regions.get("inductor_op_names") or ())
+    vocab = rules.regions.inductor_op_names
     decoded = decode_inductor(label, vocab)
     if decoded is not None:
         g.attrs["inductor_flavour"] = FLAVOURS[decoded[0]]
@@ -510,7 +510,7 @@ def _segments_with_regions(ops: list[OpInfo], region_of: list[str | None], rules
                 "attention"
                 if "attention" in kinds
                 else next(
-                    (k for k in ("norm", "gemm", *rules.regions.get("kind_priority", [])) if k in kinds),
+                    (k for k in ("norm", "gemm", *rules.regions.kind_priority) if k in kinds),
                     "other",
                 )
             )

@@ -115,6 +115,31 @@ class Candidate:
     # What `kerneltriage verify` measured for its fix (an entry of RUN/verify.json: status,
     # predicted and realized saving, step times, loss check); None when it was not verified.
     verification: dict[str, Any] | None = None
+    # What the report, ``diff`` and the HTML read of the analysis's findings, typed. The JSON
+    # writes them inside ``attrs`` (``ATTRS_FIELDS``), where the schema has always had them.
+    full_name: str | None = None  # the name before it was cut to NAME_LIMIT characters
+    compiled: bool = False  # a kernel of a torch.compile graph
+    inductor: bool = False  # ... that Inductor generated
+    fused_ops: list[str] | None = None  # the ops an Inductor kernel's name says it fuses
+    q: list[int] | None = None  # an attention region's query shape
+    # The order the analysis gave the keys of ``attrs`` and the fields above, kept so the
+    # JSON's ``attrs`` reads the same from one version to the next.
+    attrs_order: tuple[str, ...] = field(default=(), repr=False, compare=False)
+
+    def json_attrs(self) -> dict[str, Any]:
+        """``attrs`` as the JSON writes it: with the typed fields that were set, in order."""
+        typed: dict[str, Any] = {
+            name: getattr(self, name) for name in ATTRS_FIELDS if getattr(self, name) not in (None, False)
+        }
+        out: dict[str, Any] = {}
+        for key in (*self.attrs_order, *self.attrs, *typed):
+            if key in out:
+                continue
+            if key in typed:
+                out[key] = typed[key]
+            elif key in self.attrs:
+                out[key] = self.attrs[key]
+        return out
 
     @property
     def acted_on(self) -> bool:
@@ -128,6 +153,10 @@ class Candidate:
         return (
             self.expected_saving_share * (self.time_ms_per_step / self.time_share) if self.time_share else 0.0
         )
+
+
+#: Candidate fields the JSON writes inside the candidate's ``attrs``.
+ATTRS_FIELDS = ("full_name", "compiled", "inductor", "fused_ops", "q")
 
 
 @dataclass
@@ -225,6 +254,10 @@ class Report:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
+        for c, entry in zip(self.candidates, data["candidates"]):
+            for name in (*ATTRS_FIELDS, "attrs_order"):
+                del entry[name]
+            entry["attrs"] = c.json_attrs()
         # The documented keys, not the dataclass's fields; null when no GPU spec was found.
         data["gpu"] = self.gpu.to_json() if self.gpu is not None else None
         data = {"schema": data.pop("schema"), **data}

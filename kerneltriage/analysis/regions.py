@@ -59,7 +59,7 @@ class Segment:
 
 def segment(ops: list[OpInfo], rules: Rules) -> list[Segment]:
     """Cut one step's forward op sequence into regions and single ops."""
-    boundary = set(rules.regions.get("boundary_kinds") or [])
+    boundary = rules.regions.boundary_kinds
     segments: list[Segment] = []
     run: list[OpInfo] = []
 
@@ -135,8 +135,8 @@ def _is_activation_matmul(op: OpInfo) -> bool:
 
 def _attention_end(ops: list[OpInfo], i: int, rules: Rules) -> int | None:
     """Index of the closing matmul when an attention pattern starts at ``ops[i]``."""
-    limit = int(rules.regions.get("attention", {}).get("max_ops_between", 32))
-    boundary = set(rules.regions.get("boundary_kinds") or [])
+    limit = rules.regions.attention.max_ops_between
+    boundary = rules.regions.boundary_kinds
     if not (rules.match(ops[i].name, "attention", "matmul_ops") and _is_activation_matmul(ops[i])):
         return None
     seen_softmax = False
@@ -182,11 +182,11 @@ def _attention_segment(ops: list[OpInfo], rules: Rules) -> Segment:
 
 def _norm_variant(ops: list[OpInfo], rules: Rules) -> str | None:
     names = [op.name for op in ops]
-    for variant, any_of, all_of in rules.norms:
-        if any_of and any(p.search(n) for p in any_of for n in names):
-            return variant
-        if all_of and all(any(p.search(n) for n in names) for p in all_of):
-            return variant
+    for norm in rules.norms:
+        if norm.any_of and any(p.search(n) for p in norm.any_of for n in names):
+            return norm.variant
+        if norm.all_of and all(any(p.search(n) for n in names) for p in norm.all_of):
+            return norm.variant
     return None
 
 
@@ -209,7 +209,7 @@ def _run_segment(ops: list[OpInfo], rules: Rules) -> Segment:
             "region", "norm", variant, ops, {"residual_add": fused_add}, _norm_ideal(ops, fused_add)
         )
     kinds = {op.kind for op in ops}
-    kind = next((k for k in rules.regions.get("kind_priority") or [] if k in kinds), "elementwise")
+    kind = next((k for k in rules.regions.kind_priority if k in kinds), "elementwise")
     return Segment("region", kind, None, ops, {}, _generic_ideal(ops, kind))
 
 

@@ -1,17 +1,16 @@
 """Rules: the thresholds, op classes, region patterns and recommendations, as data.
 
 ``kerneltriage/data/rules/default.yaml`` is the base; a user file given with ``--rules`` is merged over it
-(mappings merge key by key, lists replace). Patterns are compiled regular expressions used
-with ``re.search``; nothing from a rules file is evaluated as code.
+(mappings merge key by key, lists replace). Each file is validated as it is read, and the
+merged rules once more as a whole, into ``rules_schema.RulesFile``: its patterns are compiled
+there, once, and ``Rules`` reads that model. Nothing from a rules file is evaluated as code.
 """
 
 from __future__ import annotations
 
 import copy
 import difflib
-import functools
 import math
-import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -20,14 +19,21 @@ import yaml
 
 from kerneltriage.analysis.fixes import Recipe, load_recipes, parse_recipes
 from kerneltriage.analysis.kernel_classes import KernelClass, classify_kernel
-from kerneltriage.analysis.rules_schema import RulesFile, check_rules_file
+from kerneltriage.analysis.rules_schema import (
+    Norm,
+    OpClassEntry,
+    Recommendation,
+    Regions,
+    RulesFile,
+    check_rules_file,
+    validate_rules,
+)
+from kerneltriage.analysis.rules_schema import default_rules_path as default_rules_path
 from kerneltriage.errors import RulesError
 from kerneltriage.inputs import read_text
-from kerneltriage.patterns import Pattern, compile_user_pattern
-from kerneltriage.resources import data_path
+from kerneltriage.patterns import Pattern
 
 SCHEMA = "kerneltriage.rules/1"
-VERDICTS = ("write", "use-builtin", "compile", "skip")
 
 
 @dataclass(frozen=True)
@@ -81,41 +87,55 @@ _ABOVE = frozenset({"top_fraction", "min_estimated_headroom"})
 RULES_KEYS = frozenset(f.alias or name for name, f in RulesFile.model_fields.items())
 
 
-def default_rules_path() -> Path:
-    return data_path("rules", "default.yaml")
-
-
-@dataclass(frozen=True)
-class OpClass:
-    kind: str
-    ops: tuple[Pattern, ...]
-    kernels: tuple[Pattern, ...]
-    activity: tuple[str, ...]
-
-
 @dataclass
 class Rules:
-    """Validated rules. ``raw`` keeps the merged YAML for the report's provenance."""
+    """Validated rules: the merged rules file's model (``rules_schema.RulesFile``, patterns
+    compiled) and the thresholds checked against their ranges."""
 
     thresholds: Thresholds
-    classes: list[OpClass]
-    library_ops: tuple[Pattern, ...]
-    regions: dict[str, Any]
-    recommendations: dict[str, dict[str, Any]]
+    file: RulesFile
     sources: list[str]
-    raw: dict[str, Any]
-    norms: list[tuple[str, tuple[Pattern, ...], tuple[Pattern, ...]]] = field(default_factory=list)
-    # Kernel class (kernel_classes.yaml) -> candidate kind; kinds a fused region never absorbs;
-    # ops of a library or extension namespace (fbgemm::, vllm::, …), judged by their kernels.
-    kernel_kinds: dict[str, str] = field(default_factory=dict)
-    unabsorbed_kinds: frozenset[str] = frozenset()
-    extension_ops: tuple[Pattern, ...] = ()
     # A rules file's own fix recipes (fixes.yaml's shape), tried before the shipped ones.
     fixes: tuple[Recipe, ...] = ()
     # What the rules file said that this version does not read (unknown keys), one line each.
     warnings: list[str] = field(default_factory=list)
     # Classifications are asked for the same few hundred names millions of times.
     _memo: dict[tuple, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def classes(self) -> tuple[OpClassEntry, ...]:
+        return self.file.op_classes
+
+    @property
+    def library_ops(self) -> tuple[Pattern, ...]:
+        return self.file.library_ops
+
+    @property
+    def extension_ops(self) -> tuple[Pattern, ...]:
+        """Ops of a library or extension namespace (fbgemm::, vllm::, …), judged by their kernels."""
+        return self.file.extension_ops
+
+    @property
+    def regions(self) -> Regions:
+        return self.file.regions
+
+    @property
+    def norms(self) -> tuple[Norm, ...]:
+        return self.file.regions.norms
+
+    @property
+    def recommendations(self) -> dict[str, Recommendation]:
+        return self.file.recommendations
+
+    @property
+    def kernel_kinds(self) -> dict[str, str]:
+        """Kernel class (kernel_classes.yaml) -> candidate kind."""
+        return self.file.kernel_kinds
+
+    @property
+    def unabsorbed_kinds(self) -> frozenset[str]:
+        """Kinds a fused region never absorbs."""
+        return self.file.regions.unabsorbed_kinds
 
     @property
     def recipes(self) -> tuple[Recipe, ...]:
@@ -189,17 +209,20 @@ class Rules:
             self._memo[key] = any(p.search(name) for p in self.patterns(*keys))
         return self._memo[key]
 
-    def recommendation(self, kind: str, variant: str | None = None) -> dict[str, Any]:
+    def recommendation(self, kind: str, variant: str | None = None) -> Recommendation:
         if variant and f"{kind}/{variant}" in self.recommendations:
             return self.recommendations[f"{kind}/{variant}"]
-        return self.recommendations.get(kind) or self.recommendations.get("other", {"verdict": "write"})
+        return self.recommendations.get(kind) or self.recommendations.get("other") or _WRITE
 
     def patterns(self, *keys: str) -> tuple[Pattern, ...]:
-        """Compiled patterns from ``regions`` (e.g. ``patterns("attention", "matmul_ops")``)."""
+        """Compiled patterns of ``regions`` (e.g. ``patterns("attention", "matmul_ops")``)."""
         node: Any = self.regions
         for key in keys:
-            node = node.get(key, {}) if isinstance(node, dict) else {}
-        return tuple(_compile(p, ".".join(("regions", *keys))) for p in (node or []))
+            node = getattr(node, key)
+        return tuple(node)
+
+
+_WRITE = Recommendation(verdict="write")
 
 
 def load_rules(user_file: str | Path | None = None, overrides: dict[str, float] | None = None) -> Rules:
@@ -214,16 +237,18 @@ def load_rules(user_file: str | Path | None = None, overrides: dict[str, float] 
     warnings = unknown_key_warnings(user, str(user_file)) if user_file is not None else []
     given = {key: value for key, value in (overrides or {}).items() if value is not None}
     raw.setdefault("thresholds", {}).update(given)
-    try:
-        rules = _validate(raw, sources, set(given))
-    except RulesError as exc:
-        if exc.path is not None or user_file is None:
-            raise
-        # A pattern or value with no file named: the shipped rules are checked in CI, so it came
-        # from the user's file.
-        raise RulesError(exc.message, path=str(user_file), hint=exc.hint) from None
-    rules.warnings = warnings
-    return rules
+    # Each file was checked as it was read; what is left to check is the whole (the shipped
+    # rules are checked in CI, so what fails here came from the user's file).
+    where = sources[-1]
+    thresholds = _thresholds(raw.get("thresholds") or {}, where, set(given))
+    merged = validate_rules(raw, where, merged=True)
+    return Rules(
+        thresholds=thresholds,
+        file=merged,
+        sources=sources,
+        fixes=parse_recipes(merged.fixes, where, user=True),
+        warnings=warnings,
+    )
 
 
 def unknown_key_warnings(data: dict[str, Any], where: str) -> list[str]:
@@ -273,32 +298,6 @@ def _merge(base: Any, over: Any) -> Any:
     return copy.deepcopy(over)
 
 
-@functools.cache
-def _shipped_patterns() -> frozenset[str]:
-    """Every string of the shipped rules file: its patterns are compiled with ``re``."""
-    found: set[str] = set()
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-        elif isinstance(node, str):
-            found.add(node)
-
-    walk(yaml.safe_load(default_rules_path().read_text()))
-    return frozenset(found)
-
-
-def _compile(pattern: Any, where: str) -> Pattern:
-    """A pattern of the rules: the shipped file's with ``re``, a user's in linear time (RE2)."""
-    if isinstance(pattern, str) and pattern in _shipped_patterns():
-        return re.compile(pattern)
-    return compile_user_pattern(pattern, where, RulesError)
-
-
 def _thresholds(given: dict[str, Any], where: str, overridden: set[str]) -> Thresholds:
     unknown = sorted(set(given) - set(THRESHOLDS))
     if unknown:
@@ -327,89 +326,3 @@ def _thresholds(given: dict[str, Any], where: str, overridden: set[str]) -> Thre
             raise RulesError(f"{name} is {meaning}{got}", path=path)
         values[name] = value
     return Thresholds(**values)
-
-
-def _fixes(entries: Any, where: str) -> tuple[Recipe, ...]:
-    """A rules file's own fix recipes (the shape of ``fixes.yaml``'s), tried before the
-    shipped ones."""
-    if not isinstance(entries, list):
-        raise RulesError(
-            "fixes must be a list of recipes (the shape of kerneltriage/data/fixes.yaml)", path=where
-        )
-    return parse_recipes(entries, where, user=True)
-
-
-def _validate(raw: dict[str, Any], sources: list[str], overridden: set[str]) -> Rules:
-    where = sources[-1]
-    thresholds = _thresholds(raw.get("thresholds") or {}, where, overridden)
-
-    classes = []
-    for i, entry in enumerate(raw.get("op_classes") or []):
-        if not isinstance(entry, dict) or "kind" not in entry:
-            raise RulesError(f"op_classes[{i}] needs a 'kind'", path=where)
-        classes.append(
-            OpClass(
-                kind=str(entry["kind"]),
-                ops=tuple(_compile(p, f"op_classes[{i}].ops") for p in entry.get("ops") or []),
-                kernels=tuple(_compile(p, f"op_classes[{i}].kernels") for p in entry.get("kernels") or []),
-                activity=tuple(str(a) for a in entry.get("activity") or []),
-            )
-        )
-    if not classes:
-        raise RulesError("op_classes is empty", path=where)
-
-    recommendations = raw.get("recommendations") or {}
-    # A kind is known by its recommendation ("norm", or "norm/rmsnorm" for a variant): a class
-    # of another kind would be ranked with no verdict behind it (a misspelt kind, say).
-    kinds = {key.split("/")[0] for key in recommendations}
-    for i, c in enumerate(classes):
-        if c.kind not in kinds:
-            raise RulesError(
-                f"op_classes[{i}].kind {c.kind!r} is not a known kind (one of {', '.join(sorted(kinds))}; "
-                f"a new kind needs recommendations.{c.kind})",
-                path=where,
-            )
-    for key, rec in recommendations.items():
-        if not isinstance(rec, dict) or rec.get("verdict") not in VERDICTS:
-            raise RulesError(
-                f"recommendations.{key}.verdict must be one of {', '.join(VERDICTS)}", path=where
-            )
-        if rec["verdict"] == "skip" and not rec.get("reason"):
-            raise RulesError(f"recommendations.{key}: a skip needs a 'reason'", path=where)
-
-    regions = raw.get("regions") or {}
-    if not isinstance(regions, dict):
-        raise RulesError("regions must be a mapping", path=where)
-    kernel_kinds = raw.get("kernel_kinds") or {}
-    if not isinstance(kernel_kinds, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in kernel_kinds.items()
-    ):
-        raise RulesError("kernel_kinds must map kernel classes to candidate kinds (strings)", path=where)
-    unabsorbed = regions.get("unabsorbed_kinds") or []
-    if not isinstance(unabsorbed, list) or not all(isinstance(k, str) for k in unabsorbed):
-        raise RulesError("regions.unabsorbed_kinds must be a list of kinds", path=where)
-    rules = Rules(
-        thresholds=thresholds,
-        classes=classes,
-        library_ops=tuple(_compile(p, "library_ops") for p in raw.get("library_ops") or []),
-        regions=regions,
-        recommendations=recommendations,
-        sources=sources,
-        raw=raw,
-        kernel_kinds=dict(kernel_kinds),
-        unabsorbed_kinds=frozenset(unabsorbed),
-        extension_ops=tuple(_compile(p, "extension_ops") for p in raw.get("extension_ops") or []),
-        fixes=_fixes(raw.get("fixes") or [], where),
-    )
-    # Compile every region pattern once now, so a bad one fails here and not mid-report.
-    for key in ("matmul_ops", "softmax_ops", "causal_ops", "mask_ops", "softcap_ops", "dropout_ops"):
-        rules.patterns("attention", key)
-    rules.patterns("residual_add_ops")
-    rules.patterns("compiled_ops")
-    for i, norm in enumerate(regions.get("norms") or []):
-        if not isinstance(norm, dict) or "variant" not in norm:
-            raise RulesError(f"regions.norms[{i}] needs a 'variant'", path=where)
-        any_of = tuple(_compile(p, f"regions.norms[{i}].any_of") for p in norm.get("any_of") or [])
-        all_of = tuple(_compile(p, f"regions.norms[{i}].all_of") for p in norm.get("all_of") or [])
-        rules.norms.append((str(norm["variant"]), any_of, all_of))
-    return rules

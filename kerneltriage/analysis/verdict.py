@@ -39,6 +39,7 @@ from kerneltriage.analysis.gpus import GPUSpec, attention_perf
 from kerneltriage.analysis.model import Candidate, Condition
 from kerneltriage.analysis.roofline import AT_ROOF
 from kerneltriage.analysis.rules import Rules
+from kerneltriage.analysis.rules_schema import Recommendation
 
 # Below this share of the best measured backend a library backend is worth switching.
 _SWITCH_RATIO = 1.15
@@ -279,7 +280,7 @@ def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
     if c.kind == "attention" and c.attrs.get("written") != "naive":
         _library_attention(c, rules, gpu)
         return
-    if c.attrs.get("inductor"):
+    if c.inductor:
         _inductor_verdict(c, rules, gpu)
         return
     if _disagrees(c, rules):
@@ -478,7 +479,7 @@ def _fix(c: Candidate, candidates: list[Candidate], rules: Rules, env: Environme
     (what Inductor could try first): the first recipe that matches it, whose preconditions the
     trace meets and that carries every parameter detected on it. The prediction counts what
     that recipe covers."""
-    if c.verdict not in ("use-builtin", "compile") and not (c.verdict == "write" and c.attrs.get("inductor")):
+    if c.verdict not in ("use-builtin", "compile") and not (c.verdict == "write" and c.inductor):
         return
     step_ms = c.time_ms_per_step / c.time_share if c.time_share else 0.0
     params = detect_params(c, candidates, env, step_ms)
@@ -563,7 +564,7 @@ def _compile_takes(o: Candidate, env: Environment) -> float:
     if o.kind != "attention":
         return o.expected_saving_share if o.verdict in ("compile", "use-builtin", "write") else 0.0
     step_ms = o.time_ms_per_step / o.time_share if o.time_share else 0.0
-    q, k = o.attrs.get("q"), o.attrs.get("k")
+    q, k = o.q, o.attrs.get("k")
     if not step_ms or not q or not k or not env.bandwidth:
         return 0.0
     chain_ms = o.time_ms_per_step * (1.0 - float((o.attrs.get("kernel_mix") or {}).get("gemm", 0.0)))
@@ -600,11 +601,11 @@ def _compiled_with(c: Candidate, candidates: list[Candidate], classes: list[str]
     return sorted(inside, key=lambda o: -o.time_share)
 
 
-def _already_uses(c: Candidate, rec: dict[str, Any]) -> str | None:
+def _already_uses(c: Candidate, rec: Recommendation) -> str | None:
     """The op of ``c`` that is already the fused kernel ``rec`` would recommend, if any."""
     for pattern in rec.get("already") or []:
         for op in c.ops:
-            if re.search(pattern, op):
+            if pattern.search(op):
                 return op
     return None
 
@@ -743,7 +744,7 @@ def _attention_case(c: Candidate) -> tuple[int, int, bool, float] | None:
     return None
 
 
-def _attention_choice(c: Candidate, rec: dict[str, Any], gpu: GPUSpec) -> tuple[str | None, str]:
+def _attention_choice(c: Candidate, rec: Recommendation, gpu: GPUSpec) -> tuple[str | None, str]:
     """SDPA or the built-in flash attention: variants SDPA cannot fuse get the built-in; plain
     attention gets whichever the shipped benchmark table measured faster on this GPU."""
     library, ours = rec.get("builtin"), rec.get("variant_builtin")
@@ -751,7 +752,7 @@ def _attention_choice(c: Candidate, rec: dict[str, Any], gpu: GPUSpec) -> tuple[
         return ours, "all three conditions hold; a variant SDPA cannot run fused"
     perf = attention_perf(gpu, c.attrs.get("head_dim"), c.attrs.get("mask") == "causal")
     if perf is None:
-        q = c.attrs.get("q") or [0, 0]
+        q = c.q or [0, 0]
         rates = attention_rates(
             gpu.key,
             int(c.attrs.get("head_dim") or 0),
@@ -788,7 +789,8 @@ class _GraphCandidate:
     def __init__(self, g: dict[str, Any]) -> None:
         self.verdict, self.reason, self.builtin = "compile", "launch-bound", g.get("builtin")
         self.kind, self.variant, self.module = "other", None, None
-        self.attrs = {"compiled": True}
+        self.attrs: dict[str, Any] = {}
+        self.compiled, self.inductor = True, False
         self.instances_per_step = 1.0
         self.roofline = type("R", (), {"launches_per_step": float(g.get("kernels_per_step") or 0.0)})()
 
@@ -800,13 +802,13 @@ def compiled_graph_advice(
     `compile (launch-bound)`: mode="reduce-overhead" (CUDA graphs), with its fix and note."""
     if not compiled:
         return
-    lb = rules.regions.get("compiled_launch_bound") or {}
+    lb = rules.regions.compiled_launch_bound
     for g in compiled.get("graphs", []):
         if not g.get("launch_bound"):
             continue
         g.update(verdict="compile", reason="launch-bound", builtin='torch.compile(mode="reduce-overhead")')
         idle = f"{g['host_launch_idle_ms_per_step']:.2f} ms per step"
-        g["note"] = str(lb.get("note", "")).format(
+        g["note"] = lb.note.format(
             kernels=g["kernels_per_step"],
             median_us=g["median_kernel_us"],
             idle=idle,

@@ -1,10 +1,11 @@
-"""Schemas of what kerneltriage reads: the run's ``manifest.json``, ``regions.jsonl``, a Kineto
+"""Schemas of what kerneltriage reads: ``regions.jsonl``, a Kineto
 trace's metadata and its ops' recorded arguments (pydantic models).
 
 What fails a schema is handled by how much it matters:
 
-- ``manifest.json`` says how the run was made; a field of the wrong type is refused with one
-  line naming the field and the type expected (``RunDirError``, exit code 2).
+- ``manifest.json`` says how the run was made: its model is ``rundir.Manifest``; a field of
+  the wrong type is refused with one line naming the field and the type expected
+  (``RunDirError``, exit code 2), in the words of ``describe`` here.
 - A line of ``regions.jsonl``, a Kineto metadata key (``deviceProperties``,
   ``distributedInfo``) or an op's argument list of the wrong shape is left out with a warning
   that says what was skipped; the report is made without it.
@@ -31,7 +32,7 @@ from pydantic import (
     ValidationError,
 )
 
-from kerneltriage.errors import InputError, RunDirError
+from kerneltriage.errors import InputError
 
 # --- what a validation error says -----------------------------------------------------------
 
@@ -50,8 +51,13 @@ _EXPECTED = {
     "model_attributes_type": "a mapping (JSON object)",
     "list_type": "a list",
     "tuple_type": "a list",
+    "frozen_set_type": "a list",
     "missing": "present",
 }
+
+
+#: Error types whose message is a whole sentence of kerneltriage's (a pattern's, a rule's).
+OWN_MESSAGES = frozenset({"pattern", "rules"})
 
 
 def describe(error: ValidationError, what: str = "") -> str:
@@ -62,105 +68,15 @@ def describe(error: ValidationError, what: str = "") -> str:
     expected = _EXPECTED.get(first["type"])
     if first["type"] == "missing":
         return f"{field} is missing"
+    if first["type"] in OWN_MESSAGES:  # a validator's own sentence: it says what was wrong
+        return f"{field}: {first['msg']}" if field else first["msg"]
     got = repr(first.get("input"))
     got = got if len(got) <= 40 else got[:37] + "..."
     text = f"expected {expected}" if expected else first["msg"][0].lower() + first["msg"][1:]
     return f"{field}: {text}, got {got}"
 
 
-# --- manifest.json --------------------------------------------------------------------------
-
 _Open = ConfigDict(extra="allow")  # a newer kerneltriage may add keys; they are kept, unread
-
-
-class Schedule(BaseModel):
-    model_config = _Open
-    warmup: StrictInt | None = None
-    steps: StrictInt | None = None
-    step_marker: StrictStr | None = None
-    run_to_end: bool | None = None
-    ncu_rank: StrictInt | None = Field(default=None, ge=0)
-
-
-class NcuPhase(BaseModel):
-    model_config = _Open
-    kernels: list[StrictStr] | None = None
-
-
-def _number(value: Any) -> Any:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError("expected a number")
-    return value
-
-
-#: A time in milliseconds: a finite number above zero (a step of -5 ms or NaN ms is no step).
-Milliseconds = Annotated[float, BeforeValidator(_number), Field(gt=0, allow_inf_nan=False)]
-
-
-class StepTime(BaseModel):
-    """``phases.timeline.step_time``: the steps ``profile`` timed, which the report then uses."""
-
-    model_config = _Open
-    rank: StrictInt = Field(default=0, ge=0)
-    plain_median_ms: Milliseconds | None = None
-    clean_median_ms: Milliseconds | None = None
-    recorded_median_ms: Milliseconds | None = None
-    gpu_busy_ms: Annotated[float, BeforeValidator(_number), Field(ge=0, allow_inf_nan=False)] | None = None
-    plain_ms: list[Milliseconds] = []
-    clean_ms: list[Milliseconds] = []
-    recorded_ms: list[Milliseconds] = []
-
-
-class TimelinePhase(BaseModel):
-    model_config = _Open
-    step_time: StepTime | None = None
-
-
-class Phases(BaseModel):
-    """Phase name -> what it recorded (a mapping each)."""
-
-    model_config = _Open
-    __pydantic_extra__: dict[str, dict[StrictStr, Any]] = Field(init=False)
-    ncu: NcuPhase = NcuPhase()
-    timeline: TimelinePhase = TimelinePhase()
-
-
-class Calibration(BaseModel):
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
-    gpu: StrictStr | None = None
-    peak_tflops: dict[StrictStr, float] | None = None
-    hbm_gbs: float | None = None
-
-
-class ManifestSchema(BaseModel):
-    """``manifest.json`` (schema ``kerneltriage.run/1``): the fields the report reads, typed."""
-
-    model_config = _Open
-    schema_: StrictStr = Field(alias="schema")
-    kerneltriage_version: StrictStr = ""
-    created: StrictStr = ""
-    command: list[StrictStr] = []
-    cwd: StrictStr = ""
-    env: dict[StrictStr, StrictStr] = {}
-    gpu: dict[StrictStr, Any] = {}
-    versions: dict[StrictStr, Any] = {}
-    schedule: Schedule = Schedule()
-    phases: Phases = Phases()
-    calibration: Calibration = Calibration()
-    status: StrictStr = "ok"
-    exit_code: StrictInt | None = None
-    ranks: list[StrictInt] = []
-    notes: list[StrictStr] = []
-    warnings: list[StrictStr] = []
-
-
-def validate_manifest(data: Any, where: str) -> None:
-    """Raise ``RunDirError`` (one line: the field and the type expected) unless ``data`` follows
-    the manifest's schema."""
-    try:
-        ManifestSchema.model_validate(data)
-    except ValidationError as exc:
-        raise RunDirError(describe(exc, "manifest.json"), path=where) from None
 
 
 # --- regions.jsonl --------------------------------------------------------------------------

@@ -55,8 +55,8 @@ class Profile:
     @property
     def counters_rank(self) -> int:
         """The rank ncu profiled (``--ncu-rank``; the first rank when the manifest does not say)."""
-        if self.manifest and self.manifest.schedule.get("ncu_rank") is not None:
-            return int(self.manifest.schedule["ncu_rank"])
+        if self.manifest and self.manifest.schedule.ncu_rank is not None:
+            return self.manifest.schedule.ncu_rank
         return min(self.timelines or self.trace_files)
 
     @property
@@ -73,8 +73,8 @@ class Profile:
         """Base names phase 2 was asked to profile (None for counters not made by ``profile``)."""
         if self.manifest is None:
             return None
-        names = self.manifest.phases.get("ncu", {}).get("kernels")
-        return list(names) if names else None
+        ncu = self.manifest.phases.ncu
+        return list(ncu.kernels) if ncu and ncu.kernels else None
 
     def step_timing(self, rank: int) -> dict[str, Any] | None:
         """``profile``'s timing of ``rank`` (``phases.timeline.step_time``: plain, clean and
@@ -82,10 +82,11 @@ class Profile:
         runs stopped before them: the report then times the recorded steps)."""
         if self.manifest is None:
             return None
-        timing = self.manifest.phases.get("timeline", {}).get("step_time") or {}
-        if not timing.get("plain_median_ms") or "clean_ms" not in timing or timing.get("rank", 0) != rank:
+        timeline = self.manifest.phases.timeline
+        timing = timeline.step_time if timeline else None
+        if timing is None or not timing.plain_median_ms or "clean_ms" not in timing.model_fields_set:
             return None
-        return dict(timing)
+        return timing.to_json() if timing.rank == rank else None
 
     def source_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {
@@ -97,7 +98,8 @@ class Profile:
             info["command"] = self.manifest.command
             info["versions"] = self.manifest.versions
             info["status"] = self.manifest.status
-            dynamo = (self.manifest.phases.get("timeline", {}).get("dynamo") or {}).get("plain")
+            timeline = self.manifest.phases.timeline
+            dynamo = ((timeline.dynamo if timeline else None) or {}).get("plain")
             if dynamo:
                 # Dynamo's own counts after the plain steps, before any profiler or hook ran.
                 info["dynamo"] = dynamo
@@ -145,68 +147,99 @@ def load_profile(
     if path.is_dir() and not rundir.is_run_dir(path):
         return _load_trace_folder(path, ncu, ranks, say, read_traces)
     if path.is_dir():
-        run = rundir.open_run(path)
-        if run.trace.suffix == ".sqlite":
-            # An Nsight Systems timeline: one export holds every device; each is a rank.
-            from kerneltriage.ingest.nsys import read_nsys_all
+        return _load_run_dir(path, ncu, ranks, say, read_traces)
+    return _load_trace_file(path, ncu, ranks, say)
 
-            say(f"reading {run.trace.name}")
-            every = read_nsys_all(run.trace)
-            run.traces = dict.fromkeys(every, run.trace)
-            preloaded = every
-        else:
-            preloaded = {}
-        wanted = sorted(run.traces) if ranks is None else ranks
-        missing = [r for r in wanted if r not in run.traces]
-        if missing:
-            raise InputError(
-                f"rank(s) {', '.join(map(str, missing))} not in the run directory "
-                f"(it has {', '.join(map(str, sorted(run.traces)))})",
-                path=str(path),
-            )
-        timelines = {}
-        for r in wanted if read_traces or preloaded else []:
-            if r in preloaded:
-                timelines[r] = preloaded[r]
-                continue
-            say(f"reading {run.traces[r].name}")
-            timelines[r] = read_timeline(run.traces[r])
-            timelines[r].rank = r
-        # Every-launch captures join first (exact per launch), then one launch per configuration.
-        paths = [Path(ncu)] if ncu else [p for p in (run.ncu_launches_csv, run.ncu_csv) if p is not None]
-        counters = None
-        if paths:
-            parts = []
-            for counters_path in paths:
-                say(f"reading {counters_path.name}")
-                parts.append(read_counters(counters_path))
-            counters = merge_counters(parts)
-        profile = Profile(timelines, counters, run.manifest, path)
-        profile.trace_files = {r: run.traces[r] for r in wanted}
-        # What profile measured about itself (overhead above 5%, counters it could not take).
-        profile.warnings.extend(getattr(run.manifest, "warnings", None) or [])
-        if run.regions:
-            profile.regions = read_regions(run.regions, profile.warnings)
-        ncu_rank = run.manifest.schedule.get("ncu_rank")
-        if ncu_rank is not None and ncu_rank not in run.traces:
-            run.manifest.schedule["ncu_rank"] = None  # this copy: the counters go to the first rank
-            profile.warnings.append(
-                f"the manifest's ncu_rank {ncu_rank} names no trace of the run (it has rank(s) "
-                f"{', '.join(map(str, sorted(run.traces)))}): its counters are joined to rank "
-                f"{min(run.traces)} instead"
-            )
-        expected = run.manifest.ranks
-        if expected and sorted(run.traces) != sorted(expected):
-            absent = sorted(set(expected) - set(run.traces))
-            profile.warnings.append(
-                f"the run recorded ranks {expected} but traces of rank(s) {absent} are missing; "
-                "reporting the ranks present"
-            )
-        if run.manifest.status != "ok":
-            profile.warnings.append(
-                f"the run's status is {run.manifest.status!r}: it may hold fewer steps than asked"
-            )
-        return profile
+
+def _load_run_dir(
+    path: Path, ncu: str | Path | None, ranks: list[int] | None, say: Callable[[str], None], read_traces: bool
+) -> Profile:
+    """A run directory: its manifest, the traces of ``ranks`` (all by default), its counters
+    (or ``ncu``'s), its module signatures, and what the manifest says the report must repeat."""
+    run = rundir.open_run(path)
+    timelines = _run_timelines(run, ranks, say, read_traces)
+    wanted = sorted(run.traces) if ranks is None else ranks
+    # Every-launch captures join first (exact per launch), then one launch per configuration.
+    paths = [Path(ncu)] if ncu else [p for p in (run.ncu_launches_csv, run.ncu_csv) if p is not None]
+    counters = None
+    if paths:
+        parts = []
+        for counters_path in paths:
+            say(f"reading {counters_path.name}")
+            parts.append(read_counters(counters_path))
+        counters = merge_counters(parts)
+    profile = Profile(timelines, counters, run.manifest, path)
+    profile.trace_files = {r: run.traces[r] for r in wanted}
+    # What profile measured about itself (overhead above 5%, counters it could not take).
+    profile.warnings.extend(run.manifest.warnings)
+    if run.regions:
+        profile.regions = read_regions(run.regions, profile.warnings)
+    profile.warnings.extend(_run_warnings(run))
+    return profile
+
+
+def _run_timelines(
+    run: rundir.RunDir, ranks: list[int] | None, say: Callable[[str], None], read_traces: bool
+) -> dict[int, Timeline]:
+    """The timelines of ``ranks`` (all the run's by default; none unless ``read_traces``, but
+    for an Nsight Systems export, read whole). ``run.traces`` names each rank's file after."""
+    if run.trace.suffix == ".sqlite":
+        # An Nsight Systems timeline: one export holds every device; each is a rank.
+        from kerneltriage.ingest.nsys import read_nsys_all
+
+        say(f"reading {run.trace.name}")
+        every = read_nsys_all(run.trace)
+        run.traces = dict.fromkeys(every, run.trace)
+        preloaded = every
+    else:
+        preloaded = {}
+    wanted = sorted(run.traces) if ranks is None else ranks
+    missing = [r for r in wanted if r not in run.traces]
+    if missing:
+        raise InputError(
+            f"rank(s) {', '.join(map(str, missing))} not in the run directory "
+            f"(it has {', '.join(map(str, sorted(run.traces)))})",
+            path=str(run.path),
+        )
+    timelines = {}
+    for r in wanted if read_traces or preloaded else []:
+        if r in preloaded:
+            timelines[r] = preloaded[r]
+            continue
+        say(f"reading {run.traces[r].name}")
+        timelines[r] = read_timeline(run.traces[r])
+        timelines[r].rank = r
+    return timelines
+
+
+def _run_warnings(run: rundir.RunDir) -> list[str]:
+    """What the report must say about the run as a whole: an ncu rank with no trace (its
+    counters then go to the first rank), ranks missing, a run that did not finish."""
+    out = []
+    ncu_rank = run.manifest.schedule.ncu_rank
+    if ncu_rank is not None and ncu_rank not in run.traces:
+        run.manifest.schedule.ncu_rank = None  # this copy: the counters go to the first rank
+        out.append(
+            f"the manifest's ncu_rank {ncu_rank} names no trace of the run (it has rank(s) "
+            f"{', '.join(map(str, sorted(run.traces)))}): its counters are joined to rank "
+            f"{min(run.traces)} instead"
+        )
+    expected = run.manifest.ranks
+    if expected and sorted(run.traces) != sorted(expected):
+        absent = sorted(set(expected) - set(run.traces))
+        out.append(
+            f"the run recorded ranks {expected} but traces of rank(s) {absent} are missing; "
+            "reporting the ranks present"
+        )
+    if run.manifest.status != "ok":
+        out.append(f"the run's status is {run.manifest.status!r}: it may hold fewer steps than asked")
+    return out
+
+
+def _load_trace_file(
+    path: Path, ncu: str | Path | None, ranks: list[int] | None, say: Callable[[str], None]
+) -> Profile:
+    """One trace file (Kineto, or an Nsight Systems export of one or more devices) and ``ncu``."""
     if path.suffix not in (".json", ".gz", ".sqlite", ".nsys-rep", ".qdrep") and not path.name.endswith(
         ".json.gz"
     ):

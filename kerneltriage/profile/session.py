@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import kerneltriage
 from kerneltriage import rundir
@@ -35,6 +35,9 @@ from kerneltriage.profile import nsight_compute as ncu_tools
 from kerneltriage.profile.command import Command, parse_command
 from kerneltriage.profile.hooks import CAPTURE_RANGE, EXIT_NO_GPU, Plan
 from kerneltriage.profile.runner import CONFIG_ENV
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kerneltriage.analysis.hot_kernels import HotKernels
 
 #: Phase 1 warns when the clean steps (GPU busy time) run this much slower than the same
 #: process's plain steps (step time): kernel time barely moves with host time, but a profiler
@@ -173,13 +176,13 @@ def run_profile(argv: list[str], options: Options, reporter: Reporter | None = N
         command=list(argv),
         cwd=os.getcwd(),
         env={k: os.environ[k] for k in _ENV_KEYS if k in os.environ},
-        schedule={
-            "warmup": options.warmup,
-            "steps": options.steps,
-            "step_marker": options.step_marker,
-            "run_to_end": options.run_to_end,
-            "ncu_rank": options.ncu_rank,
-        },
+        schedule=rundir.Schedule(
+            warmup=options.warmup,
+            steps=options.steps,
+            step_marker=options.step_marker,
+            run_to_end=options.run_to_end,
+            ncu_rank=options.ncu_rank,
+        ),
         status="running",
     )
     rundir.write_manifest(out, manifest)
@@ -218,15 +221,33 @@ def run_profile(argv: list[str], options: Options, reporter: Reporter | None = N
 # --- phase 1 ------------------------------------------------------------------------------
 
 
+@dataclass
+class _TimelineRuns:
+    """What the script's runs under the profiler left: the last run's exit code and output,
+    the traces and per-process statuses, and how long the runs took."""
+
+    seconds: float
+    code: int
+    tail: list[str]
+    traces: list[Path]
+    statuses: list[dict[str, Any]]
+    steps_seen: int
+
+
 def _phase_timeline(
-    command: Command, options: Options, out: Path, manifest, say: Reporter, warnings: list[str]
+    command: Command,
+    options: Options,
+    out: Path,
+    manifest: rundir.Manifest,
+    say: Reporter,
+    warnings: list[str],
 ) -> None:
     whole_run = options.step_marker is not None
     config = _write_config(out, "timeline", options, command, whole_run=whole_run)
     say.phase("timeline", "PyTorch profiler" + (" (CPU only)" if options.cpu else ""))
     seconds, code, tail = _run(command.with_runner(), config, out / rundir.LOGS / "phase1", say, manifest)
     statuses = _statuses(out, "timeline")
-    manifest.phases["timeline"] = {"seconds": round(seconds, 2), "exit_code": code}
+    manifest.phases.timeline = rundir.TimelinePhase(seconds=round(seconds, 2), exit_code=code)
     _record_environment(manifest, statuses)
     manifest.exit_code = code
     if code == EXIT_NO_GPU:
@@ -236,98 +257,164 @@ def _phase_timeline(
             "or pass --cpu for a CPU-only dry run of the set-up",
         )
     traces = sorted(out.glob("trace*.json.gz"))
-    steps_seen = max((s.get("steps_seen", 0) for s in statuses), default=0)
-    fitted = _fitted_timing(options, steps_seen) if not traces and not whole_run and code == 0 else None
-    if fitted is not None:
-        # The script ended before the recorded steps (they follow the plain, clean and shapes
-        # steps): run it again with as many timing steps as its length allows.
-        needed = Plan(options.warmup, options.steps, options.timing_steps).stop_after
-        message = (
-            f"the script ran {steps_seen} steps; --warmup {options.warmup}, {options.timing_steps} plain and "
-            f"{options.timing_steps} clean timing steps and --steps {options.steps} need {needed}: "
-            f"profiled again with --timing-steps {fitted}"
-            + (
-                ""
-                if fitted
-                else " (no plain steps: step and idle time are the recorded steps', profiler included)"
-            )
-        )
-        say.warn(message)
-        warnings.append(message)
-        options = dataclasses.replace(options, timing_steps=fitted)
-        manifest.schedule["timing_steps"] = fitted
-        config = _write_config(out, "timeline", options, command, whole_run=False)
-        seconds2, code, tail = _run(
-            command.with_runner(), config, out / rundir.LOGS / "phase1-fit", say, manifest
-        )
-        manifest.phases["timeline"]["seconds"] = round(seconds + seconds2, 2)
-        manifest.exit_code = code
-        seconds += seconds2
-        traces = sorted(out.glob("trace*.json.gz"))
-        statuses = _statuses(out, "timeline")
-        steps_seen = max((s.get("steps_seen", 0) for s in statuses), default=0)
-    if not traces and not whole_run and code == 0 and steps_seen < options.warmup + options.steps:
-        # No step boundary fired often enough: record the whole run instead, and say so.
-        reason = (
-            "no step boundary was seen (no torch.optim step, no kerneltriage.step())"
-            if steps_seen == 0
-            else f"only {steps_seen} steps ran, fewer than --warmup {options.warmup} + --steps {options.steps}"
-        )
-        say.warn(f"{reason}; profiling the whole run instead")
-        warnings.append(f"{reason}: the whole run was profiled as one step")
-        manifest.schedule["whole_run"] = True
-        config = _write_config(out, "timeline", options, command, whole_run=True)
-        seconds2, code, tail = _run(
-            command.with_runner(), config, out / rundir.LOGS / "phase1-whole", say, manifest
-        )
-        manifest.phases["timeline"]["seconds"] = round(seconds + seconds2, 2)
-        manifest.exit_code = code
-        traces = sorted(out.glob("trace*.json.gz"))
-        statuses = _statuses(out, "timeline")
+    runs = _TimelineRuns(seconds, code, tail, traces, statuses, _steps_seen(statuses))
+    options = _rerun_fitted(command, options, out, manifest, say, warnings, runs, whole_run)
+    _rerun_whole(command, options, out, manifest, say, warnings, runs, whole_run)
     if whole_run:
-        manifest.schedule["whole_run"] = True
-    failed = _failed_ranks(command, statuses)
+        manifest.schedule.whole_run = True
+    _stop_on_failure(command, out, manifest, warnings, runs)
+    _record_timeline(out, options, manifest, warnings, runs)
+    say.phase_done(
+        "timeline",
+        runs.seconds,
+        f"{len(runs.traces)} trace(s), steps from {_timeline(manifest).step_source or 'the whole run'}",
+    )
+
+
+def _steps_seen(statuses: list[dict[str, Any]]) -> int:
+    return max((s.get("steps_seen", 0) for s in statuses), default=0)
+
+
+def _rerun_fitted(
+    command: Command,
+    options: Options,
+    out: Path,
+    manifest: rundir.Manifest,
+    say: Reporter,
+    warnings: list[str],
+    runs: _TimelineRuns,
+    whole_run: bool,
+) -> Options:
+    """The script ended before the recorded steps (they follow the plain, clean and shapes
+    steps): run it again with as many timing steps as its length allows. The options used."""
+    ok = not runs.traces and not whole_run and runs.code == 0
+    fitted = _fitted_timing(options, runs.steps_seen) if ok else None
+    if fitted is None:
+        return options
+    needed = Plan(options.warmup, options.steps, options.timing_steps).stop_after
+    message = (
+        f"the script ran {runs.steps_seen} steps; --warmup {options.warmup}, {options.timing_steps} plain and "
+        f"{options.timing_steps} clean timing steps and --steps {options.steps} need {needed}: "
+        f"profiled again with --timing-steps {fitted}"
+        + (
+            ""
+            if fitted
+            else " (no plain steps: step and idle time are the recorded steps', profiler included)"
+        )
+    )
+    say.warn(message)
+    warnings.append(message)
+    options = dataclasses.replace(options, timing_steps=fitted)
+    manifest.schedule.timing_steps = fitted
+    config = _write_config(out, "timeline", options, command, whole_run=False)
+    seconds, runs.code, runs.tail = _run(
+        command.with_runner(), config, out / rundir.LOGS / "phase1-fit", say, manifest
+    )
+    _timeline(manifest).seconds = round(runs.seconds + seconds, 2)
+    manifest.exit_code = runs.code
+    runs.seconds += seconds
+    runs.traces = sorted(out.glob("trace*.json.gz"))
+    runs.statuses = _statuses(out, "timeline")
+    runs.steps_seen = _steps_seen(runs.statuses)
+    return options
+
+
+def _rerun_whole(
+    command: Command,
+    options: Options,
+    out: Path,
+    manifest: rundir.Manifest,
+    say: Reporter,
+    warnings: list[str],
+    runs: _TimelineRuns,
+    whole_run: bool,
+) -> None:
+    """No step boundary fired often enough: record the whole run instead, and say so."""
+    if runs.traces or whole_run or runs.code != 0 or runs.steps_seen >= options.warmup + options.steps:
+        return
+    reason = (
+        "no step boundary was seen (no torch.optim step, no kerneltriage.step())"
+        if runs.steps_seen == 0
+        else f"only {runs.steps_seen} steps ran, fewer than --warmup {options.warmup} + --steps {options.steps}"
+    )
+    say.warn(f"{reason}; profiling the whole run instead")
+    warnings.append(f"{reason}: the whole run was profiled as one step")
+    manifest.schedule.whole_run = True
+    config = _write_config(out, "timeline", options, command, whole_run=True)
+    seconds, runs.code, runs.tail = _run(
+        command.with_runner(), config, out / rundir.LOGS / "phase1-whole", say, manifest
+    )
+    _timeline(manifest).seconds = round(runs.seconds + seconds, 2)
+    manifest.exit_code = runs.code
+    runs.traces = sorted(out.glob("trace*.json.gz"))
+    runs.statuses = _statuses(out, "timeline")
+
+
+def _stop_on_failure(
+    command: Command, out: Path, manifest: rundir.Manifest, warnings: list[str], runs: _TimelineRuns
+) -> None:
+    """Fix up what was recorded, then raise ``ToolError`` if the script failed or left no trace."""
+    failed = _failed_ranks(command, runs.statuses)
     for rank, why in failed.items():
         warnings.append(f"rank {rank} failed: {why}")
-    if traces:
-        _finish_traces(out, statuses, manifest, warnings)  # before any failure: what is kept must read right
-    if code != 0:
-        detail = "\n".join(tail)
+    if runs.traces:
+        _finish_traces(
+            out, runs.statuses, manifest, warnings
+        )  # before any failure: what is kept must read right
+    if runs.code != 0:
+        detail = "\n".join(runs.tail)
         if failed:
             detail = "; ".join(f"rank {r}: {w}" for r, w in failed.items()) + "\n" + detail
-        if not traces:
+        if not runs.traces:
             raise ToolError(
-                f"the script failed (exit code {code}) before any step was recorded; its last output:\n{detail}"
+                f"the script failed (exit code {runs.code}) before any step was recorded; its last output:\n{detail}"
             )
-        manifest.ranks = sorted(s.get("rank", 0) for s in statuses if s.get("trace")) or [0]
+        manifest.ranks = sorted(s.get("rank", 0) for s in runs.statuses if s.get("trace")) or [0]
+        kept = ", ".join(t.name for t in runs.traces)
         raise ToolError(
-            f"the script failed (exit code {code}); what was recorded is kept ({', '.join(t.name for t in traces)}): "
+            f"the script failed (exit code {runs.code}); what was recorded is kept ({kept}): "
             f"`kerneltriage report` can read it. Last output:\n{detail}"
         )
-    if not traces:
+    if not runs.traces:
         raise ToolError("the profiler wrote no trace (see the logs folder of the run directory)")
-    plan = Plan(options.warmup, options.steps, options.timing_steps, bool(manifest.schedule.get("whole_run")))
+
+
+def _record_timeline(
+    out: Path, options: Options, manifest: rundir.Manifest, warnings: list[str], runs: _TimelineRuns
+) -> None:
+    """What the first rank's run says about its steps: where they came from, Dynamo's counts,
+    the plain and clean steps' times."""
+    plan = Plan(options.warmup, options.steps, options.timing_steps, bool(manifest.schedule.whole_run))
+    statuses = runs.statuses
     first = min(statuses, key=lambda s: s.get("rank", 0), default={})
     hooked_steps = 1 if plan.whole_run else max(1, plan.last_recorded - plan.hooks_from + 1)
-    manifest.phases["timeline"].update(
-        steps_seen=steps_seen,
-        step_source=next((s.get("step_source") for s in statuses if s.get("step_source")), None),
-        module_calls_per_step=round(first.get("module_calls", 0) / hooked_steps, 1),
-        traces=[t.name for t in traces],
-    )
+    phase = _timeline(manifest)
+    phase.steps_seen = runs.steps_seen
+    phase.step_source = next((s.get("step_source") for s in statuses if s.get("step_source")), None)
+    phase.module_calls_per_step = round(first.get("module_calls", 0) / hooked_steps, 1)
+    phase.traces = [t.name for t in runs.traces]
     dynamo = first.get("dynamo") or {}
     if dynamo.get("plain") or dynamo.get("end"):
-        manifest.phases["timeline"]["dynamo"] = dynamo
+        phase.dynamo = dynamo
         _dynamo_drift(dynamo, warnings)
     _check_plain_steps(first.get("phases") or [], warnings)
     clean = _clean_summary(out, first, plan, warnings)
     _step_time(first.get("step_times") or {}, plan, manifest, warnings, clean, rank=first.get("rank", 0))
     manifest.ranks = sorted(s.get("rank", 0) for s in statuses if s.get("trace")) or [0]
-    say.phase_done(
-        "timeline",
-        seconds,
-        f"{len(traces)} trace(s), steps from {manifest.phases['timeline']['step_source'] or 'the whole run'}",
-    )
+
+
+def _timeline(manifest: rundir.Manifest) -> rundir.TimelinePhase:
+    """Phase 1's record in the manifest (made when phase 1 starts)."""
+    if manifest.phases.timeline is None:
+        manifest.phases.timeline = rundir.TimelinePhase()
+    return manifest.phases.timeline
+
+
+def _ncu(manifest: rundir.Manifest) -> rundir.NcuPhase:
+    """Phase 2's record in the manifest (made when phase 2 starts)."""
+    if manifest.phases.ncu is None:
+        manifest.phases.ncu = rundir.NcuPhase()
+    return manifest.phases.ncu
 
 
 def _fitted_timing(options: Options, steps_seen: int) -> int | None:
@@ -347,7 +434,9 @@ def _fitted_timing(options: Options, steps_seen: int) -> int | None:
     return fits[0] if fits else 0
 
 
-def _finish_traces(out: Path, statuses: list[dict[str, Any]], manifest, warnings: list[str]) -> None:
+def _finish_traces(
+    out: Path, statuses: list[dict[str, Any]], manifest: rundir.Manifest, warnings: list[str]
+) -> None:
     """Module ranges relabelled, shapes from the shapes step copied in (``trace_fixup``)."""
     from kerneltriage.profile.trace_fixup import finish_trace
 
@@ -371,7 +460,7 @@ def _finish_traces(out: Path, statuses: list[dict[str, Any]], manifest, warnings
             )
             warnings.append(message)
             manifest.warnings.append(message)
-    manifest.phases["timeline"]["trace_fixup"] = done
+    _timeline(manifest).trace_fixup = done
 
 
 def _dynamo_drift(dynamo: dict[str, Any], warnings: list[str]) -> None:
@@ -421,7 +510,7 @@ def _clean_summary(out: Path, status: dict[str, Any], plan: Plan, warnings: list
 def _step_time(
     times: dict[str, Any],
     plan: Plan,
-    manifest,
+    manifest: rundir.Manifest,
     warnings: list[str],
     clean: dict[str, Any] | None = None,
     rank: int = 0,
@@ -433,7 +522,7 @@ def _step_time(
     busy share there × the clean step). The recorded steps give the attribution, and their
     overhead is stated, not used. The clean steps' overhead is warned about above 5%.
     """
-    phase = manifest.phases["timeline"]
+    phase = _timeline(manifest)
     if plan.whole_run:
         return
     clean = clean or {}
@@ -465,7 +554,7 @@ def _step_time(
     if clean.get("gpu_busy_share") is not None and clean_ms:
         step["gpu_busy_ms"] = round(clean["gpu_busy_share"] * clean_ms, 4)
         step.update({f"clean_{k}": v for k, v in clean.items()})
-    phase["step_time"] = step
+    phase.step_time = rundir.StepTime.model_validate(step)
     if not plain:
         if not plan.timing:
             return  # --timing-steps 0: the recorded steps are timed, as asked
@@ -503,7 +592,12 @@ def find_nsys() -> str | None:
 
 
 def _phase_timeline_nsys(
-    command: Command, options: Options, out: Path, manifest, say: Reporter, warnings: list[str]
+    command: Command,
+    options: Options,
+    out: Path,
+    manifest: rundir.Manifest,
+    say: Reporter,
+    warnings: list[str],
 ) -> bool:
     """Phase 1 under Nsight Systems. False when it cannot give a timeline (the caller then
     falls back to the PyTorch profiler): nsys missing, or recording without a report."""
@@ -533,7 +627,7 @@ def _phase_timeline_nsys(
     seconds, code, _ = _run(
         cmd, config, out / rundir.LOGS / "phase1-nsys", say, manifest, timeout=options.ncu_timeout
     )
-    manifest.phases["timeline"] = {"seconds": round(seconds, 2), "exit_code": code, "tool": "nsys"}
+    manifest.phases.timeline = rundir.TimelinePhase(seconds=round(seconds, 2), exit_code=code, tool="nsys")
     rep = report.with_suffix(".nsys-rep")
     if not rep.is_file():
         left = sorted(p.name for p in out.glob("timeline*"))
@@ -579,7 +673,12 @@ def _phase_timeline_nsys(
 
 
 def _phase_ncu(
-    command: Command, options: Options, out: Path, manifest, say: Reporter, warnings: list[str]
+    command: Command,
+    options: Options,
+    out: Path,
+    manifest: rundir.Manifest,
+    say: Reporter,
+    warnings: list[str],
 ) -> None:
     ncu = ncu_tools.find_ncu()
     if ncu is None:
@@ -587,6 +686,40 @@ def _phase_ncu(
         warnings.append("ncu not found: no counters; the report uses shape estimates")
         return
     manifest.versions["ncu"] = ncu_tools.ncu_version(ncu) or "unknown"
+    hot = _hot_kernels(command, options, out)
+    if not hot.names:
+        warnings.append("phase 1 recorded no GPU kernels in the steps: nothing for ncu to profile")
+        return
+    metrics = ncu_tools.metric_list(ncu_tools.available_metrics(ncu))
+    whole_run = bool(manifest.schedule.whole_run)
+    config = _write_config(out, "ncu", options, command, whole_run=whole_run)
+    manifest.phases.ncu = rundir.NcuPhase(
+        kernels=hot.names,
+        expected_configs=hot.configs,
+        coverage_of_gpu_time=round(hot.coverage, 4),
+        metrics=metrics,
+        excluded_communication=hot.left_out,
+        variable_size_kernels=hot.variable,
+        variable_launches_per_step=hot.variable_launches,
+        variable_over_budget=hot.over_budget,
+    )
+    say.phase(
+        "ncu",
+        f"Nsight Compute on {len(hot.names)} hot kernels ({hot.coverage:.0%} of GPU time), "
+        f"~{hot.configs} launch configurations",
+    )
+    passes = _ncu_passes(hot, whole_run)
+    total_seconds, launches, not_run = _run_ncu_passes(
+        ncu, passes, metrics, config, command, options, out, manifest, say, warnings
+    )
+    _ncu(manifest).seconds, _ncu(manifest).profiled_launches = round(total_seconds, 2), launches
+    _hot_without_counters(out, hot, not_run, options.max_variable_launches, manifest, warnings)
+    if (out / rundir.NCU_CSV).is_file() or (out / rundir.NCU_LAUNCHES_CSV).is_file():
+        say.phase_done("ncu", total_seconds, f"{launches} launches profiled")
+
+
+def _hot_kernels(command: Command, options: Options, out: Path) -> HotKernels:
+    """The hot kernels of the ncu rank's phase-1 trace."""
     rank_trace = out / (rundir.TRACE if not command.distributed else f"trace.rank{options.ncu_rank}.json.gz")
     if not rank_trace.is_file() and (out / rundir.TRACE_NSYS).is_file():
         rank_trace = out / rundir.TRACE_NSYS
@@ -597,51 +730,49 @@ def _phase_ncu(
     from kerneltriage.analysis.hot_kernels import select_hot_kernels
     from kerneltriage.ingest.source import read_timeline
 
-    hot = select_hot_kernels(
+    return select_hot_kernels(
         read_timeline(rank_trace),
         load_rules(options.rules_file),
         coverage=options.coverage,
         max_kernels=options.max_kernels,
         max_variable_launches=options.max_variable_launches,
     )
-    if not hot.names:
-        warnings.append("phase 1 recorded no GPU kernels in the steps: nothing for ncu to profile")
-        return
-    metrics = ncu_tools.metric_list(ncu_tools.available_metrics(ncu))
-    whole_run = bool(manifest.schedule.get("whole_run"))
-    config = _write_config(out, "ncu", options, command, whole_run=whole_run)
-    manifest.phases["ncu"] = {
-        "kernels": hot.names,
-        "expected_configs": hot.configs,
-        "coverage_of_gpu_time": round(hot.coverage, 4),
-        "metrics": metrics,
-        "excluded_communication": hot.left_out,
-        "variable_size_kernels": hot.variable,
-        "variable_launches_per_step": hot.variable_launches,
-        "variable_over_budget": hot.over_budget,
-    }
-    say.phase(
-        "ncu",
-        f"Nsight Compute on {len(hot.names)} hot kernels ({hot.coverage:.0%} of GPU time), "
-        f"~{hot.configs} launch configurations",
-    )
-    passes = [("ncu", rundir.NCU_CSV, hot.names, None, hot.configs)]
-    if hot.variable and not whole_run:
-        # Kernels that run several problem sizes under one configuration: every launch, in a
-        # first pass; the per-configuration pass then leaves them out (it runs only if the
-        # first went well).
-        rest = [n for n in hot.names if n not in hot.variable]
-        passes = [
-            (
-                "ncu.launches",
-                rundir.NCU_LAUNCHES_CSV,
-                hot.variable,
-                hot.variable_launches,
-                hot.variable_launches,
-            )
-        ]
-        if rest:
-            passes.append(("ncu", rundir.NCU_CSV, rest, None, hot.configs - hot.variable_configs))
+
+
+#: One ncu pass: its file stem, CSV, kernels, launches to take of each (None: one per
+#: configuration) and the launches expected.
+_NcuPass = tuple[str, str, list[str], int | None, int]
+
+
+def _ncu_passes(hot: HotKernels, whole_run: bool) -> list[_NcuPass]:
+    if not hot.variable or whole_run:
+        return [("ncu", rundir.NCU_CSV, hot.names, None, hot.configs)]
+    # Kernels that run several problem sizes under one configuration: every launch, in a first
+    # pass; the per-configuration pass then leaves them out (it runs only if the first went well).
+    rest = [n for n in hot.names if n not in hot.variable]
+    passes: list[_NcuPass] = [
+        ("ncu.launches", rundir.NCU_LAUNCHES_CSV, hot.variable, hot.variable_launches, hot.variable_launches)
+    ]
+    if rest:
+        passes.append(("ncu", rundir.NCU_CSV, rest, None, hot.configs - hot.variable_configs))
+    return passes
+
+
+def _run_ncu_passes(
+    ncu: str,
+    passes: list[_NcuPass],
+    metrics: list[str],
+    config: Path,
+    command: Command,
+    options: Options,
+    out: Path,
+    manifest: rundir.Manifest,
+    say: Reporter,
+    warnings: list[str],
+) -> tuple[float, int, dict[str, str]]:
+    """Run the passes in order, up to the first that fails: (seconds, launches profiled, kernel
+    -> why it has no counters, for the kernels of the failed pass and of those after it)."""
+    whole_run = bool(manifest.schedule.whole_run)
     total_seconds = 0.0
     launches = 0
     not_run: dict[str, str] = {}
@@ -662,20 +793,17 @@ def _phase_ncu(
         )
         total_seconds += seconds
         launches += done
-        manifest.phases["ncu"][f"{stem}_seconds"] = round(seconds, 2)
+        _ncu(manifest).record_pass(stem, seconds=round(seconds, 2))
         if not ok:
             for later_stem, _, later, _, _ in passes[index:]:
                 why = "failed" if later_stem == stem else f"did not run (the {stem} pass failed)"
                 not_run.update(dict.fromkeys(later, f"its ncu pass ({later_stem}) {why}"))
             break
-    manifest.phases["ncu"].update(seconds=round(total_seconds, 2), profiled_launches=launches)
-    _hot_without_counters(out, hot, not_run, options.max_variable_launches, manifest, warnings)
-    if (out / rundir.NCU_CSV).is_file() or (out / rundir.NCU_LAUNCHES_CSV).is_file():
-        say.phase_done("ncu", total_seconds, f"{launches} launches profiled")
+    return total_seconds, launches, not_run
 
 
 def _hot_without_counters(
-    out: Path, hot, not_run: dict[str, str], budget: int, manifest, warnings: list[str]
+    out: Path, hot, not_run: dict[str, str], budget: int, manifest: rundir.Manifest, warnings: list[str]
 ) -> None:
     """Name every hot kernel that phase 2 left without counters, or with counters for some of
     its launches only, and why."""
@@ -706,7 +834,7 @@ def _hot_without_counters(
             f"the every-launch budget ({budget} a step, {hot.variable_launches} taken by hotter kernels): "
             "one launch per configuration was profiled, launches of its other sizes get no counters",
         )
-    manifest.phases["ncu"]["hot_without_counters"] = missing
+    _ncu(manifest).hot_without_counters = missing
     if missing:
         warnings.append(
             "hot kernels without counters from phase 2: "
@@ -730,7 +858,7 @@ def _ncu_pass(
     csv_name: str,
     expected: int,
     config: Path,
-    manifest,
+    manifest: rundir.Manifest,
     say: Reporter,
     warnings: list[str],
     timeout: float,
@@ -753,7 +881,7 @@ def _ncu_pass(
     )
     rep = out / f"{stem}.ncu-rep"
     if code == TIMED_OUT:
-        manifest.phases["ncu"][f"{stem}_exit_code"] = "timeout"
+        _ncu(manifest).record_pass(stem, exit_code="timeout")
         if "==PROF== Report:" in log and rep.is_file():
             # ncu finished and wrote its report; only the application failed to exit.
             warnings.append(
@@ -768,7 +896,7 @@ def _ncu_pass(
             )
             return False, seconds, progress["done"]
     else:
-        manifest.phases["ncu"][f"{stem}_exit_code"] = code
+        _ncu(manifest).record_pass(stem, exit_code=code)
     if "ERR_NVGPUCTRPERM" in log:
         say.warn(ncu_tools.PERMISSION_HELP)
         warnings.append("ncu could not read the performance counters (ERR_NVGPUCTRPERM): timeline only")
@@ -837,8 +965,8 @@ def _statuses(out: Path, mode: str) -> list[dict[str, Any]]:
     return found
 
 
-def _record_environment(manifest, statuses: list[dict[str, Any]]) -> None:
-    env = next((s["environment"] for s in statuses if s.get("environment")), {})
+def _record_environment(manifest: rundir.Manifest, statuses: list[dict[str, Any]]) -> None:
+    env: dict[str, Any] = next((s["environment"] for s in statuses if s.get("environment")), {})
     for key in ("python", "torch", "cuda", "triton"):
         if env.get(key):
             manifest.versions[key] = str(env[key])
@@ -872,7 +1000,9 @@ def _cached_calibration(gpu_name: str) -> dict[str, Any] | None:
     return cached(gpu_name)
 
 
-def _phase_calibrate(command: Command, out: Path, manifest, say: Reporter, warnings: list[str]) -> None:
+def _phase_calibrate(
+    command: Command, out: Path, manifest: rundir.Manifest, say: Reporter, warnings: list[str]
+) -> None:
     """Measure the GPU's ceilings with the script's own Python (it has torch and triton)."""
     python = command.prefix[0] if command.launcher == "python" else sys.executable
     target = out / rundir.LOGS / "calibration.json"
@@ -887,7 +1017,7 @@ def _phase_calibrate(command: Command, out: Path, manifest, say: Reporter, warni
     )
     if code == 0 and target.is_file():
         manifest.calibration = json.loads(target.read_text())
-        manifest.phases["calibrate"] = {"seconds": round(seconds, 2)}
+        manifest.phases.calibrate = rundir.CalibratePhase(seconds=round(seconds, 2))
         say.phase_done("calibrate", seconds)
     else:
         warnings.append("calibration failed; the report uses datasheet ceilings: " + " | ".join(tail[-3:]))
@@ -908,7 +1038,7 @@ def _run(
     config: Path,
     log_prefix: Path,
     say: Reporter,
-    manifest,
+    manifest: rundir.Manifest,
     on_line: Callable[[str], bool] | None = None,
     timeout: float | None = None,
 ) -> tuple[float, int, list[str]]:

@@ -80,7 +80,7 @@ def plan_candidate(
         candidate=cand,
     )
     messages: list[str] = []
-    if cand.attrs.get("inductor"):
+    if cand.inductor:
         # A kernel Inductor generated: the eager ops it fuses are the reference.
         planned = inductor.plan(cand)
         if planned is not None:

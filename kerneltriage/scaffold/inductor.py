@@ -2,7 +2,7 @@
 reference, and the template is the one of their class, at the kernel's observed shapes.
 
 Inductor names a kernel after the ATen ops it fuses (``triton_per_fused_native_layer_norm_0``);
-the report decodes that list (``attrs["fused_ops"]``) and records the kernel's arguments
+the report decodes that list (``Candidate.fused_ops``) and records the kernel's arguments
 (its launch record: inputs and outputs). From them:
 
 - a norm (``native_layer_norm``, or ``mean`` + ``rsqrt`` as an RMSNorm decomposes) →
@@ -30,7 +30,7 @@ def plan(cand: Candidate) -> tuple[str, str, list[int], str, list[str]] | None:
     """(template, --kind value, x dims, dtype, notes) for an Inductor candidate, or None when
     the report holds no decoded name or no recorded arguments for it. notes[0] is the kernel's
     provenance (the context's ``inductor``), the rest what the scaffold could not reproduce."""
-    ops = list(cand.attrs.get("fused_ops") or [])
+    ops = list(cand.fused_ops or [])
     if not ops or not cand.example:
         return None
     first = cand.example[0]

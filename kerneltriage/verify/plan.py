@@ -9,10 +9,13 @@ an estimate of the time they take.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerneltriage.errors import InputError
 from kerneltriage.verify.apply import check
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kerneltriage.rundir import Manifest
 
 
 @dataclass
@@ -89,8 +92,6 @@ class Plan:
 def recipe_of(candidate: Any) -> dict[str, Any] | None:
     """The candidate's fix recipe (the contract's ``recipe`` mapping), None when it has none."""
     recipe = getattr(candidate, "recipe", None)
-    if recipe is None and isinstance(getattr(candidate, "attrs", None), dict):
-        recipe = candidate.attrs.get("recipe")
     return recipe if isinstance(recipe, dict) else None
 
 
@@ -212,12 +213,14 @@ def _is_torchrun(command: list[str]) -> bool:
     return command[0].rsplit("/", 1)[-1].startswith("torchrun") or "torch.distributed.run" in command
 
 
-def run_seconds(manifest: Any, settings: Settings, step_ms: float | None) -> float | None:
+def run_seconds(manifest: Manifest | None, settings: Settings, step_ms: float | None) -> float | None:
     """One run: the script's start-up (phase 1's time less its steps) plus warm-up and timed
     steps at the report's step time. None when the manifest does not say."""
-    timeline = (getattr(manifest, "phases", None) or {}).get("timeline") or {}
-    seconds, seen = timeline.get("seconds"), timeline.get("steps_seen")
-    step_time = (timeline.get("step_time") or {}).get("plain_median_ms") or step_ms
+    timeline = manifest.phases.timeline if manifest is not None else None
+    if timeline is None:
+        return None
+    seconds, seen = timeline.seconds, timeline.steps_seen
+    step_time = (timeline.step_time.plain_median_ms if timeline.step_time else None) or step_ms
     if not seconds or not step_time:
         return None
     startup = max(0.0, float(seconds) - float(seen or 0) * step_time / 1000.0)

@@ -31,7 +31,7 @@ MI300X = CORPUS / "tracelens-compile-mi300x"
 DLRM = CORPUS / "hta-dlrm-compiled-a100-80g"
 V100 = CORPUS / "hta-compiled-2rank-v100"
 VLLM = CORPUS / "tracelens-vllm-graph-capture-mi300x"
-VOCAB = tuple(load_rules().regions["inductor_op_names"])
+VOCAB = load_rules().regions.inductor_op_names
 
 
 @cache
@@ -140,10 +140,10 @@ def _shapes_step_record(name: str) -> dict:
 
 def test_every_inductor_kernel_of_the_compiled_example_is_a_candidate_with_a_ceiling():
     rep = _report(COMPILE)
-    inductor = [c for c in rep.candidates if c.attrs.get("inductor")]
+    inductor = [c for c in rep.candidates if c.inductor]
     assert len(inductor) >= 20
     for c in inductor:
-        assert c.attrs["fused_ops"], c.name
+        assert c.fused_ops, c.name
         # ncu where the kernel was hot enough to be profiled, else the estimate from its arguments
         assert c.roofline.source in ("ncu", "ncu+estimate", "estimate"), (c.name, c.roofline.source)
         assert c.headroom is not None, c.name
@@ -194,7 +194,7 @@ def test_an_inductor_kernel_at_its_roof_is_skip_compiled_at_roof():
 @pytest.mark.slow  # reads a large trace of the corpus
 def test_without_a_decodable_name_or_arguments_the_estimate_is_unavailable():
     rep = _report(DLRM, min_share=0.001)
-    old = [c for c in rep.candidates if c.attrs.get("inductor")]
+    old = [c for c in rep.candidates if c.inductor]
     assert old
     for c in old:
         assert c.headroom is None and c.roofline.source == "none"
@@ -207,10 +207,10 @@ def test_without_a_decodable_name_or_arguments_the_estimate_is_unavailable():
 
 def test_library_kernels_inside_compiled_code_keep_their_kinds():
     rep = _report(COMPILE)
-    kinds = {c.kind for c in rep.candidates if c.attrs.get("compiled") and not c.attrs.get("inductor")}
+    kinds = {c.kind for c in rep.candidates if c.compiled and not c.inductor}
     assert {"gemm", "attention"} <= kinds
     for c in rep.candidates:
-        if c.attrs.get("compiled") and c.kind == "gemm":
+        if c.compiled and c.kind == "gemm":
             assert c.verdict != "write"
 
 
@@ -296,7 +296,7 @@ def test_launch_records_captured_into_cuda_graphs_hold_no_gpu_time():
 def test_an_eager_run_has_no_compiled_section():
     rep = _report(EAGER)
     assert rep.compiled is None
-    assert not any(c.attrs.get("compiled") for c in rep.candidates)
+    assert not any(c.compiled for c in rep.candidates)
 
 
 # --- scaffold -----------------------------------------------------------------------------------
@@ -382,8 +382,8 @@ def test_diff_matches_compiled_kernels_with_the_eager_ops_they_replaced():
     # both eager RMSNorm candidates (n1 and the residual add + n2) against Inductor's norm kernels
     assert sorted(norm["eager_ids"]) == sorted(c.id for c in eager.candidates if c.kind == "norm")
     kernels = [compiled.candidate(i) for i in norm["compiled_ids"]]
-    assert all(k.attrs.get("inductor") for k in kernels)
-    assert any("rsqrt" in k.attrs["fused_ops"] for k in kernels)
+    assert all(k.inductor for k in kernels)
+    assert any("rsqrt" in k.fused_ops for k in kernels)
     assert norm["speedup"] > 3
     gemm = next(r for r in rows if r["kind"] == "gemm")
     assert gemm["how"] == "kind total (compiled)"
@@ -392,7 +392,7 @@ def test_diff_matches_compiled_kernels_with_the_eager_ops_they_replaced():
     )
     # every compiled candidate is in exactly one row, or listed as unmatched
     ids = [i for r in rows for i in r["compiled_ids"]] + d.compiled["unmatched_compiled_ids"]
-    assert sorted(ids) == sorted(c.id for c in compiled.candidates if c.attrs.get("compiled"))
+    assert sorted(ids) == sorted(c.id for c in compiled.candidates if c.compiled)
     total = sum(r["compiled_ms_per_step"] for r in rows) + d.compiled["unmatched_compiled_ms_per_step"]
     assert total == pytest.approx(d.compiled["compiled_ms_per_step"])
     assert d.to_json()["compiled"]["rows"]

@@ -18,7 +18,7 @@ from kerneltriage.analysis.fixes import (
     parse_recipes,
     render,
 )
-from kerneltriage.analysis.model import Candidate, Roofline, Shapes
+from kerneltriage.analysis.model import ATTRS_FIELDS, Candidate, Roofline, Shapes
 from kerneltriage.analysis.rules import load_rules
 from kerneltriage.errors import RulesError
 
@@ -69,7 +69,11 @@ def cand(kind="norm", verdict="use-builtin", builtin="", module=None, example=()
         builtin=builtin,
         example=list(example),
     )
-    c.attrs.update(kw.pop("attrs", {}))
+    for key, value in kw.pop("attrs", {}).items():
+        if key in ATTRS_FIELDS:  # what the report reads is a typed field of the candidate
+            setattr(c, key, value)
+        else:
+            c.attrs[key] = value
     assert not kw
     return c
 

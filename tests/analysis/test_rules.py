@@ -97,3 +97,45 @@ def test_unknown_keys_are_warned_with_the_closest_known_key(tmp_path, text, key,
         and f"closest known key is {closest!r}" in rules.warnings[0]
     )
     assert load_rules().warnings == []
+
+
+def test_a_users_pattern_is_compiled_once_at_load_and_matched_from_the_model(tmp_path, monkeypatch):
+    import re2
+
+    compiled: list[str] = []
+    real = re2.compile
+
+    def counting(pattern, *args):
+        compiled.append(pattern)
+        return real(pattern, *args)
+
+    monkeypatch.setattr(re2, "compile", counting)
+    user = tmp_path / "mine.yaml"
+    user.write_text("regions:\n  attention:\n    softcap_ops: ['^aten::(tanh|softcap_kt_test)$']\n")
+    rules = load_rules(user)
+    assert compiled == ["^aten::(tanh|softcap_kt_test)$"]  # checked with its file, compiled once
+    (pattern,) = rules.regions.attention.softcap_ops
+    assert pattern.search("aten::softcap_kt_test") and not pattern.search("aten::tanh_")
+    for name in ("aten::tanh", "aten::softcap_kt_test", "aten::mul", "aten::tanh"):
+        rules.match(name, "attention", "softcap_ops")
+    assert rules.match("aten::softcap_kt_test", "attention", "softcap_ops")
+    assert len(compiled) == 1  # matching never compiles again
+    load_rules(user)
+    assert len(compiled) == 1  # nor does loading the same file again
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("regions:\n  norms: [{variant: rmsnorm, any_of: ['(a)\\1']}]\n", "regions.norms.0.any_of.0"),
+        ("recommendations:\n  norm: {already: ['(?=x)']}\n", "recommendations.norm.already.0"),
+        ("op_classes: [{kind: gemm, kernels: ['[unclosed']}]\n", "op_classes.0.kernels.0"),
+    ],
+)
+def test_a_bad_pattern_fails_at_load_naming_its_file_and_key(tmp_path, text, key):
+    user = tmp_path / "bad.yaml"
+    user.write_text(text)
+    with pytest.raises(RulesError) as err:
+        load_rules(user)
+    message = str(err.value)
+    assert message.startswith(f"{user}: {key}: ") and len(message.splitlines()) == 1, message

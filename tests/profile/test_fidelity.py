@@ -252,7 +252,7 @@ def test_the_step_time_is_the_plain_steps_and_the_clean_overhead_is_warned_above
     clean = {"gpu_busy_share": 0.8, "window_ms": 181.0, "kernels_per_step": 1510.0}
     quiet = rundir.Manifest(phases={"timeline": {}})
     session._step_time({**times, "clean_median_ms": 36.2}, plan, quiet, [], clean)
-    step = quiet.phases["timeline"]["step_time"]
+    step = quiet.phases.timeline.step_time.to_json()
     # The recorded steps' cost is stated, not warned about: the report does not time them.
     assert quiet.warnings == [] and step["attribution_overhead"] == pytest.approx(55.4 / 35.0 - 1, abs=1e-4)
     assert step["overhead"] == pytest.approx(36.2 / 35.0 - 1, abs=1e-4)
@@ -269,7 +269,7 @@ def test_the_step_time_is_the_plain_steps_and_the_clean_overhead_is_warned_above
     unmeasured = rundir.Manifest(phases={"timeline": {}})
     notes: list[str] = []
     session._step_time({"recorded_median_ms": 24.1, "recorded_ms": [24.1]}, plan, unmeasured, notes)
-    assert unmeasured.phases["timeline"]["step_time"]["overhead"] is None
+    assert unmeasured.phases.timeline.step_time.overhead is None
     assert any("not measured" in n for n in notes)
     asked = rundir.Manifest(phases={"timeline": {}})
     notes = []

@@ -169,7 +169,7 @@ def test_phase_two_end_to_end_with_a_stand_in_ncu(tmp_path, monkeypatch, fake_nc
     assert gzip.decompress((out / rundir.NCU_CSV).read_bytes()) == gzip.decompress(
         NCU_PER_CONFIG.read_bytes()
     )
-    phase = manifest.phases["ncu"]
+    phase = manifest.phases.ncu.to_json()
     # The persistent cuBLAS GEMM runs several sizes under one launch configuration: a first
     # pass profiles its every launch, then one launch per configuration for the rest (the
     # stand-in prints the recorded 30-kernel log for each pass).
@@ -223,7 +223,7 @@ def test_missing_ncu_means_timeline_only(tmp_path, monkeypatch):
     monkeypatch.setattr(ncu_tools, "find_ncu", lambda: None)
     out = _run_dir(tmp_path)
     manifest, warnings, _ = _phase(out, tmp_path, monkeypatch)
-    assert "ncu" not in manifest.phases
+    assert manifest.phases.ncu is None
     assert any("ncu" in w and "not" in w for w in warnings)
 
 
@@ -236,7 +236,7 @@ def test_a_hung_ncu_is_stopped_and_the_timeline_kept(tmp_path, monkeypatch, fake
     manifest, warnings, events = _phase(out, tmp_path, monkeypatch, ncu_timeout=3.0)
     assert time.perf_counter() - start < 60
     assert any("stopped after 3 s" in w for w in warnings)
-    assert manifest.phases["ncu"]["ncu.launches_exit_code"] == "timeout"
+    assert manifest.phases.ncu.to_json()["ncu.launches_exit_code"] == "timeout"
     assert not (out / rundir.NCU_CSV).exists() and (out / rundir.TRACE).is_file()
     assert len(events) == 1  # the progress line before the hang was seen
 
@@ -245,7 +245,7 @@ def test_a_report_written_before_a_hang_is_kept(tmp_path, monkeypatch, fake_ncu)
     monkeypatch.setenv("FAKE_NCU_MODE", "report-then-hang")
     out = _run_dir(tmp_path)
     manifest, warnings, _ = _phase(out, tmp_path, monkeypatch, ncu_timeout=3.0)
-    assert manifest.phases["ncu"]["ncu_exit_code"] == "timeout"
+    assert manifest.phases.ncu.to_json()["ncu_exit_code"] == "timeout"
     assert (out / rundir.NCU_CSV).is_file() and (out / rundir.NCU_LAUNCHES_CSV).is_file()
     assert any("counters are kept" in w for w in warnings)
 
@@ -260,7 +260,7 @@ def test_phase_two_picks_kernels_with_the_users_rules(tmp_path, monkeypatch, fak
     )
     out = _run_dir(tmp_path)
     manifest, _, _ = _phase(out, tmp_path, monkeypatch, rules_file=rules)
-    phase = manifest.phases["ncu"]
+    phase = manifest.phases.ncu.to_json()
     assert phase["excluded_communication"] == ["softmax_warp_forward"]
     assert "softmax_warp_forward" not in phase["kernels"]
 
@@ -271,7 +271,7 @@ def test_variable_size_kernels_over_the_launch_budget_are_named(tmp_path, monkey
     # 30 holds the hotter GEMM (21 launches a step), not the other (20).
     out = _run_dir(tmp_path)
     manifest, warnings, _ = _phase(out, tmp_path, monkeypatch, max_variable_launches=30)
-    phase = manifest.phases["ncu"]
+    phase = manifest.phases.ncu.to_json()
     assert phase["variable_size_kernels"] == ["nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"]
     assert phase["variable_over_budget"] == {"nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT": 20}
     why = phase["hot_without_counters"]["nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT"]

@@ -68,7 +68,7 @@ def test_an_nsys_export_is_the_timeline(tmp_path, monkeypatch, fake_nsys):
         "--pytorch=autograd-nvtx" in profile_call
         and "-m kerneltriage.profile.runner train.py" in profile_call
     )
-    assert manifest.phases["timeline"]["tool"] == "nsys"
+    assert manifest.phases.timeline.tool == "nsys"
     (out / rundir.MANIFEST).write_text(json.dumps(manifest.to_json()))
     reports = build_reports(out, gpu="H100-SXM")
     assert sorted(reports) == [0, 1]  # every device of the export is a rank

@@ -108,7 +108,7 @@ def test_every_candidate_in_table_and_details(report, page):
     )  # the example's aten::to
     for c in report.candidates:
         assert f'<td><a href="#{c.id}">{c.id}</a></td>' in table
-        full = escape(c.attrs.get("full_name") or c.name)
+        full = escape(c.full_name or c.name)
         assert f'<a href="#{c.id}" title="{full}">{breakable(c.name)}</a>' in table  # full name on hover
         assert f'id="{c.id}"' in details
         body = section(page, c.id)

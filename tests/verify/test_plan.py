@@ -77,7 +77,7 @@ def test_plan_with_recipes_in_the_contracts_shape(naive):
     assert c3.how == "runner: norm-swap" and c3.recipe_id == "builtin-norm"
     assert plan.runs == 2 * 3  # baseline + two fixes, twice each
     # One run: phase 1's start-up (its seconds less its steps) plus 13 steps at the step time.
-    tl = manifest.phases["timeline"]
+    tl = manifest.phases.timeline.to_json()
     one = tl["seconds"] - tl["steps_seen"] * report.step_time_ms / 1000 + 13 * report.step_time_ms / 1000
     assert plan.seconds == pytest.approx(6 * one)
     text = "\n".join(describe(plan))

@@ -36,7 +36,7 @@ def attention_from_candidate(origin: Origin, gpu: GPUSpec) -> dict[str, Any] | N
     example = cand.example
     names = [short_name(op) for op in example]
     notes = []
-    q = attrs.get("q")
+    q = cand.q
     k = attrs.get("k")
     v = attrs.get("v")
     dtype = trace_dtype(attrs.get("dtype"))

@@ -17,7 +17,8 @@ from kerneltriage.errors import InputError
 
 
 class Pattern(Protocol):
-    pattern: Any
+    @property
+    def pattern(self) -> Any: ...
 
     def search(self, text: str, *args: Any) -> Any: ...
 

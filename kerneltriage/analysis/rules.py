@@ -20,14 +20,15 @@ import yaml
 
 from kerneltriage.analysis.fixes import Recipe, load_recipes, parse_recipes
 from kerneltriage.analysis.kernel_classes import KernelClass, classify_kernel
-from kerneltriage.analysis.rules_schema import RulesFile, check_rules_file
+from kerneltriage.analysis.rules_schema import CUTOFF_DEFAULTS, RulesFile, check_rules_file
+from kerneltriage.analysis.vocabulary import Verdict
 from kerneltriage.errors import RulesError
 from kerneltriage.inputs import read_text
 from kerneltriage.patterns import Pattern, compile_user_pattern
 from kerneltriage.resources import data_path
 
 SCHEMA = "kerneltriage.rules/1"
-VERDICTS = ("write", "use-builtin", "compile", "skip")
+VERDICTS = tuple(v.value for v in Verdict)
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,38 @@ class Thresholds:
 
     def to_json(self) -> dict[str, float]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Cutoffs:
+    """The cut-offs the verdicts apply beyond the three conditions, under ``thresholds:`` in
+    the rules beside the named thresholds (default.yaml says what each is and where its figure
+    came from). Not command-line flags and not in the report's JSON ``thresholds``; a rules
+    file that leaves one out keeps ``rules_schema.CUTOFF_DEFAULTS``, the shipped figure."""
+
+    at_roof: float
+    near_floor: float
+    library_vendor_share: float
+    switch_ratio: float
+    switch_min_rate: float
+    fp32_simt_share: float
+    fp32_min_speedup: float
+    layout_share: float
+    compiles_also_min_share: float
+
+
+#: Cut-off -> (lowest, highest, what the range means), checked as ``RANGES`` are.
+CUTOFF_RANGES: dict[str, tuple[float, float, str]] = {
+    "at_roof": (1.0, math.inf, "a ratio of times and must be at least 1"),
+    "near_floor": (1.0, math.inf, "a multiple of the launch floor and must be at least 1"),
+    "library_vendor_share": (0.0, 1.0, "a share of kernel time and must be in [0, 1]"),
+    "switch_ratio": (1.0, math.inf, "a ratio of rates and must be at least 1"),
+    "switch_min_rate": (0.0, 1.0, "a share of the measured rate and must be in [0, 1]"),
+    "fp32_simt_share": (0.0, 1.0, "a share of kernel time and must be in [0, 1]"),
+    "fp32_min_speedup": (1.0, math.inf, "a ratio of ceilings and must be at least 1"),
+    "layout_share": (0.0, 1.0, "a share of kernel time and must be in [0, 1]"),
+    "compiles_also_min_share": (0.0, 1.0, "a share of the step and must be in [0, 1]"),
+}
 
 
 #: Threshold name -> type, in the order of ``Thresholds`` (and of the report's JSON).
@@ -98,6 +131,7 @@ class Rules:
     """Validated rules. ``raw`` keeps the merged YAML for the report's provenance."""
 
     thresholds: Thresholds
+    cutoffs: Cutoffs
     classes: list[OpClass]
     library_ops: tuple[Pattern, ...]
     regions: dict[str, Any]
@@ -110,6 +144,8 @@ class Rules:
     kernel_kinds: dict[str, str] = field(default_factory=dict)
     unabsorbed_kinds: frozenset[str] = frozenset()
     extension_ops: tuple[Pattern, ...] = ()
+    # Kernels that only transpose a layout (NCHW <-> NHWC) around a convolution.
+    layout_kernels: tuple[Pattern, ...] = ()
     # A rules file's own fix recipes (fixes.yaml's shape), tried before the shipped ones.
     fixes: tuple[Recipe, ...] = ()
     # What the rules file said that this version does not read (unknown keys), one line each.
@@ -192,7 +228,7 @@ class Rules:
     def recommendation(self, kind: str, variant: str | None = None) -> dict[str, Any]:
         if variant and f"{kind}/{variant}" in self.recommendations:
             return self.recommendations[f"{kind}/{variant}"]
-        return self.recommendations.get(kind) or self.recommendations.get("other", {"verdict": "write"})
+        return self.recommendations.get(kind) or self.recommendations.get("other", {"verdict": Verdict.WRITE})
 
     def patterns(self, *keys: str) -> tuple[Pattern, ...]:
         """Compiled patterns from ``regions`` (e.g. ``patterns("attention", "matmul_ops")``)."""
@@ -300,11 +336,10 @@ def _compile(pattern: Any, where: str) -> Pattern:
 
 
 def _thresholds(given: dict[str, Any], where: str, overridden: set[str]) -> Thresholds:
-    unknown = sorted(set(given) - set(THRESHOLDS))
+    unknown = sorted(set(given) - set(THRESHOLDS) - set(CUTOFF_RANGES))
     if unknown:
-        raise RulesError(
-            f"unknown threshold(s) {', '.join(unknown)}; known: {', '.join(THRESHOLDS)}", path=where
-        )
+        known = ", ".join([*THRESHOLDS, *CUTOFF_RANGES])
+        raise RulesError(f"unknown threshold(s) {', '.join(unknown)}; known: {known}", path=where)
     values: dict[str, Any] = {}
     for name, kind in THRESHOLDS.items():
         # An error in a value given on the command line names its flag, not the rules file.
@@ -329,6 +364,24 @@ def _thresholds(given: dict[str, Any], where: str, overridden: set[str]) -> Thre
     return Thresholds(**values)
 
 
+def _cutoffs(given: dict[str, Any], where: str) -> Cutoffs:
+    """The verdicts' cut-offs: each one given, else its shipped figure, in its range."""
+    values: dict[str, float] = {}
+    for name, (low, high, meaning) in CUTOFF_RANGES.items():
+        value = given.get(name, CUTOFF_DEFAULTS[name])
+        try:
+            if isinstance(value, bool) or not math.isfinite(float(value)):
+                raise ValueError
+        except (TypeError, ValueError, OverflowError):
+            raise RulesError(
+                f"threshold {name!r} must be a number (finite), got {value!r}", path=where
+            ) from None
+        if not low <= float(value) <= high:
+            raise RulesError(f"{name} is {meaning}; got {value!r}", path=where)
+        values[name] = float(value)
+    return Cutoffs(**values)
+
+
 def _fixes(entries: Any, where: str) -> tuple[Recipe, ...]:
     """A rules file's own fix recipes (the shape of ``fixes.yaml``'s), tried before the
     shipped ones."""
@@ -342,6 +395,7 @@ def _fixes(entries: Any, where: str) -> tuple[Recipe, ...]:
 def _validate(raw: dict[str, Any], sources: list[str], overridden: set[str]) -> Rules:
     where = sources[-1]
     thresholds = _thresholds(raw.get("thresholds") or {}, where, overridden)
+    cutoffs = _cutoffs(raw.get("thresholds") or {}, where)
 
     classes = []
     for i, entry in enumerate(raw.get("op_classes") or []):
@@ -374,7 +428,7 @@ def _validate(raw: dict[str, Any], sources: list[str], overridden: set[str]) -> 
             raise RulesError(
                 f"recommendations.{key}.verdict must be one of {', '.join(VERDICTS)}", path=where
             )
-        if rec["verdict"] == "skip" and not rec.get("reason"):
+        if rec["verdict"] == Verdict.SKIP and not rec.get("reason"):
             raise RulesError(f"recommendations.{key}: a skip needs a 'reason'", path=where)
 
     regions = raw.get("regions") or {}
@@ -390,6 +444,7 @@ def _validate(raw: dict[str, Any], sources: list[str], overridden: set[str]) -> 
         raise RulesError("regions.unabsorbed_kinds must be a list of kinds", path=where)
     rules = Rules(
         thresholds=thresholds,
+        cutoffs=cutoffs,
         classes=classes,
         library_ops=tuple(_compile(p, "library_ops") for p in raw.get("library_ops") or []),
         regions=regions,
@@ -399,12 +454,14 @@ def _validate(raw: dict[str, Any], sources: list[str], overridden: set[str]) -> 
         kernel_kinds=dict(kernel_kinds),
         unabsorbed_kinds=frozenset(unabsorbed),
         extension_ops=tuple(_compile(p, "extension_ops") for p in raw.get("extension_ops") or []),
+        layout_kernels=tuple(_compile(p, "layout_kernels") for p in raw.get("layout_kernels") or []),
         fixes=_fixes(raw.get("fixes") or [], where),
     )
     # Compile every region pattern once now, so a bad one fails here and not mid-report.
     for key in ("matmul_ops", "softmax_ops", "causal_ops", "mask_ops", "softcap_ops", "dropout_ops"):
         rules.patterns("attention", key)
     rules.patterns("residual_add_ops")
+    rules.patterns("gemm_leaf_ops")
     rules.patterns("compiled_ops")
     for i, norm in enumerate(regions.get("norms") or []):
         if not isinstance(norm, dict) or "variant" not in norm:

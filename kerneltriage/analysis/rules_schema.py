@@ -13,13 +13,39 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError
 
 from kerneltriage.errors import RulesError
 from kerneltriage.ingest.schemas import describe
 
 _Open = ConfigDict(extra="allow")
 Patterns = list[StrictStr]
+
+
+Number = StrictFloat | StrictInt
+
+
+class Thresholds(BaseModel):
+    """``thresholds:``. The named thresholds (``rules.Thresholds``) are numbers checked by
+    rules.py, which names a command-line flag when one gave it; the verdicts' cut-offs
+    (``rules.Cutoffs``) are typed here, each defaulting to its figure in default.yaml."""
+
+    model_config = _Open
+    at_roof: Number = 1.1
+    near_floor: Number = 3.0
+    library_vendor_share: Number = 0.5
+    switch_ratio: Number = 1.15
+    switch_min_rate: Number = 0.8
+    fp32_simt_share: Number = 0.5
+    fp32_min_speedup: Number = 2.0
+    layout_share: Number = 0.1
+    compiles_also_min_share: Number = 0.01
+
+
+#: The cut-offs a rules file leaves out take these (default.yaml gives the same figures).
+CUTOFF_DEFAULTS: dict[str, float] = {
+    name: float(field.default) for name, field in Thresholds.model_fields.items()
+}
 
 
 class OpClassEntry(BaseModel):
@@ -67,6 +93,7 @@ class Regions(BaseModel):
     attention: Attention = Attention()
     norms: list[Norm] = []
     residual_add_ops: Patterns = []
+    gemm_leaf_ops: Patterns = []
     kind_priority: list[StrictStr] = []
 
 
@@ -75,12 +102,12 @@ class RulesFile(BaseModel):
 
     model_config = _Open
     schema_: StrictStr | None = Field(default=None, alias="schema")
-    # Values are numbers checked by rules.py, which names a command-line flag when one gave it.
-    thresholds: dict[StrictStr, Any] = {}
+    thresholds: Thresholds = Thresholds()
     op_classes: list[OpClassEntry] = []
     kernel_kinds: dict[StrictStr, StrictStr] = {}
     extension_ops: Patterns = []
     library_ops: Patterns = []
+    layout_kernels: Patterns = []
     regions: Regions = Regions()
     recommendations: dict[StrictStr, Recommendation] = {}
     # Fix recipes in fixes.yaml's shape; analysis/fixes.py validates each one.

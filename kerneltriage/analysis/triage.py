@@ -38,6 +38,7 @@ from kerneltriage.analysis.model import Gap, Idle, Report
 from kerneltriage.analysis.roofline import raised_roofs, with_raised_roofs
 from kerneltriage.analysis.rules import Rules
 from kerneltriage.analysis.verdict import compiled_graph_advice, decide
+from kerneltriage.analysis.vocabulary import Verdict
 from kerneltriage.errors import TraceFormatError
 from kerneltriage.ingest.ncu_csv import Counters
 from kerneltriage.ingest.tables import Timeline
@@ -125,7 +126,9 @@ def triage(
         compiled = dict(compiled or {})
         compiled["dynamo"] = source["dynamo"]
     compiled_graph_advice(compiled, rules, env)
-    candidates.sort(key=lambda c: (c.verdict != "skip", c.expected_saving_share, c.time_share), reverse=True)
+    candidates.sort(
+        key=lambda c: (c.verdict != Verdict.SKIP, c.expected_saving_share, c.time_share), reverse=True
+    )
     for i, c in enumerate(candidates, 1):
         c.rank = i
     unattributed = in_step[(in_step["op"] < 0) & in_step["module"].isna() & in_step["region"].isna()]

@@ -20,6 +20,7 @@ from typing import Any
 
 from kerneltriage.analysis.estimate import tensor_inputs
 from kerneltriage.analysis.model import Candidate, Report, json_safe
+from kerneltriage.analysis.vocabulary import Verdict
 
 SCHEMA = "kerneltriage.diff/1"
 _REGRESSION = 0.05  # slower by more than this share of its own time
@@ -114,7 +115,7 @@ def compare(before: Report, after: Report, names: tuple[str, str] = ("before", "
                 realized_saving_share=(t_b - t_a) / step_b if step_b else 0.0,
                 ceiling_ms_per_step=ceiling,
                 ceiling_reached=(ceiling / t_a) if ceiling and t_a else None,
-                verdict_before=lead.verdict + (f" ({lead.reason})" if lead.verdict == "skip" else ""),
+                verdict_before=lead.verdict + (f" ({lead.reason})" if lead.verdict == Verdict.SKIP else ""),
                 how=how,
                 verified=[dict(c.verification) for c in b_list if c.verification],
             )
@@ -196,7 +197,7 @@ def _compiled_section(before: Report, after: Report, matches: list[Match]) -> di
     # Every actionable verdict before (compile first): did compiling realize its prediction?
     checks = []
     for m in matches:
-        if m.verdict_before.startswith("skip") or not m.predicted_saving_share:
+        if m.verdict_before.startswith(Verdict.SKIP) or not m.predicted_saving_share:
             continue
         checks.append(
             {
@@ -208,7 +209,9 @@ def _compiled_section(before: Report, after: Report, matches: list[Match]) -> di
                 "compiled": any(i in by_id and by_id[i].compiled for i in m.ids["after"]),
             }
         )
-    checks.sort(key=lambda c: (not c["verdict_before"].startswith("compile"), -c["predicted_saving_share"]))
+    checks.sort(
+        key=lambda c: (not c["verdict_before"].startswith(Verdict.COMPILE), -c["predicted_saving_share"])
+    )
     compiled_after = sum(c.time_ms_per_step for c in after.candidates if c.compiled)
     matched_after = {i for r in rows for i in r["compiled_ids"]}
     unmatched = [c for c in after.candidates if c.compiled and c.id not in matched_after]

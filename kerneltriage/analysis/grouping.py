@@ -23,9 +23,6 @@ from kerneltriage.analysis.rules import Rules
 from kerneltriage.ingest.kernel_names import base_name
 from kerneltriage.ingest.tables import Timeline
 
-_GEMM_LEAF = re.compile(
-    r"^aten::(mm|bmm|addmm|baddbmm|_scaled_mm|matmul|_addmm_activation|convolution|_convolution)$"
-)
 _BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
 
 
@@ -45,9 +42,12 @@ class Group:
     attrs: dict[str, Any] = field(default_factory=dict)
 
 
-def _compute_types(timeline: Timeline, attr: Attribution, roots: set[int]) -> dict[int, str | None]:
+def _compute_types(
+    timeline: Timeline, attr: Attribution, roots: set[int], rules: Rules
+) -> dict[int, str | None]:
     """The dtype a GEMM-like top-level op computes in: its innermost matmul's input type
-    (under autocast ``aten::linear`` sees float inputs and casts them inside)."""
+    (the rules' ``regions.gemm_leaf_ops``; under autocast ``aten::linear`` sees float inputs
+    and casts them inside)."""
     cpu = timeline.cpu
     names = cpu["name"].astype(str).to_numpy()
     types = cpu["types"].to_numpy()
@@ -55,7 +55,7 @@ def _compute_types(timeline: Timeline, attr: Attribution, roots: set[int]) -> di
     for r in roots:
         found = None
         for c in attr.cpu_children_of_root.get(r, []):
-            if _GEMM_LEAF.match(names[c]) and types[c] >= 0:
+            if rules.match(names[c], "gemm_leaf_ops") and types[c] >= 0:
                 t = timeline.arg(int(types[c]))
                 if t:
                     found = t[0]
@@ -199,7 +199,7 @@ def _group_forward_ops(
     names = kinds.names
     starts = timeline.cpu["start"].to_numpy()
     row_group: dict[tuple[int, int], tuple] = {}
-    compute_types = _compute_types(timeline, attr, set(fwd["fwd_root"].unique().tolist()))
+    compute_types = _compute_types(timeline, attr, set(fwd["fwd_root"].unique().tolist()), rules)
     for step, frame in fwd.groupby("step"):
         rows = sorted(set(frame["fwd_root"].tolist()), key=lambda r: starts[r])
         ops = []

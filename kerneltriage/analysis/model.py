@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.analysis.rules import Thresholds
+from kerneltriage.analysis.vocabulary import Verdict
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -100,7 +101,7 @@ class Candidate:
     headroom: float | None
     shapes: Shapes
     conditions: dict[str, Condition]
-    verdict: str = "skip"
+    verdict: Verdict = Verdict.SKIP
     reason: str = ""
     builtin: str | None = None
     note: str = ""
@@ -146,7 +147,7 @@ class Candidate:
         """Actionable and not disproved: a fix verify refuted, or one that changes the
         model's results, is not worth acting on as pasted."""
         status = (self.verification or {}).get("status")
-        return self.verdict != "skip" and status not in ("refuted", "changes-results")
+        return self.verdict != Verdict.SKIP and status not in ("refuted", "changes-results")
 
     @property
     def expected_saving_ms(self) -> float:

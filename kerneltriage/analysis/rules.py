@@ -20,6 +20,7 @@ import yaml
 from kerneltriage.analysis.fixes import Recipe, load_recipes, parse_recipes
 from kerneltriage.analysis.kernel_classes import KernelClass, classify_kernel
 from kerneltriage.analysis.rules_schema import (
+    CUTOFF_DEFAULTS,
     Norm,
     OpClassEntry,
     Recommendation,
@@ -29,6 +30,7 @@ from kerneltriage.analysis.rules_schema import (
     validate_rules,
 )
 from kerneltriage.analysis.rules_schema import default_rules_path as default_rules_path
+from kerneltriage.analysis.vocabulary import Verdict
 from kerneltriage.errors import RulesError
 from kerneltriage.inputs import read_text
 from kerneltriage.patterns import Pattern
@@ -57,6 +59,38 @@ class Thresholds:
 
     def to_json(self) -> dict[str, float]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Cutoffs:
+    """The cut-offs the verdicts apply beyond the three conditions, under ``thresholds:`` in
+    the rules beside the named thresholds (default.yaml says what each is and where its figure
+    came from). Not command-line flags and not in the report's JSON ``thresholds``; a rules
+    file that leaves one out keeps ``rules_schema.CUTOFF_DEFAULTS``, the shipped figure."""
+
+    at_roof: float
+    near_floor: float
+    library_vendor_share: float
+    switch_ratio: float
+    switch_min_rate: float
+    fp32_simt_share: float
+    fp32_min_speedup: float
+    layout_share: float
+    compiles_also_min_share: float
+
+
+#: Cut-off -> (lowest, highest, what the range means), checked as ``RANGES`` are.
+CUTOFF_RANGES: dict[str, tuple[float, float, str]] = {
+    "at_roof": (1.0, math.inf, "a ratio of times and must be at least 1"),
+    "near_floor": (1.0, math.inf, "a multiple of the launch floor and must be at least 1"),
+    "library_vendor_share": (0.0, 1.0, "a share of kernel time and must be in [0, 1]"),
+    "switch_ratio": (1.0, math.inf, "a ratio of rates and must be at least 1"),
+    "switch_min_rate": (0.0, 1.0, "a share of the measured rate and must be in [0, 1]"),
+    "fp32_simt_share": (0.0, 1.0, "a share of kernel time and must be in [0, 1]"),
+    "fp32_min_speedup": (1.0, math.inf, "a ratio of ceilings and must be at least 1"),
+    "layout_share": (0.0, 1.0, "a share of kernel time and must be in [0, 1]"),
+    "compiles_also_min_share": (0.0, 1.0, "a share of the step and must be in [0, 1]"),
+}
 
 
 #: Threshold name -> type, in the order of ``Thresholds`` (and of the report's JSON).
@@ -94,6 +128,7 @@ class Rules:
 
     thresholds: Thresholds
     file: RulesFile
+    cutoffs: Cutoffs
     sources: list[str]
     # A rules file's own fix recipes (fixes.yaml's shape), tried before the shipped ones.
     fixes: tuple[Recipe, ...] = ()
@@ -114,6 +149,11 @@ class Rules:
     def extension_ops(self) -> tuple[Pattern, ...]:
         """Ops of a library or extension namespace (fbgemm::, vllm::, …), judged by their kernels."""
         return self.file.extension_ops
+
+    @property
+    def layout_kernels(self) -> tuple[Pattern, ...]:
+        """Kernels that only transpose a layout (NCHW <-> NHWC) around a convolution."""
+        return self.file.layout_kernels
 
     @property
     def regions(self) -> Regions:
@@ -222,7 +262,7 @@ class Rules:
         return tuple(node)
 
 
-_WRITE = Recommendation(verdict="write")
+_WRITE = Recommendation(verdict=Verdict.WRITE)
 
 
 def load_rules(user_file: str | Path | None = None, overrides: dict[str, float] | None = None) -> Rules:
@@ -244,6 +284,7 @@ def load_rules(user_file: str | Path | None = None, overrides: dict[str, float] 
     merged = validate_rules(raw, where, merged=True)
     return Rules(
         thresholds=thresholds,
+        cutoffs=_cutoffs(raw.get("thresholds") or {}, where),
         file=merged,
         sources=sources,
         fixes=parse_recipes(merged.fixes, where, user=True),
@@ -299,11 +340,10 @@ def _merge(base: Any, over: Any) -> Any:
 
 
 def _thresholds(given: dict[str, Any], where: str, overridden: set[str]) -> Thresholds:
-    unknown = sorted(set(given) - set(THRESHOLDS))
+    unknown = sorted(set(given) - set(THRESHOLDS) - set(CUTOFF_RANGES))
     if unknown:
-        raise RulesError(
-            f"unknown threshold(s) {', '.join(unknown)}; known: {', '.join(THRESHOLDS)}", path=where
-        )
+        known = ", ".join([*THRESHOLDS, *CUTOFF_RANGES])
+        raise RulesError(f"unknown threshold(s) {', '.join(unknown)}; known: {known}", path=where)
     values: dict[str, Any] = {}
     for name, kind in THRESHOLDS.items():
         # An error in a value given on the command line names its flag, not the rules file.
@@ -326,3 +366,21 @@ def _thresholds(given: dict[str, Any], where: str, overridden: set[str]) -> Thre
             raise RulesError(f"{name} is {meaning}{got}", path=path)
         values[name] = value
     return Thresholds(**values)
+
+
+def _cutoffs(given: dict[str, Any], where: str) -> Cutoffs:
+    """The verdicts' cut-offs: each one given, else its shipped figure, in its range."""
+    values: dict[str, float] = {}
+    for name, (low, high, meaning) in CUTOFF_RANGES.items():
+        value = given.get(name, CUTOFF_DEFAULTS[name])
+        try:
+            if isinstance(value, bool) or not math.isfinite(float(value)):
+                raise ValueError
+        except (TypeError, ValueError, OverflowError):
+            raise RulesError(
+                f"threshold {name!r} must be a number (finite), got {value!r}", path=where
+            ) from None
+        if not low <= float(value) <= high:
+            raise RulesError(f"{name} is {meaning}; got {value!r}", path=where)
+        values[name] = float(value)
+    return Cutoffs(**values)

@@ -27,6 +27,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainValidator,
+    StrictFloat,
     StrictInt,
     StrictStr,
     ValidationError,
@@ -35,12 +36,13 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from kerneltriage.analysis.vocabulary import Verdict
 from kerneltriage.errors import RulesError
 from kerneltriage.ingest.schemas import describe
 from kerneltriage.patterns import Pattern, PatternError, compile_linear
 from kerneltriage.resources import data_path
 
-VERDICTS = ("write", "use-builtin", "compile", "skip")
+VERDICTS = tuple(v.value for v in Verdict)
 #: Validation context of the rules merged over the defaults (checks of the whole).
 MERGED = "merged"
 
@@ -100,6 +102,32 @@ def _merged(info: ValidationInfo) -> bool:
     return bool(info.context and info.context.get(MERGED))
 
 
+Number = StrictFloat | StrictInt
+
+
+class Thresholds(BaseModel):
+    """``thresholds:``. The named thresholds (``rules.Thresholds``) are numbers checked by
+    rules.py, which names a command-line flag when one gave it; the verdicts' cut-offs
+    (``rules.Cutoffs``) are typed here, each defaulting to its figure in default.yaml."""
+
+    model_config = _Open
+    at_roof: Number = 1.1
+    near_floor: Number = 3.0
+    library_vendor_share: Number = 0.5
+    switch_ratio: Number = 1.15
+    switch_min_rate: Number = 0.8
+    fp32_simt_share: Number = 0.5
+    fp32_min_speedup: Number = 2.0
+    layout_share: Number = 0.1
+    compiles_also_min_share: Number = 0.01
+
+
+#: The cut-offs a rules file leaves out take these (default.yaml gives the same figures).
+CUTOFF_DEFAULTS: dict[str, float] = {
+    name: float(field.default) for name, field in Thresholds.model_fields.items()
+}
+
+
 class OpClassEntry(BaseModel):
     model_config = _Open
     kind: StrictStr
@@ -130,7 +158,7 @@ class Recommendation(BaseModel):
         if _merged(info):
             if self.verdict not in VERDICTS:
                 raise _rules_error(f"verdict must be one of {', '.join(VERDICTS)}")
-            if self.verdict == "skip" and not self.reason:
+            if self.verdict == Verdict.SKIP and not self.reason:
                 raise _rules_error("a skip needs a 'reason'")
         return self
 
@@ -184,6 +212,7 @@ class Regions(BaseModel):
     attention: Attention = Attention()
     norms: tuple[Norm, ...] = ()
     residual_add_ops: Patterns = ()
+    gemm_leaf_ops: Patterns = ()
     kind_priority: tuple[StrictStr, ...] = ()
 
 
@@ -192,12 +221,12 @@ class RulesFile(BaseModel):
 
     model_config = _Open
     schema_: StrictStr | None = Field(default=None, alias="schema")
-    # Values are numbers checked by rules.py, which names a command-line flag when one gave it.
-    thresholds: dict[StrictStr, Any] = {}
+    thresholds: Thresholds = Thresholds()
     op_classes: tuple[OpClassEntry, ...] = ()
     kernel_kinds: dict[StrictStr, StrictStr] = {}
     extension_ops: Patterns = ()
     library_ops: Patterns = ()
+    layout_kernels: Patterns = ()
     regions: Regions = Regions()
     recommendations: dict[StrictStr, Recommendation] = {}
     # Fix recipes in fixes.yaml's shape; analysis/fixes.py validates each one.

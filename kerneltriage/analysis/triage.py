@@ -40,6 +40,7 @@ from kerneltriage.analysis.model import Candidate, Gap, Idle, Report
 from kerneltriage.analysis.roofline import raised_roofs, with_raised_roofs
 from kerneltriage.analysis.rules import Rules
 from kerneltriage.analysis.verdict import compiled_graph_advice, decide
+from kerneltriage.analysis.vocabulary import Verdict
 from kerneltriage.errors import TraceFormatError
 from kerneltriage.ingest.ncu_csv import Counters
 from kerneltriage.ingest.tables import Timeline
@@ -78,7 +79,9 @@ def triage(
     decide(candidates, rules, gpu, env)
     compiled = _compiled(timeline, attr, rules, steps, source)
     compiled_graph_advice(compiled, rules, env)
-    candidates.sort(key=lambda c: (c.verdict != "skip", c.expected_saving_share, c.time_share), reverse=True)
+    candidates.sort(
+        key=lambda c: (c.verdict != Verdict.SKIP, c.expected_saving_share, c.time_share), reverse=True
+    )
     for i, c in enumerate(candidates, 1):
         c.rank = i
     report = _assemble_report(

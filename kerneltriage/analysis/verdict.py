@@ -21,11 +21,19 @@ Expected saving = share × (1 − 1/headroom) (Amdahl). Beyond the three conditi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
+from dataclasses import dataclass
 from typing import Any
 
-from kerneltriage.analysis.attention_rates import BACKENDS, HOW, attention_rates, measured_range
+from kerneltriage.analysis.attention_rates import (
+    BACKENDS,
+    HOW,
+    AttentionRates,
+    attention_rates,
+    measured_range,
+)
 from kerneltriage.analysis.estimate import attention_case, attention_work, dtype_bytes
 from kerneltriage.analysis.fixes import (
     Environment,
@@ -37,12 +45,9 @@ from kerneltriage.analysis.fixes import (
 )
 from kerneltriage.analysis.gpus import GPUSpec, attention_perf
 from kerneltriage.analysis.model import Candidate, Condition
-from kerneltriage.analysis.roofline import AT_ROOF
 from kerneltriage.analysis.rules import Rules
 from kerneltriage.analysis.rules_schema import Recommendation
-
-# Below this share of the best measured backend a library backend is worth switching.
-_SWITCH_RATIO = 1.15
+from kerneltriage.analysis.vocabulary import Reason, Verdict
 
 
 def decide(
@@ -64,9 +69,11 @@ def decide(
         c.conditions["headroom"] = Condition(
             value=h,
             threshold=t.min_headroom,
-            # Within AT_ROOF of the ceiling is at the roof whatever --min-headroom says; below 1
-            # the measurement and its ceiling disagree: no verdict is built on it.
-            passed=None if h is None or h < 1.0 else shown_headroom(h) >= max(t.min_headroom, AT_ROOF),
+            # Within the rules' at_roof of the ceiling is at the roof whatever --min-headroom
+            # says; below 1 the measurement and its ceiling disagree: no verdict is built on it.
+            passed=None
+            if h is None or h < 1.0
+            else shown_headroom(h) >= max(t.min_headroom, rules.cutoffs.at_roof),
             detail=_headroom_detail(c),
         )
         share = shown_share(c.time_share)
@@ -95,12 +102,16 @@ def decide(
         )
         c.expected_saving_share = c.time_share * (1.0 - 1.0 / h) if h and h > 1.0 else 0.0
         _verdict(c, rules, gpu)
-        _library_advice(c, gpu)
-        if c.verdict == "skip":
+        _library_advice(c, rules, gpu)
+        if c.verdict == Verdict.SKIP:
             # A skip saves nothing: what a fix could take, if any, is in its note.
             c.expected_saving_share = 0.0
         c.attrs["headroom_basis"] = headroom_basis(c, gpu)
-    env = env or environment(gpu, None, None)
+    _fixes(candidates, rules, env or environment(gpu, None, None))
+
+
+def _fixes(candidates: list[Candidate], rules: Rules, env: Environment) -> None:
+    """The fix of every candidate, overlapping savings counted once, and the GEMM shape notes."""
     for c in candidates:
         _fix(c, candidates, rules, env)
     combine_overlaps(candidates)
@@ -180,16 +191,13 @@ def _headroom_detail(c: Candidate) -> str:
     return f"{c.time_ms_per_step:.3g} ms measured vs {r.ceiling_ms:.3g} ms {what} [{r.source}]"
 
 
-# A launch-bound candidate is told to launch less only when its launches run near the floor;
-# launches that take many times the floor are slow kernels, and a faster kernel pays.
-_NEAR_FLOOR = 3.0
-
-
-def _launches_near_floor(c: Candidate) -> bool:
+def _launches_near_floor(c: Candidate, rules: Rules) -> bool:
+    """A launch-bound candidate is told to launch less only when its launches run within the
+    rules' ``near_floor`` launch floors; launches many times the floor are slow kernels."""
     r = c.roofline
     if not r.launches_per_step or not r.launch_floor_ms:
         return True
-    return c.time_ms_per_step <= _NEAR_FLOOR * r.launch_floor_ms
+    return c.time_ms_per_step <= rules.cutoffs.near_floor * r.launch_floor_ms
 
 
 def _floor_us(r) -> float:
@@ -231,7 +239,7 @@ def _disagrees(c: Candidate, rules: Rules) -> bool:
     between measurement and ceiling, never a verdict input (``skip (ceiling-disagrees)``)."""
     if c.headroom is None or c.headroom >= 1.0:
         return False
-    c.verdict, c.reason, c.builtin = "skip", "ceiling-disagrees", None
+    c.verdict, c.reason, c.builtin = Verdict.SKIP, Reason.CEILING_DISAGREES, None
     c.expected_saving_share = 0.0
     faster = f"measured {_times(c.headroom)} faster than its ceiling allows"
     if "ncu" in c.roofline.source:
@@ -256,7 +264,7 @@ def _low_headroom(c: Candidate, rules: Rules, library: str) -> None:
     """Below the rules' headroom but not at the roof: not worth a kernel by the rules, with
     what a fix could take (not counted as a saving: the row is a skip)."""
     h = c.headroom or 1.0
-    c.reason = "low-headroom"
+    c.reason = Reason.LOW_HEADROOM
     c.note = (
         f"{library}kernel at {1 / h:.0%} of its ceiling ({shown_headroom(h):g}× headroom, the rules ask "
         f"≥ {rules.thresholds.min_headroom:g}×); if fixed, up to {c.time_share * (1 - 1 / h):.1%} of the step"
@@ -265,17 +273,18 @@ def _low_headroom(c: Candidate, rules: Rules, library: str) -> None:
 
 def _skip_failed_estimate(c: Candidate, why: str) -> None:
     """No verdict is built on an estimate that cannot be right; counters would place it."""
-    c.verdict, c.reason = "skip", "estimate-failed"
+    c.verdict, c.reason = Verdict.SKIP, Reason.ESTIMATE_FAILED
     c.expected_saving_share = 0.0
     c.note = f"{why}; run kerneltriage profile for Nsight Compute counters"
 
 
 def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
+    """The verdict of the rules' recommendation for ``c``, or the first step that decides
+    otherwise (each returns whether it decided)."""
     rec = rules.recommendation(c.kind, c.variant)
     c.note = str(rec.get("note", ""))
-    cond = c.conditions
-    if rec["verdict"] == "skip":
-        c.verdict, c.reason = "skip", str(rec["reason"])
+    if rec["verdict"] == Verdict.SKIP:
+        c.verdict, c.reason = Verdict.SKIP, _rules_reason(rec)
         return
     if c.kind == "attention" and c.attrs.get("written") != "naive":
         _library_attention(c, rules, gpu)
@@ -283,76 +292,125 @@ def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
     if c.inductor:
         _inductor_verdict(c, rules, gpu)
         return
-    if _disagrees(c, rules):
-        return
-    if not cond["hotness"].passed:
-        c.verdict, c.reason, c.note = "skip", "cold", ""
-        return
-    if cond["headroom"].passed is None and c.attrs.get("vendor_share", 0.0) >= 0.5:
-        # Tuned library kernels (cuDNN, cuBLAS, MIOpen, …) with no shape model: not a kernel
-        # to write; counters would say whether the library is at its roof.
+    decided = (
+        _disagrees(c, rules)
+        or _skip_cold(c)
+        or _skip_without_ceiling(c, rules, gpu)
+        or _skip_failed_shape_model(c, rules)
+        or _launch_bound(c, rules)
+        or _skip_below_headroom(c, rules, rec)
+        or _skip_unstable(c)
+    )
+    if not decided:
+        _recommend(c, rec, gpu)
+
+
+def _rules_reason(rec: dict[str, Any]) -> str:
+    """A skip reason the rules give: the vocabulary's word when it is one, else the file's."""
+    reason = str(rec["reason"])
+    try:
+        return Reason(reason)
+    except ValueError:
+        return reason
+
+
+def _skip_cold(c: Candidate, keep_note: bool = False) -> bool:
+    if c.conditions["hotness"].passed:
+        return False
+    c.verdict, c.reason = Verdict.SKIP, Reason.COLD
+    if not keep_note:
+        c.note = ""
+    return True
+
+
+def _skip_without_ceiling(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> bool:
+    """No ceiling: tuned library kernels (cuDNN, cuBLAS, MIOpen, …) are no kernel to write
+    (counters would say whether the library is at its roof); anything else needs one."""
+    if c.conditions["headroom"].passed is not None:
+        return False
+    c.verdict = Verdict.SKIP
+    if c.attrs.get("vendor_share", 0.0) >= rules.cutoffs.library_vendor_share:
         lib = c.attrs.get("kernel_library") or "library"
-        c.verdict, c.reason = "skip", "library-kernel"
+        c.reason = Reason.LIBRARY_KERNEL
         c.note = (
             f"{lib} kernels, no ceiling without counters (kerneltriage profile runs Nsight Compute on them)"
         )
-        return
-    if cond["headroom"].passed is None:
-        c.verdict, c.reason = "skip", "no-ceiling"
+        return True
+    c.reason = Reason.NO_CEILING
+    c.note = (
+        "no GPU spec: pass --gpu to place it on the roofline"
+        if gpu is None
+        else "run with Nsight Compute counters (kerneltriage profile) to place it on the roofline"
+    )
+    return True
+
+
+def _skip_failed_shape_model(c: Candidate, rules: Rules) -> bool:
+    if not _failed_estimate(c, rules):
+        return False
+    _skip_failed_estimate(
+        c,
+        f"the shape model puts the ceiling at 1/{c.headroom:.0f} of the measured time: the estimate "
+        "is missing shapes or ops, not a finding",
+    )
+    return True
+
+
+def _launch_bound(c: Candidate, rules: Rules) -> bool:
+    """Its launches, not its bytes or FLOPs, set its time: a faster kernel cannot help."""
+    if not (c.roofline.launch_bound and c.level != "region" and _launches_near_floor(c, rules)):
+        return False
+    if c.conditions["headroom"].passed:
+        c.verdict, c.reason = Verdict.COMPILE, Reason.LAUNCH_BOUND
+        c.builtin = 'torch.compile (fuse with the neighbouring ops), or mode="reduce-overhead" (CUDA graphs)'
         c.note = (
-            "no GPU spec: pass --gpu to place it on the roofline"
-            if gpu is None
-            else "run with Nsight Compute counters (kerneltriage profile) to place it on the roofline"
+            f"{c.roofline.launches_per_step:.3g} launches per step doing almost no work each: "
+            "fewer launches pay, a faster kernel does not"
         )
-        return
-    if _failed_estimate(c, rules):
-        _skip_failed_estimate(
-            c,
-            f"the shape model puts the ceiling at 1/{c.headroom:.0f} of the measured time: the estimate "
-            "is missing shapes or ops, not a finding",
-        )
-        return
-    if c.roofline.launch_bound and c.level != "region" and _launches_near_floor(c):
-        # Its launches, not its bytes or FLOPs, set its time: a faster kernel cannot help.
-        if cond["headroom"].passed:
-            c.verdict, c.reason = "compile", "launch-bound"
-            c.builtin = (
-                'torch.compile (fuse with the neighbouring ops), or mode="reduce-overhead" (CUDA graphs)'
-            )
-            c.note = (
-                f"{c.roofline.launches_per_step:.3g} launches per step doing almost no work each: "
-                "fewer launches pay, a faster kernel does not"
-            )
-        else:
-            c.verdict, c.reason = "skip", "launch-bound"
-            c.note = "each launch already runs near the GPU's per-launch floor"
-        return
-    if not cond["headroom"].passed:
-        library = c.attrs.get("library_op") or _already_uses(c, rec)
-        c.verdict, c.note = "skip", ""
-        if shown_headroom(c.headroom) < AT_ROOF:
-            c.reason = "library-at-roof" if library else "at-roof"
-        else:
-            _low_headroom(c, rules, "library " if library else "")
-        return
-    if not cond["stability"].passed:
-        c.verdict, c.reason = "skip", "unstable-shapes"
-        return
-    c.verdict = str(rec["verdict"])
+    else:
+        c.verdict, c.reason = Verdict.SKIP, Reason.LAUNCH_BOUND
+        c.note = "each launch already runs near the GPU's per-launch floor"
+    return True
+
+
+def _skip_below_headroom(c: Candidate, rules: Rules, rec: dict[str, Any]) -> bool:
+    """At its roof (a library's op: ``library-at-roof``), or short of the rules' headroom."""
+    if c.conditions["headroom"].passed:
+        return False
+    library = c.attrs.get("library_op") or _already_uses(c, rec)
+    c.verdict, c.note = Verdict.SKIP, ""
+    if shown_headroom(c.headroom or 1.0) < rules.cutoffs.at_roof:
+        c.reason = Reason.LIBRARY_AT_ROOF if library else Reason.AT_ROOF
+    else:
+        _low_headroom(c, rules, "library " if library else "")
+    return True
+
+
+def _skip_unstable(c: Candidate, note: str | None = None) -> bool:
+    if c.conditions["stability"].passed:
+        return False
+    c.verdict, c.reason = Verdict.SKIP, Reason.UNSTABLE_SHAPES
+    if note is not None:
+        c.note = note
+    return True
+
+
+def _recommend(c: Candidate, rec: dict[str, Any], gpu: GPUSpec | None) -> None:
+    """All three conditions hold: the rules' verdict and built-in (for naive attention the
+    faster of SDPA and the built-in), unless it already runs the fused kernel they name."""
+    c.verdict = Verdict(rec["verdict"])
     c.builtin = rec.get("builtin")
-    if c.kind == "attention":
+    if c.kind == "attention" and gpu is not None:  # a ceiling passed: there is a GPU
         c.builtin, c.reason = _attention_choice(c, rec, gpu)
     else:
-        c.reason = "all three conditions hold"
+        c.reason = Reason.ALL_CONDITIONS
     used = _already_uses(c, rec)
     if used:
         # It already runs the fused kernel the rules would recommend: nothing to swap in, and
         # torch.compile still covers it (one generated kernel for the op and its neighbours),
         # so this is not yet a kernel to write by hand.
-        c.verdict, c.builtin = "compile", "torch.compile"
-        c.reason = (
-            f"all three conditions hold; it already uses {used}, which runs well below its ceiling here"
-        )
+        c.verdict, c.builtin = Verdict.COMPILE, "torch.compile"
+        c.reason = Reason.ALREADY_USES.text(op=used)
         c.note = "torch.compile generates one kernel for it and its neighbouring ops; write one only if that stays below the roof"
 
 
@@ -361,62 +419,83 @@ def _inductor_verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
     At its roof: `skip (compiled-at-roof)`; launch-bound: CUDA graphs; hot and below its roof:
     `write`, after what Inductor could try first (the fix)."""
     rec = rules.recommendation("compiled")
-    cond = c.conditions
     c.builtin, c.note = None, ""
     why = c.attrs.get("estimate")
-    if cond["headroom"].passed is None and why and gpu is not None:
-        cond["headroom"].detail = f"estimate unavailable: {why}"
-    if _disagrees(c, rules):
-        return
-    if not cond["hotness"].passed:
-        c.verdict, c.reason = "skip", "cold"
-        return
-    if cond["headroom"].passed is None:
-        c.verdict, c.reason = "skip", "no-ceiling"
-        if gpu is None:
-            c.note = "no GPU spec: pass --gpu to place it on the roofline"
-        elif why:
-            c.note = str(rec.get("estimate_unavailable", "{why}")).format(why=why)
-        else:
-            c.note = "run with Nsight Compute counters (kerneltriage profile) to place it on the roofline"
-        return
-    if _failed_estimate(c, rules):
-        _skip_failed_estimate(
+    if c.conditions["headroom"].passed is None and why and gpu is not None:
+        c.conditions["headroom"].detail = f"estimate unavailable: {why}"
+    decided = (
+        _disagrees(c, rules)
+        or _skip_cold(c)
+        or _inductor_without_ceiling(c, rec, gpu, why)
+        or _inductor_failed_estimate(c, rules)
+        or _inductor_launch_bound(c)
+        or _inductor_below_headroom(c, rules, rec)
+        or _skip_unstable(
             c,
-            f"the estimate from its arguments puts the ceiling at 1/{c.headroom:.0f} of the measured time: "
-            "a buffer it reads or writes more than once, or a gather",
+            "Inductor recompiles or runs dynamic-shape kernels for these shapes: mark_dynamic, or pad to a few sizes",
         )
-        return
-    if c.roofline.launch_bound:
-        if cond["headroom"].passed:
-            c.verdict, c.reason = "compile", "launch-bound"
-            c.builtin = 'torch.compile(mode="reduce-overhead")'
-            c.note = (
-                f"{c.roofline.launches_per_step:.3g} launches per step doing almost no work each: "
-                "CUDA graphs launch the compiled graph at once"
-            )
-        else:
-            c.verdict, c.reason = "skip", "launch-bound"
-            c.note = "each launch already runs near the GPU's per-launch floor"
-        return
-    if not cond["headroom"].passed:
-        c.verdict = "skip"
-        if shown_headroom(c.headroom) < AT_ROOF:
-            c.reason = "compiled-at-roof"
-            c.note = str(rec.get("at_roof_note", "")).format(headroom=f"{shown_headroom(c.headroom):g}×")
-        else:
-            _low_headroom(c, rules, "Inductor ")
-        return
-    if not cond["stability"].passed:
-        c.verdict, c.reason = "skip", "unstable-shapes"
-        c.note = "Inductor recompiles or runs dynamic-shape kernels for these shapes: mark_dynamic, or pad to a few sizes"
+    )
+    if decided:
         return
     bound = c.roofline.bound or "memory"
-    c.verdict = "write"
+    c.verdict = Verdict.WRITE
     achieved = f"{1.0 / c.headroom:.0%}" if c.headroom else "?"
-    c.reason = str(rec.get("reason", "all three conditions hold")).format(achieved=achieved, bound=bound)
+    c.reason = str(rec.get("reason", Reason.ALL_CONDITIONS)).format(achieved=achieved, bound=bound)
     rung = (rec.get("rungs") or {}).get(bound, "")
     c.note = str(rec.get("note", "{rung}")).format(rung=rung)
+
+
+def _inductor_without_ceiling(c: Candidate, rec: dict[str, Any], gpu: GPUSpec | None, why: Any) -> bool:
+    if c.conditions["headroom"].passed is not None:
+        return False
+    c.verdict, c.reason = Verdict.SKIP, Reason.NO_CEILING
+    if gpu is None:
+        c.note = "no GPU spec: pass --gpu to place it on the roofline"
+    elif why:
+        c.note = str(rec.get("estimate_unavailable", "{why}")).format(why=why)
+    else:
+        c.note = "run with Nsight Compute counters (kerneltriage profile) to place it on the roofline"
+    return True
+
+
+def _inductor_failed_estimate(c: Candidate, rules: Rules) -> bool:
+    if not _failed_estimate(c, rules):
+        return False
+    _skip_failed_estimate(
+        c,
+        f"the estimate from its arguments puts the ceiling at 1/{c.headroom:.0f} of the measured time: "
+        "a buffer it reads or writes more than once, or a gather",
+    )
+    return True
+
+
+def _inductor_launch_bound(c: Candidate) -> bool:
+    if not c.roofline.launch_bound:
+        return False
+    if c.conditions["headroom"].passed:
+        c.verdict, c.reason = Verdict.COMPILE, Reason.LAUNCH_BOUND
+        c.builtin = 'torch.compile(mode="reduce-overhead")'
+        c.note = (
+            f"{c.roofline.launches_per_step:.3g} launches per step doing almost no work each: "
+            "CUDA graphs launch the compiled graph at once"
+        )
+    else:
+        c.verdict, c.reason = Verdict.SKIP, Reason.LAUNCH_BOUND
+        c.note = "each launch already runs near the GPU's per-launch floor"
+    return True
+
+
+def _inductor_below_headroom(c: Candidate, rules: Rules, rec: dict[str, Any]) -> bool:
+    if c.conditions["headroom"].passed:
+        return False
+    c.verdict = Verdict.SKIP
+    headroom = shown_headroom(c.headroom or 1.0)
+    if headroom < rules.cutoffs.at_roof:
+        c.reason = Reason.COMPILED_AT_ROOF
+        c.note = str(rec.get("at_roof_note", "")).format(headroom=f"{headroom:g}×")
+    else:
+        _low_headroom(c, rules, "Inductor ")
+    return True
 
 
 _FP32_SIMT = re.compile(r"(^|[_:\s])(sgemm|scudnn|sgemv)", re.IGNORECASE)
@@ -433,39 +512,21 @@ def _fp32_simt(k) -> bool:
     return bool(_FP32_SIMT.search(k.name) or _FP32_TEMPLATE.search(k.full_name))
 
 
-_LAYOUT = re.compile(r"nchwToNhwc|nhwcToNchw|batched_transpose|NCHWToNHWC|NHWCToNCHW")
-
-
-def _library_advice(c: Candidate, gpu: GPUSpec | None) -> None:
+def _library_advice(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
     """What a GPU engineer checks first on library GEMMs and convolutions, from their kernels:
     FP32 SIMT kernels on a GPU with tensor cores, and layout transposes around convolutions."""
     if c.kind not in ("gemm", "convolution"):
         return
+    cut = rules.cutoffs
     total = sum(k.time_ms_per_step for k in c.kernels) or 1.0
     advice = []
     fp32 = sum(k.time_ms_per_step for k in c.kernels if _fp32_simt(k))
-    if fp32 >= 0.5 * total:
-        tf32 = gpu is not None and "tf32" in gpu.peak_tflops
-        # Words, not code: the fix line (a recipe) gives the code for this GPU and PyTorch.
-        fix = "TF32 or bf16 autocast" if tf32 else "fp16 autocast with a GradScaler"
-        advice.append(f"{fp32 / total:.0%} of its time is FP32 SIMT kernels, off the tensor cores: {fix}")
-        if (
-            gpu is not None
-            and c.conditions["hotness"].passed
-            and c.verdict == "skip"
-            and c.reason != "communication"
-        ):
-            # The cheapest win on the table: the same library, on the tensor cores.
-            ratio = gpu.peak("tf32" if tf32 else "fp16_tensor") / gpu.peak("fp32")
-            if ratio >= 2.0:
-                c.verdict, c.reason, c.builtin = "use-builtin", "fp32-off-tensor-cores", fix
-                c.expected_saving_share = c.time_share * (fp32 / total) * (1.0 - 1.0 / ratio)
-                advice.append(
-                    f"saving bound: the {ratio:.0f}× ratio of {gpu.name}'s tensor to FP32 ceilings on those kernels; "
-                    "memory-bound layers gain less"
-                )
-    layout = sum(k.time_ms_per_step for k in c.kernels if _LAYOUT.search(k.full_name))
-    if c.kind == "convolution" and layout >= 0.1 * total:
+    if fp32 >= cut.fp32_simt_share * total:
+        advice += _fp32_advice(c, rules, gpu, fp32 / total)
+    layout = sum(
+        k.time_ms_per_step for k in c.kernels if any(p.search(k.full_name) for p in rules.layout_kernels)
+    )
+    if c.kind == "convolution" and layout >= cut.layout_share * total:
         advice.append(
             f"{layout / total:.0%} of its time is NCHW↔NHWC transposes: "
             "model.to(memory_format=torch.channels_last) (and the inputs) removes them"
@@ -474,12 +535,39 @@ def _library_advice(c: Candidate, gpu: GPUSpec | None) -> None:
         c.note = "; ".join([c.note, *advice]) if c.note else "; ".join(advice)
 
 
+def _fp32_advice(c: Candidate, rules: Rules, gpu: GPUSpec | None, share: float) -> list[str]:
+    """FP32 SIMT kernels take ``share`` of its time: the tensor-core setting to try, and on a
+    hot skip `use-builtin (fp32-off-tensor-cores)`, the cheapest win on the table."""
+    tf32 = gpu is not None and "tf32" in gpu.peak_tflops
+    # Words, not code: the fix line (a recipe) gives the code for this GPU and PyTorch.
+    fix = "TF32 or bf16 autocast" if tf32 else "fp16 autocast with a GradScaler"
+    advice = [f"{share:.0%} of its time is FP32 SIMT kernels, off the tensor cores: {fix}"]
+    if (
+        gpu is None
+        or not c.conditions["hotness"].passed
+        or c.verdict != Verdict.SKIP
+        or c.reason == Reason.COMMUNICATION
+    ):
+        return advice
+    ratio = gpu.peak("tf32" if tf32 else "fp16_tensor") / gpu.peak("fp32")
+    if ratio >= rules.cutoffs.fp32_min_speedup:
+        c.verdict, c.reason, c.builtin = Verdict.USE_BUILTIN, Reason.FP32_OFF_TENSOR_CORES, fix
+        c.expected_saving_share = c.time_share * share * (1.0 - 1.0 / ratio)
+        advice.append(
+            f"saving bound: the {ratio:.0f}× ratio of {gpu.name}'s tensor to FP32 ceilings on those kernels; "
+            "memory-bound layers gain less"
+        )
+    return advice
+
+
 def _fix(c: Candidate, candidates: list[Candidate], rules: Rules, env: Environment) -> None:
     """The fix of a use-builtin or compile verdict, and of a `write` on an Inductor kernel
     (what Inductor could try first): the first recipe that matches it, whose preconditions the
     trace meets and that carries every parameter detected on it. The prediction counts what
     that recipe covers."""
-    if c.verdict not in ("use-builtin", "compile") and not (c.verdict == "write" and c.inductor):
+    if c.verdict not in (Verdict.USE_BUILTIN, Verdict.COMPILE) and not (
+        c.verdict == Verdict.WRITE and c.inductor
+    ):
         return
     step_ms = c.time_ms_per_step / c.time_share if c.time_share else 0.0
     params = detect_params(c, candidates, env, step_ms)
@@ -521,16 +609,16 @@ def _fix(c: Candidate, candidates: list[Candidate], rules: Rules, env: Environme
         )
     apply = recipe.get("apply") or {}
     if apply.get("kind") == "compile-module":
-        _compile_coverage(c, candidates, apply.get("classes") or [], env)
+        _compile_coverage(c, candidates, rules, apply.get("classes") or [], env)
 
 
 def _compile_coverage(
-    c: Candidate, candidates: list[Candidate], classes: list[str], env: Environment
+    c: Candidate, candidates: list[Candidate], rules: Rules, classes: list[str], env: Environment
 ) -> None:
     """Compiling a module class compiles everything its instances run. The row keeps this
     candidate's own saving (its rank among the others); the fix's prediction, which verify
     judges, adds what the compile takes from the other candidates inside those modules."""
-    inside = _compiled_with(c, candidates, classes)
+    inside = _compiled_with(c, candidates, classes, rules.cutoffs.compiles_also_min_share)
     if not inside:
         return
     c.attrs["compiles_also"] = [o.id for o in inside]
@@ -562,7 +650,11 @@ def _compile_takes(o: Candidate, env: Environment) -> float:
     softcap) against that chain fused into one pass over the score matrix each way. The
     GEMMs stay cuBLAS calls."""
     if o.kind != "attention":
-        return o.expected_saving_share if o.verdict in ("compile", "use-builtin", "write") else 0.0
+        return (
+            o.expected_saving_share
+            if o.verdict in (Verdict.COMPILE, Verdict.USE_BUILTIN, Verdict.WRITE)
+            else 0.0
+        )
     step_ms = o.time_ms_per_step / o.time_share if o.time_share else 0.0
     q, k = o.q, o.attrs.get("k")
     if not step_ms or not q or not k or not env.bandwidth:
@@ -580,8 +672,10 @@ def _compile_takes(o: Candidate, env: Environment) -> float:
 _FUSABLE = frozenset({"elementwise", "reduction", "softmax", "norm", "cross-entropy"})
 
 
-def _compiled_with(c: Candidate, candidates: list[Candidate], classes: list[str]) -> list[Candidate]:
-    """The other candidates (1% of the step or more) that run inside the instances of
+def _compiled_with(
+    c: Candidate, candidates: list[Candidate], classes: list[str], min_share: float
+) -> list[Candidate]:
+    """The other candidates (``min_share`` of the step or more) that run inside the instances of
     ``classes`` and that a compile of those module classes fuses too (elementwise work, norms,
     naive attention's softmax and scaling)."""
     roots = {
@@ -589,10 +683,16 @@ def _compiled_with(c: Candidate, candidates: list[Candidate], classes: list[str]
         for o in candidates
         if o.module and o.module.partition(" (")[2].rstrip(")") in classes
     }
+    # A region's own module may be a leaf (a Dropout) inside the class compiled: its enclosing
+    # modules name the instances too.
+    for entry in c.attrs.get("enclosing_modules") or []:
+        path, _, cls = entry.partition(":")
+        if cls in classes:
+            roots.add(path)
     inside = []
     for o in candidates:
         path = (o.module or "").partition(" (")[0]
-        if o is c or not path or o.time_share < 0.01:
+        if o is c or not path or o.time_share < min_share:
             continue
         if o.kind not in _FUSABLE and not (o.kind == "attention" and o.attrs.get("written") == "naive"):
             continue  # a library GEMM or attention stays the library's call when compiled
@@ -610,52 +710,86 @@ def _already_uses(c: Candidate, rec: Recommendation) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class _LibraryRate:
+    """A library attention candidate's backend and the rate it achieved."""
+
+    name: str  # the library that wrote its kernel ("library" when none is known)
+    backend: str | None  # that library's row in the attention tables
+    achieved: float  # TFLOP/s, 0 without recorded shapes
+
+
 def _library_attention(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
     """Library attention against the best backend measured on this GPU for its case: the
     table's rate interpolated at its sequence length, never one measured at another length
     (outside the table's range there is no ceiling, and the note says why)."""
-    cond = c.conditions
     case = _attention_case(c)
     kernel = next((k.full_name for k in c.kernels if rules.kernel_kind(k.full_name) == "attention"), None)
     library = rules.kernel_class(kernel).library if kernel else None
-    backend = BACKENDS.get(library or "")
-    name = library or "library"
+    lib = _LibraryRate(library or "library", BACKENDS.get(library or ""), 0.0)
     rates = None
-    achieved = 0.0
     if case is not None:
         head_dim, seq_len, causal, flops = case
         achieved = flops / (c.time_ms_per_step * 1e-3) / 1e12 if c.time_ms_per_step else 0.0
+        lib = dataclasses.replace(lib, achieved=achieved)
         # One achieved rate for the candidate: the roofline line says what the headroom uses.
         c.roofline.flops = flops
         c.roofline.achieved_tflops = achieved or None
         if gpu is not None:
             rates = attention_rates(gpu.key, head_dim, causal, seq_len, backward=c.bwd_ms_per_step > 0)
     c.builtin = None
-    if rates is None:
-        why = _no_attention_ceiling(case, gpu)
-        c.headroom, c.expected_saving_share = None, 0.0
-        c.roofline.source = "none"
-        c.roofline.ceiling_ms = c.roofline.work_ceiling_ms = None
-        rate = f"{name} attention at {achieved:.0f} TFLOP/s; " if achieved else f"{name} attention; "
-        c.conditions["headroom"] = Condition(
-            None,
-            rules.thresholds.min_headroom,
-            None,
-            f"no ceiling: {why}; a library kernel is judged only against measured backends",
-        )
-        c.verdict, c.reason = "skip", "no-ceiling"
-        c.note = f"{rate}no ceiling: {why}"
+    if rates is None or case is None or gpu is None:
+        _no_attention_rates(c, rules, lib, _no_attention_ceiling(case, gpu))
         return
+    passed = _place_on_attention_table(c, rules, gpu, lib, rates, case)
+    decided = (
+        _attention_disagrees(c, gpu, lib, rates)
+        or _skip_cold(c, keep_note=True)
+        or _switch_backend(c, rules, gpu, lib, rates)
+        or _write_library_attention(c, passed, lib, rates)
+    )
+    if not decided:
+        _skip_library_attention(c, rules, lib, rates)
+
+
+def _no_attention_rates(c: Candidate, rules: Rules, lib: _LibraryRate, why: str) -> None:
+    """No measured rate for its case: no ceiling, and a library kernel gets no other."""
+    c.headroom, c.expected_saving_share = None, 0.0
+    c.roofline.source = "none"
+    c.roofline.ceiling_ms = c.roofline.work_ceiling_ms = None
+    rate = (
+        f"{lib.name} attention at {lib.achieved:.0f} TFLOP/s; " if lib.achieved else f"{lib.name} attention; "
+    )
+    c.conditions["headroom"] = Condition(
+        None,
+        rules.thresholds.min_headroom,
+        None,
+        f"no ceiling: {why}; a library kernel is judged only against measured backends",
+    )
+    c.verdict, c.reason = Verdict.SKIP, Reason.NO_CEILING
+    c.note = f"{rate}no ceiling: {why}"
+
+
+def _place_on_attention_table(
+    c: Candidate,
+    rules: Rules,
+    gpu: GPUSpec,
+    lib: _LibraryRate,
+    rates: AttentionRates,
+    case: tuple[int, int, bool, float],
+) -> bool | None:
+    """Its headroom over the best backend measured at its case, the headroom condition and
+    the table row behind it; returns whether the condition passed (None: it disagrees)."""
+    head_dim, seq_len, causal, _ = case
     best_name, best = rates.best
-    this = rates.rates.get(backend or "")
-    c.headroom = best / achieved if achieved else None
+    c.headroom = best / lib.achieved if lib.achieved else None
     c.roofline.source = "attention table"
     if c.headroom:
         c.roofline.ceiling_ms = c.roofline.work_ceiling_ms = c.time_ms_per_step / c.headroom
         c.roofline.launch_bound = False
     direction = "fwd+bwd" if c.bwd_ms_per_step > 0 else "fwd"
     detail = (
-        f"{achieved:.0f} TFLOP/s achieved ({name}) vs {best:.0f} for {best_name}, the best measured on "
+        f"{lib.achieved:.0f} TFLOP/s achieved ({lib.name}) vs {best:.0f} for {best_name}, the best measured on "
         f"{gpu.name} at D={head_dim}, {'causal' if causal else 'non-causal'}, {rates.basis}, {direction} [attention table]"
     )
     c.attrs["attention_rates"] = detail
@@ -667,51 +801,78 @@ def _library_attention(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
         "rows": list(rates.measured),
         "backend": best_name,
         "tflops": round(best, 1),
-        "achieved_tflops": round(achieved, 1),
+        "achieved_tflops": round(lib.achieved, 1),
     }
-    disagrees = bool(c.headroom and c.headroom < 1.0)
+    min_headroom = rules.thresholds.min_headroom
     passed = (
         None
-        if disagrees
-        else bool(c.headroom and shown_headroom(c.headroom) >= rules.thresholds.min_headroom)
+        if c.headroom and c.headroom < 1.0
+        else bool(c.headroom and shown_headroom(c.headroom) >= min_headroom)
     )
-    c.conditions["headroom"] = Condition(c.headroom, rules.thresholds.min_headroom, passed, detail)
-    if disagrees:
-        c.verdict, c.reason, c.expected_saving_share = "skip", "ceiling-disagrees", 0.0
-        c.note = (
-            f"{name} attention runs at {achieved:.0f} TFLOP/s, above the {best:.0f} measured for {best_name} "
-            f"at this case on {gpu.name}: the measurement and the table disagree; no verdict rests on it"
-        )
-        return
-    if not cond["hotness"].passed:
-        c.verdict, c.reason, c.expected_saving_share = "skip", "cold", 0.0
-        return
-    if this and best_name != backend and best >= _SWITCH_RATIO * this and achieved >= 0.8 * this:
-        # Another backend measured faster at this case, and this backend runs here about as
-        # fast as the table measured it: the table's ratio applies to this run.
-        c.verdict, c.reason, c.builtin = (
-            "use-builtin",
-            f"{best_name} measured faster here ({best:.0f} vs {this:.0f} TFLOP/s for {backend} at {rates.basis})",
-            HOW[best_name],
-        )
-        c.expected_saving_share = c.time_share * (1.0 - this / best)
-        c.note = f"the same attention through a faster backend on {gpu.name}"
-        return
+    c.conditions["headroom"] = Condition(c.headroom, min_headroom, passed, detail)
+    return passed
+
+
+def _attention_disagrees(c: Candidate, gpu: GPUSpec, lib: _LibraryRate, rates: AttentionRates) -> bool:
+    """Faster than the best the table measured: the measurement and the table disagree."""
+    if not (c.headroom and c.headroom < 1.0):
+        return False
+    best_name, best = rates.best
+    c.verdict, c.reason, c.expected_saving_share = Verdict.SKIP, Reason.CEILING_DISAGREES, 0.0
+    c.note = (
+        f"{lib.name} attention runs at {lib.achieved:.0f} TFLOP/s, above the {best:.0f} measured for {best_name} "
+        f"at this case on {gpu.name}: the measurement and the table disagree; no verdict rests on it"
+    )
+    return True
+
+
+def _switch_backend(
+    c: Candidate, rules: Rules, gpu: GPUSpec, lib: _LibraryRate, rates: AttentionRates
+) -> bool:
+    """Another backend measured faster at this case, and this backend runs here about as fast
+    as the table measured it: the table's ratio applies to this run."""
+    best_name, best = rates.best
+    this = rates.rates.get(lib.backend or "")
+    cut = rules.cutoffs
+    if not (
+        this
+        and best_name != lib.backend
+        and best >= cut.switch_ratio * this
+        and lib.achieved >= cut.switch_min_rate * this
+    ):
+        return False
+    c.verdict, c.builtin = Verdict.USE_BUILTIN, HOW[best_name]
+    c.reason = Reason.FASTER_BACKEND.text(
+        backend=best_name, best=best, this=this, current=lib.backend, basis=rates.basis
+    )
+    c.expected_saving_share = c.time_share * (1.0 - this / best)
+    c.note = f"the same attention through a faster backend on {gpu.name}"
+    return True
+
+
+def _write_library_attention(
+    c: Candidate, passed: bool | None, lib: _LibraryRate, rates: AttentionRates
+) -> bool:
+    """Below half of the best library rate, hot and stable: a kernel to write."""
     c.expected_saving_share = 0.0
-    if passed and cond["stability"].passed:
-        c.verdict, c.reason = (
-            "write",
-            f"runs at {achieved:.0f} TFLOP/s, below half of the best measured library rate ({best:.0f})",
-        )
-        c.expected_saving_share = c.time_share * (1.0 - achieved / best)
-        c.note = "check the shapes first (tiny head counts or sequence lengths starve any attention kernel)"
-        return
-    c.verdict = "skip"
-    if shown_headroom(c.headroom or 1.0) < AT_ROOF:
-        c.reason = "library-at-roof"
-        c.note = f"{name} attention at {achieved:.0f} of the {best:.0f} TFLOP/s best measured here"
+    if not (passed and c.conditions["stability"].passed):
+        return False
+    best = rates.best[1]
+    c.verdict = Verdict.WRITE
+    c.reason = Reason.BELOW_BEST_RATE.text(achieved=lib.achieved, best=best)
+    c.expected_saving_share = c.time_share * (1.0 - lib.achieved / best)
+    c.note = "check the shapes first (tiny head counts or sequence lengths starve any attention kernel)"
+    return True
+
+
+def _skip_library_attention(c: Candidate, rules: Rules, lib: _LibraryRate, rates: AttentionRates) -> None:
+    """Near the best library rate, or short of the rules' headroom."""
+    c.verdict = Verdict.SKIP
+    if shown_headroom(c.headroom or 1.0) < rules.cutoffs.at_roof:
+        c.reason = Reason.LIBRARY_AT_ROOF
+        c.note = f"{lib.name} attention at {lib.achieved:.0f} of the {rates.best[1]:.0f} TFLOP/s best measured here"
     else:
-        _low_headroom(c, rules, f"{name} attention ")
+        _low_headroom(c, rules, f"{lib.name} attention ")
 
 
 def _no_attention_ceiling(case: tuple[int, int, bool, float] | None, gpu: GPUSpec | None) -> str:
@@ -749,7 +910,7 @@ def _attention_choice(c: Candidate, rec: Recommendation, gpu: GPUSpec) -> tuple[
     attention gets whichever the shipped benchmark table measured faster on this GPU."""
     library, ours = rec.get("builtin"), rec.get("variant_builtin")
     if c.attrs.get("softcap") or c.attrs.get("mask") == "custom-mask":
-        return ours, "all three conditions hold; a variant SDPA cannot run fused"
+        return ours, Reason.VARIANT_NEEDS_BUILTIN
     perf = attention_perf(gpu, c.attrs.get("head_dim"), c.attrs.get("mask") == "causal")
     if perf is None:
         q = c.q or [0, 0]
@@ -760,34 +921,28 @@ def _attention_choice(c: Candidate, rec: Recommendation, gpu: GPUSpec) -> tuple[
             int(q[-2]),
             c.bwd_ms_per_step > 0,
         )
-        if rates is not None:
-            best, rate = rates.best
-            return (
-                library,
-                f"all three conditions hold; on {gpu.name} SDPA's fastest measured backend here is {best} "
-                f"({rate:.0f} TFLOP/s at D={rates.head_dim}, S≈{rates.seq_len}): {HOW[best]}",
-            )
-        return (
-            library,
-            f"all three conditions hold; no benchmark of the built-in on {gpu.name}: the library op",
+        if rates is None:
+            return library, Reason.NO_BUILTIN_BENCHMARK.text(gpu=gpu.name)
+        best, rate = rates.best
+        return library, Reason.SDPA_BEST_BACKEND.text(
+            gpu=gpu.name,
+            backend=best,
+            rate=rate,
+            head_dim=rates.head_dim,
+            seq_len=rates.seq_len,
+            how=HOW[best],
         )
     sdpa, built = perf
     if built > sdpa:
-        return (
-            ours,
-            f"all three conditions hold; built-in measured faster than SDPA here ({built:.0f} vs {sdpa:.0f} TFLOP/s)",
-        )
-    return (
-        library,
-        f"all three conditions hold; SDPA measured faster than the built-in here ({sdpa:.0f} vs {built:.0f} TFLOP/s)",
-    )
+        return ours, Reason.BUILTIN_FASTER.text(built=built, sdpa=sdpa)
+    return library, Reason.SDPA_FASTER.text(sdpa=sdpa, built=built)
 
 
 class _GraphCandidate:
     """A launch-bound compiled graph seen as a candidate by the recipes."""
 
     def __init__(self, g: dict[str, Any]) -> None:
-        self.verdict, self.reason, self.builtin = "compile", "launch-bound", g.get("builtin")
+        self.verdict, self.reason, self.builtin = Verdict.COMPILE, Reason.LAUNCH_BOUND, g.get("builtin")
         self.kind, self.variant, self.module = "other", None, None
         self.attrs: dict[str, Any] = {}
         self.compiled, self.inductor = True, False
@@ -806,7 +961,11 @@ def compiled_graph_advice(
     for g in compiled.get("graphs", []):
         if not g.get("launch_bound"):
             continue
-        g.update(verdict="compile", reason="launch-bound", builtin='torch.compile(mode="reduce-overhead")')
+        g.update(
+            verdict=Verdict.COMPILE,
+            reason=Reason.LAUNCH_BOUND,
+            builtin='torch.compile(mode="reduce-overhead")',
+        )
         idle = f"{g['host_launch_idle_ms_per_step']:.2f} ms per step"
         g["note"] = lb.note.format(
             kernels=g["kernels_per_step"],

@@ -15,6 +15,7 @@ from typing import Any
 
 from kerneltriage.analysis.model import Candidate, Report
 from kerneltriage.analysis.ranks import RankSummary
+from kerneltriage.analysis.vocabulary import Verdict
 from kerneltriage.report.gpu_text import NO_CEILINGS, tflops_text, unresolved_text
 from kerneltriage.report.shared import RANK_HEAD, offers_scaffold, rank_rows, scaffold_command
 from kerneltriage.report.text import (
@@ -99,7 +100,8 @@ def html_ranks(
                 "max_share": pct(c.max_share),
                 "skew": f"{c.skew:.2f}",
                 "by_rank": [
-                    {"rank": r, "id": c.ids[r], "verdict": c.verdicts.get(r, "skip")} for r in sorted(c.ids)
+                    {"rank": r, "id": c.ids[r], "verdict": c.verdicts.get(r, Verdict.SKIP)}
+                    for r in sorted(c.ids)
                 ],
             }
             for c in summary.candidates[: top or 10]
@@ -351,7 +353,9 @@ def _candidate(c: Candidate, run_ref: str, rank: int | None = None) -> dict[str,
         "distinct_shapes": shapes.distinct,
         "verdict": c.verdict,
         "verdict_text": verdict_text(c),
-        "verdict_detail": c.reason if c.verdict == "skip" else verdict_text(c, short=True).partition(": ")[2],
+        "verdict_detail": c.reason
+        if c.verdict == Verdict.SKIP
+        else verdict_text(c, short=True).partition(": ")[2],
         "reason": c.reason,
         "builtin": c.builtin,
         "note": c.note,

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.analysis.model import Candidate, Report
+from kerneltriage.analysis.vocabulary import Verdict
 from kerneltriage.errors import InputError
 from kerneltriage.report.text import ms, pct, times, verdict_text
 
@@ -35,12 +36,17 @@ if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
 PLOT_SUFFIXES = (".png", ".svg")
-VERDICT_COLORS = {"write": "#1a9850", "use-builtin": "#2166ac", "compile": "#e08214", "skip": "#8c8c8c"}
+VERDICT_COLORS = {
+    Verdict.WRITE: "#1a9850",
+    Verdict.USE_BUILTIN: "#2166ac",
+    Verdict.COMPILE: "#e08214",
+    Verdict.SKIP: "#8c8c8c",
+}
 VERDICT_LABELS = {
-    "write": "write a kernel",
-    "use-builtin": "use a built-in",
-    "compile": "try torch.compile",
-    "skip": "skip",
+    Verdict.WRITE: "write a kernel",
+    Verdict.USE_BUILTIN: "use a built-in",
+    Verdict.COMPILE: "try torch.compile",
+    Verdict.SKIP: Verdict.SKIP.value,
 }
 KIND_COLORS = {
     "attention": "#4e79a7",
@@ -240,9 +246,11 @@ def _fmt_tick(value: float, _pos: Any = None) -> str:
 
 def _labelled(points: list[Point]) -> list[Point]:
     """Points that get an id label: every actionable one, then the hottest, up to MAX_LABELS."""
-    ranked = sorted(points, key=lambda p: (p.candidate.verdict == "skip", p.candidate.rank))
-    actionable = [p for p in ranked if p.candidate.verdict != "skip"]
-    rest = sorted((p for p in ranked if p.candidate.verdict == "skip"), key=lambda p: -p.candidate.time_share)
+    ranked = sorted(points, key=lambda p: (p.candidate.verdict == Verdict.SKIP, p.candidate.rank))
+    actionable = [p for p in ranked if p.candidate.verdict != Verdict.SKIP]
+    rest = sorted(
+        (p for p in ranked if p.candidate.verdict == Verdict.SKIP), key=lambda p: -p.candidate.time_share
+    )
     return (actionable + rest)[: max(MAX_LABELS, len(actionable))]
 
 
@@ -283,7 +291,7 @@ def hot_points(points: list[Point]) -> list[Point]:
     total = sum(p.candidate.time_share for p in points)
     hot, covered = [], 0.0
     for p in sorted(points, key=lambda p: -p.candidate.time_share):
-        if covered < HOT_COVERAGE * total or p.candidate.verdict != "skip":
+        if covered < HOT_COVERAGE * total or p.candidate.verdict != Verdict.SKIP:
             hot.append(p)
         covered += p.candidate.time_share
     return hot or points
@@ -401,7 +409,7 @@ def _draw_points(ax: Any, data: RooflineData) -> None:
     fused region drawn at its measured bytes, across to its fused intensity too)."""
     for p in sorted(data.points, key=lambda p: -p.candidate.time_share):
         c = p.candidate
-        color = VERDICT_COLORS.get(c.verdict, VERDICT_COLORS["skip"])
+        color = VERDICT_COLORS.get(c.verdict, VERDICT_COLORS[Verdict.SKIP])
         if _has_arrow(p):
             _draw_arrow(ax, p, color)
         assert p.at is not None  # placed by _clamp
@@ -736,7 +744,7 @@ def _place_id_labels(
     for p in labelled:
         c = p.candidate
         r = _marker_radius_pt(c.time_share)
-        text = f"{c.id} {times(c.headroom)}" if c.headroom and c.verdict != "skip" else c.id
+        text = f"{c.id} {times(c.headroom)}" if c.headroom and c.verdict != Verdict.SKIP else c.id
         probe = annotate(text, p, 0, 0, "left", "bottom", None)  # its size, wherever it goes
         size = probe.get_window_extent(renderer)
         probe.remove()

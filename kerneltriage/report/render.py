@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kerneltriage.analysis.model import Candidate, Report
+from kerneltriage.analysis.vocabulary import Verdict
 from kerneltriage.report.gpu_text import gpu_lines
 from kerneltriage.report.shared import name_widths, offers_scaffold, scaffold_command, wrap_name
 from kerneltriage.report.text import (
@@ -31,7 +32,12 @@ from kerneltriage.report.text import (
 from kerneltriage.report.verify_text import realized_cell, verification_line
 
 FORMATS = ("terminal", "markdown", "json", "csv", "html")
-_VERDICT_STYLE = {"write": "bold green", "use-builtin": "bold cyan", "compile": "bold yellow", "skip": "dim"}
+_VERDICT_STYLE = {
+    Verdict.WRITE: "bold green",
+    Verdict.USE_BUILTIN: "bold cyan",
+    Verdict.COMPILE: "bold yellow",
+    Verdict.SKIP: "dim",
+}
 
 
 def render(
@@ -220,11 +226,11 @@ def _candidates_table(candidates: list[Candidate], width: int) -> Table:
 def _detailed(candidates: list[Candidate]) -> list[Candidate]:
     """The candidates shown in detail: every actionable one (else the first), then up to
     three skipped ones of at least 5% of the step."""
-    detail = [c for c in candidates if c.verdict != "skip"] or candidates[:1]
+    detail = [c for c in candidates if c.verdict != Verdict.SKIP] or candidates[:1]
     shown = {id(c) for c in detail}
-    detail += [c for c in candidates if c.verdict == "skip" and c.time_share >= 0.05 and id(c) not in shown][
-        :3
-    ]
+    detail += [
+        c for c in candidates if c.verdict == Verdict.SKIP and c.time_share >= 0.05 and id(c) not in shown
+    ][:3]
     return detail
 
 
@@ -252,7 +258,7 @@ def _print_candidate_detail(console: Console, c: Candidate, run_ref: str, rank: 
         )
     if c.verification:
         console.print(Text(f"  verify     {verification_line(c.verification)}"))
-    if c.verdict != "skip":
+    if c.verdict != Verdict.SKIP:
         why = c.reason + (f"; {c.note}" if c.note else "")
         console.print(f"  why        {why}")
         if c.fix:
@@ -291,7 +297,7 @@ def markdown(report: Report, *, top: int | None, run_ref: str, rank: int | None 
             f"{c.roofline.bound or '—'} | {c.shapes.distinct} | {_md_escape(verdict_text(c, short=True))} | {_saving(c)} |"
             + (f" {realized_cell(c.verification)} |" if verified else "")
         )
-    for c in [c for c in candidates if c.verdict != "skip"]:
+    for c in [c for c in candidates if c.verdict != Verdict.SKIP]:
         out += ["", f"### {c.id} {_md_escape(c.name)} → {verdict_text(c)}", ""]
         for name in ("headroom", "hotness", "stability"):
             mark, label, text = condition_line(name, c.conditions[name])

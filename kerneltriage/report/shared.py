@@ -13,18 +13,19 @@ from rich.cells import cell_len
 
 from kerneltriage.analysis.model import Candidate
 from kerneltriage.analysis.ranks import RankSummary
+from kerneltriage.analysis.vocabulary import Reason, Verdict
 from kerneltriage.report.text import ms
 
 RANK_HEAD = ("rank", "step time", "GPU busy", "communication", "exposed communication")
 
 # Skips for things that are no kernel at all: nothing to scaffold.
-NOT_A_KERNEL = ("not-a-kernel", "communication")
+NOT_A_KERNEL = (Reason.NOT_A_KERNEL, Reason.COMMUNICATION)
 
 
 def offers_scaffold(c: Candidate) -> bool:
     """Whether the report offers ``kerneltriage scaffold`` for ``c``: not for copies, memsets
     or collectives (skipped as ``not-a-kernel`` or ``communication``)."""
-    return not (c.verdict == "skip" and c.reason in NOT_A_KERNEL)
+    return not (c.verdict == Verdict.SKIP and c.reason in NOT_A_KERNEL)
 
 
 def scaffold_command(run_ref: str, ident: str, rank: int | None = None, *, quote: bool = False) -> str:

@@ -13,6 +13,7 @@ from kerneltriage.analysis.idle import (
     STALL,
 )
 from kerneltriage.analysis.model import Candidate, Condition, Report
+from kerneltriage.analysis.vocabulary import Reason, Verdict
 
 
 def pct(x: float | None, digits: int = 1) -> str:
@@ -70,8 +71,8 @@ def flops(x: float | None) -> str:
 def verdict_text(c: Candidate, short: bool = False) -> str:
     """``use-builtin: torch.nn.functional.scaled_dot_product_attention``; ``short`` keeps only
     the last name (``use-builtin: scaled_dot_product_attention``) for tables."""
-    if c.verdict == "skip":
-        return f"skip ({c.reason})"
+    if c.verdict == Verdict.SKIP:
+        return f"{c.verdict} ({c.reason})"
     if c.builtin:
         name = c.builtin.split(" ")[0].rsplit(".", 1)[-1] if short else c.builtin
         return f"{c.verdict}: {name}"
@@ -329,7 +330,7 @@ def compiled_lines(report: Report) -> list[str]:
         lines.append(text)
     for g in comp.get("launch_bound") or []:
         lines.append(
-            f"  {g['graph']} → compile: {g['builtin']} (launch-bound): {g['note']}; "
+            f"  {g['graph']} → {Verdict.COMPILE}: {g['builtin']} ({Reason.LAUNCH_BOUND}): {g['note']}; "
             f"saving up to {pct(g.get('expected_saving_share'))} of step time"
         )
         if g.get("fix"):

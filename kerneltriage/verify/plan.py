@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from kerneltriage.analysis.vocabulary import Verdict
 from kerneltriage.errors import InputError
 from kerneltriage.verify.apply import check
 
@@ -99,7 +100,7 @@ def select(candidates: list[Any], ids: list[str] | None, by_hand: str | None = N
     """The candidates asked for (``--candidates``, ``--by-hand``), else the actionable ones."""
     wanted = [by_hand] if by_hand else ids
     if not wanted:
-        return [c for c in candidates if c.verdict != "skip"]
+        return [c for c in candidates if c.verdict != Verdict.SKIP]
     by_id = {c.id.lower(): c for c in candidates}
     missing = [i for i in wanted if i.lower() not in by_id]
     if missing:
@@ -125,7 +126,7 @@ def plan_candidate(candidate: Any, by_hand: list[str] | None = None, *, distribu
         planned.why_not = "multi-process (torchrun) runs are not verified: run the script on one process"
     elif by_hand is not None:
         planned.apply = None  # the user's command carries the fix
-    elif candidate.verdict == "skip":
+    elif candidate.verdict == Verdict.SKIP:
         planned.why_not = "its verdict is skip: there is no fix to verify"
     elif recipe is None:
         planned.why_not = "the report gives no fix recipe for it" + _by_hand_hint(candidate)

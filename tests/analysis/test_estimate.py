@@ -102,3 +102,51 @@ def test_kernel_names_say_their_unit(name, precision):
 def test_work_scaled_keeps_its_tiles():
     w = estimate.Work(10.0, 20.0, "bf16", 7).scaled(2.0, 2.0)
     assert (w.flops, w.bytes, w.tiles) == (20.0, 40.0, 7)
+
+
+@pytest.fixture(scope="module")
+def gpt_ops():
+    """The first instance of each op-level group of the shipped GPT run (H200, autocast bf16)."""
+    from pathlib import Path
+
+    from kerneltriage.analysis.attribution import attribute
+    from kerneltriage.analysis.grouping import group_candidates
+    from kerneltriage.analysis.rules import load_rules
+    from kerneltriage.ingest.source import load_profile
+
+    timeline = load_profile(
+        Path(__file__).resolve().parents[2] / "examples" / "runs" / "gpt-naive-h200"
+    ).timelines[0]
+    groups = group_candidates(timeline, attribute(timeline, None), load_rules())
+    return [(g.kind, g.segments[0][1].ops[0]) for g in groups.values() if g.segments[0][1].level == "op"]
+
+
+def test_an_autocast_linear_of_the_run_is_a_bf16_gemm(gpt_ops):
+    """aten::linear records float inputs under autocast; its matmul computes in bf16: the
+    QKV projection (8192 tokens × 1024 → 3072) moves bf16 operands and runs at the bf16 roof."""
+    qkv = next(op for kind, op in gpt_ops if kind == "gemm" and op.dims[1] == [3072, 1024])
+    assert qkv.types[:2] == ["float", "float"] and qkv.compute_type == "c10::BFloat16"
+    w = estimate.op_work("gemm", qkv.name, qkv.dims, qkv.types, qkv.concrete, qkv.compute_type)
+    m, k, n = 4 * 2048, 1024, 3072
+    assert w.flops == 2.0 * m * k * n
+    assert w.bytes == 2 * (m * k + n * k + m * n) and w.precision == "bf16"
+    # Without the compute type the same op is an fp32 GEMM moving twice the bytes.
+    fp32 = estimate.op_work("gemm", qkv.name, qkv.dims, qkv.types, qkv.concrete, None)
+    assert fp32.flops == w.flops and fp32.bytes == 2 * w.bytes and fp32.precision == "fp32"
+
+
+def test_the_runs_elementwise_and_embedding_ops_move_their_tensors_once(gpt_ops):
+    by = {op.name: op for kind, op in gpt_ops if kind in ("elementwise", "embedding")}
+    gelu = by["aten::gelu"]
+    w = estimate.op_work("elementwise", gelu.name, gelu.dims, gelu.types, gelu.concrete, None)
+    assert w.bytes == 2 * (4 * 2048 * 4096) * 2  # read x, write y, bf16
+    # A mixed-precision residual add: an fp32 and a bf16 input, the output in fp32.
+    add = by["aten::add"]
+    assert add.types[:2] == ["float", "c10::BFloat16"]
+    w = estimate.op_work("elementwise", add.name, add.dims, add.types, add.concrete, None)
+    assert w.bytes == 4 * 2048 * 1024 * (4 + 2 + 4)
+    # The embedding reads the rows it gathers and the indices, and writes the activations.
+    emb = by["aten::embedding"]
+    w = estimate.op_work("embedding", emb.name, emb.dims, emb.types, emb.concrete, None)
+    tokens = 4 * 2048
+    assert w.flops == 0.0 and w.bytes == 2 * tokens * 1024 * 4 + tokens * 8  # fp32 rows, int64 ids

@@ -415,7 +415,8 @@ def test_compiling_a_module_class_names_the_other_candidates_it_fuses():
     naive.attrs["written"] = "naive"
     qproj = cand("gemm", "skip", module="model.layers.*.self_attn.q_proj (Linear)", id="C5", share=0.08)
     norm = cand("norm", "use-builtin", module="model.layers.*.input_layernorm (Gemma2RMSNorm)", id="C2")
-    inside = _compiled_with(rope, [rope, naive, qproj, norm], ["Gemma2Attention"])
+    min_share = load_rules().cutoffs.compiles_also_min_share
+    inside = _compiled_with(rope, [rope, naive, qproj, norm], ["Gemma2Attention"], min_share)
     # The naive attention's softmax and scaling fuse; the q projection stays cuBLAS's; the norm
     # runs outside the compiled class.
     assert [o.id for o in inside] == ["C1"]

@@ -18,11 +18,12 @@ from click.testing import CliRunner
 
 from kerneltriage.analysis.attention_rates import measured_range
 from kerneltriage.analysis.estimate import kernel_precision
+from kerneltriage.analysis.rules import load_rules
 from kerneltriage.cli import main
 
 CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "external-traces"
 TRACES = sorted(CORPUS.glob("*/*.json.gz"))
-AT_ROOF = 1.1  # analysis.roofline.AT_ROOF
+AT_ROOF = load_rules().cutoffs.at_roof
 BASES = {
     "ncu counters",
     "ncu counters (raised to the shape model's ceiling)",

@@ -107,6 +107,19 @@ def decide(
         shape = gemm_diagnostics(c, candidates, env)
         if shape:
             c.note = "; ".join([c.note, *shape] if c.note else shape)
+        _saving_basis(c)
+
+
+def _saving_basis(c: Candidate) -> None:
+    """How the row's saving was computed, for every renderer (``attrs["saving_basis"]``):
+    Amdahl on the headroom unless a scoped model set its own; none without a saving."""
+    if not c.expected_saving_share:
+        c.attrs.pop("saving_basis", None)
+        return
+    scoped = c.attrs.get("saving_scoped")
+    if scoped and not c.attrs.get("saving_basis"):
+        c.attrs["saving_basis"] = str(scoped)
+    c.attrs.setdefault("saving_basis", "share × (1 − 1/headroom)")
 
 
 def shown_share(share: float) -> float:
@@ -432,6 +445,29 @@ def _fp32_simt(k) -> bool:
     return bool(_FP32_SIMT.search(k.name) or _FP32_TEMPLATE.search(k.full_name))
 
 
+def _tensor_core_gain(c: Candidate, gpu: GPUSpec, tensor: str, ratio: float) -> tuple[float, str]:
+    """How much faster the FP32 SIMT kernels of ``c`` run on the tensor cores, and why: at most
+    the ratio of the GPU's tensor to FP32 ceilings, and no faster than the byte model of its
+    shapes allows (16-bit operands halve its bytes; its FLOPs at the tensor ceiling, on the
+    share of the SMs its tiles fill). Without a byte model only the halved bytes are sure (the
+    gain of a layer at the memory roof): compute-bound layers gain more, which shapes or
+    counters would show."""
+    r = c.roofline
+    if r.bytes and r.flops and r.source in ("estimate", "ncu", "ncu+estimate") and c.time_ms_per_step:
+        work_ms = max(r.flops / (gpu.peak(tensor) * (r.fill or 1.0)), r.bytes / 2.0 / gpu.bandwidth) * 1e3
+        after_ms = max(work_ms, r.launch_floor_ms or 0.0)
+        gain = max(1.0, min(ratio, c.time_ms_per_step / after_ms))
+        return gain, (
+            f"its shapes' bytes (halved) and FLOPs need {after_ms:.3g} ms per step on the tensor cores; "
+            f"at most {ratio:.0f}×, {gpu.name}'s tensor ÷ FP32 ceilings"
+        )
+    gain = min(ratio, 2.0)
+    return gain, (
+        "no byte model of its shapes, so only the halved bytes of 16-bit operands are sure; compute-bound "
+        f"layers gain up to {ratio:.0f}× ({gpu.name}'s tensor ÷ FP32 ceilings), which counters would show"
+    )
+
+
 _LAYOUT = re.compile(r"nchwToNhwc|nhwcToNchw|batched_transpose|NCHWToNHWC|NHWCToNCHW")
 
 
@@ -455,14 +491,16 @@ def _library_advice(c: Candidate, gpu: GPUSpec | None) -> None:
             and c.reason != "communication"
         ):
             # The cheapest win on the table: the same library, on the tensor cores.
-            ratio = gpu.peak("tf32" if tf32 else "fp16_tensor") / gpu.peak("fp32")
+            tensor = "tf32" if tf32 else "fp16_tensor"
+            ratio = gpu.peak(tensor) / gpu.peak("fp32")
             if ratio >= 2.0:
+                gain, why = _tensor_core_gain(c, gpu, tensor, ratio)
                 c.verdict, c.reason, c.builtin = "use-builtin", "fp32-off-tensor-cores", fix
-                c.expected_saving_share = c.time_share * (fp32 / total) * (1.0 - 1.0 / ratio)
-                advice.append(
-                    f"saving bound: the {ratio:.0f}× ratio of {gpu.name}'s tensor to FP32 ceilings on those kernels; "
-                    "memory-bound layers gain less"
+                c.expected_saving_share = c.time_share * (fp32 / total) * (1.0 - 1.0 / gain)
+                c.attrs["saving_basis"] = (
+                    f"share × {fp32 / total:.0%} FP32 SIMT time × (1 − 1/{gain:.2g}): {why}"
                 )
+                advice.append(f"the saving counts those kernels only, {gain:.2g}× faster on the tensor cores")
     layout = sum(k.time_ms_per_step for k in c.kernels if _LAYOUT.search(k.full_name))
     if c.kind == "convolution" and layout >= 0.1 * total:
         advice.append(
@@ -515,6 +553,7 @@ def _fix(c: Candidate, candidates: list[Candidate], rules: Rules, env: Environme
         # fused kernel's 4): the prediction counts what the fix covers.
         c.expected_saving_share = max(0.0, c.time_share * (1.0 - 1.25 / c.headroom))
         c.attrs["saving_scoped"] = "the norm without its residual add"
+        c.attrs["saving_basis"] = "share × (1 − 1.25/headroom): the norm without its residual add"
         c.note = "; ".join(
             x for x in (c.note, "the fix swaps the norm only: the residual add before it stays eager") if x
         )
@@ -656,6 +695,7 @@ def _library_attention(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
             HOW[best_name],
         )
         c.expected_saving_share = c.time_share * (1.0 - this / best)
+        c.attrs["saving_basis"] = f"share × (1 − {this:.0f}/{best:.0f}): {backend}'s measured rate over {best_name}'s"
         c.note = f"the same attention through a faster backend on {gpu.name}"
         return
     c.expected_saving_share = 0.0

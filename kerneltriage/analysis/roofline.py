@@ -197,10 +197,6 @@ def place_on_roofline(
     )
 
 
-# A headroom below this is at the roof: ceilings are measured to a few percent, so nothing
-# closer to one than this is "below its roof" (verdict.py never passes the condition there).
-AT_ROOF = 1.1
-
 # A point above its roof is a kernel that ran faster than the ceiling allows: the FLOPs (or
 # DRAM bytes) Nsight Compute counted for a launch over the time the trace measured for it.
 # Shape estimates (a causal mask skips half the FLOPs they count) and fused ceilings are not

@@ -48,6 +48,7 @@ class Thresholds:
     join_max_duration_ratio: float
     max_estimated_headroom: float
     min_estimated_headroom: float
+    at_roof: float
 
     def to_json(self) -> dict[str, float]:
         return asdict(self)
@@ -73,6 +74,7 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "join_max_duration_ratio": (1.0, math.inf, "a ratio of durations and must be at least 1"),
     "max_estimated_headroom": (1.0, math.inf, "a ratio of times and must be at least 1"),
     "min_estimated_headroom": (0.0, 1.0, "a ratio of times and must be in (0, 1]"),
+    "at_roof": (1.0, math.inf, "a ratio of times and must be at least 1"),
 }
 #: Thresholds whose lowest value is excluded.
 _ABOVE = frozenset({"top_fraction", "min_estimated_headroom"})

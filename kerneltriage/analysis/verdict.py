@@ -37,7 +37,6 @@ from kerneltriage.analysis.fixes import (
 )
 from kerneltriage.analysis.gpus import GPUSpec, attention_perf
 from kerneltriage.analysis.model import Candidate, Condition
-from kerneltriage.analysis.roofline import AT_ROOF
 from kerneltriage.analysis.rules import Rules
 
 # Below this share of the best measured backend a library backend is worth switching.
@@ -63,9 +62,9 @@ def decide(
         c.conditions["headroom"] = Condition(
             value=h,
             threshold=t.min_headroom,
-            # Within AT_ROOF of the ceiling is at the roof whatever --min-headroom says; below 1
+            # Within the rules' at_roof of the ceiling is at the roof whatever --min-headroom says; below 1
             # the measurement and its ceiling disagree: no verdict is built on it.
-            passed=None if h is None or h < 1.0 else shown_headroom(h) >= max(t.min_headroom, AT_ROOF),
+            passed=None if h is None or h < 1.0 else shown_headroom(h) >= max(t.min_headroom, t.at_roof),
             detail=_headroom_detail(c),
         )
         share = shown_share(c.time_share)
@@ -342,7 +341,7 @@ def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
     if not cond["headroom"].passed:
         library = c.attrs.get("library_op") or _already_uses(c, rec)
         c.verdict, c.note = "skip", ""
-        if shown_headroom(c.headroom) < AT_ROOF:
+        if shown_headroom(c.headroom) < rules.thresholds.at_roof:
             c.reason = "library-at-roof" if library else "at-roof"
         else:
             _low_headroom(c, rules, "library " if library else "")
@@ -413,7 +412,7 @@ def _inductor_verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
         return
     if not cond["headroom"].passed:
         c.verdict = "skip"
-        if shown_headroom(c.headroom) < AT_ROOF:
+        if shown_headroom(c.headroom) < rules.thresholds.at_roof:
             c.reason = "compiled-at-roof"
             c.note = str(rec.get("at_roof_note", "")).format(headroom=f"{shown_headroom(c.headroom):g}×")
         else:
@@ -708,7 +707,7 @@ def _library_attention(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
         c.note = "check the shapes first (tiny head counts or sequence lengths starve any attention kernel)"
         return
     c.verdict = "skip"
-    if shown_headroom(c.headroom or 1.0) < AT_ROOF:
+    if shown_headroom(c.headroom or 1.0) < rules.thresholds.at_roof:
         c.reason = "library-at-roof"
         c.note = f"{name} attention at {achieved:.0f} of the {best:.0f} TFLOP/s best measured here"
     else:

@@ -1,5 +1,5 @@
 """Roofs a run measured above are raised (``roofline.raised_roofs``), and a headroom below
-``AT_ROOF`` reads at the roof, on the shipped H200 and H100 runs."""
+the rules' ``at_roof`` reads at the roof, on the shipped H200 and H100 runs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 
 from kerneltriage.analysis.attribution import attribute
 from kerneltriage.analysis.join import join_counters
-from kerneltriage.analysis.roofline import AT_ROOF, raised_roofs, with_raised_roofs
+from kerneltriage.analysis.roofline import raised_roofs, with_raised_roofs
+from kerneltriage.analysis.rules import default_thresholds
 from kerneltriage.analysis.verdict import shown_headroom
 from kerneltriage.api import build_report
 from kerneltriage.api import report as api_report
@@ -20,6 +21,7 @@ from kerneltriage.ingest.source import load_profile
 RUNS = Path(__file__).resolve().parents[2] / "examples" / "runs"
 NAIVE = RUNS / "gpt-naive-h200"
 EAGER = RUNS / "gpt2-eager-h100"
+AT_ROOF = default_thresholds().at_roof
 
 
 @pytest.fixture(scope="module")

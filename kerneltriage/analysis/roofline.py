@@ -110,6 +110,14 @@ def _launches(k: pd.DataFrame) -> float:
     return float((k["kind"] == "kernel").sum())
 
 
+def _floor_ns(k: pd.DataFrame, per_launch_ns: float) -> float:
+    """The launch floor of ``k``: each kernel launch at the GPU's per-launch floor, or at what
+    it ran where it ran shorter (the floor is an estimate off its measured family; a kernel
+    that ran shorter shows this GPU's floor is lower, not that it beat its ceiling)."""
+    dur = k.loc[(k["kind"] == "kernel").to_numpy(), "dur"].to_numpy(dtype=float)
+    return float(np.minimum(dur, per_launch_ns).sum())
+
+
 def place_on_roofline(
     g: Group, k: pd.DataFrame, rows: pd.Series, counters: Counters | None, gpu: GPUSpec | None, n_steps: int
 ) -> Roofline:
@@ -169,7 +177,7 @@ def place_on_roofline(
     if flops and bytes_ and flops / bytes_ < 1.0:
         precision = precision if est else "fp32"
     launches = _launches(k)
-    floor_ns = launches * gpu.launch_floor_us * 1e3
+    floor_ns = _floor_ns(k, gpu.launch_floor_us * 1e3)
     work_ceiling = ceiling
     launch_bound = bool(floor_ns > (work_ceiling or 0.0))
     ceiling = max(work_ceiling or 0.0, floor_ns) or None

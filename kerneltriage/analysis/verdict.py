@@ -185,7 +185,7 @@ def _headroom_detail(c: Candidate) -> str:
         else f"{r.bound}-bound ceiling"
     )
     if r.launch_bound:
-        what = f"launch floor ({r.launches_per_step:.3g} launches per step as launched × {_floor_us(r):.3g} µs; the work alone needs {_ms(r.work_ceiling_ms)})"
+        what = f"launch floor ({r.launches_per_step:.3g} launches per step as launched × {_floor_us(r):.3g} µs, no launch above what it ran; the work alone needs {_ms(r.work_ceiling_ms)})"
     elif r.fill < 0.95:
         what += f" (its output tiles fill {r.fill:.0%} of the SMs)"
     return f"{c.time_ms_per_step:.3g} ms measured vs {r.ceiling_ms:.3g} ms {what} [{r.source}]"

@@ -694,7 +694,9 @@ def _library_attention(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
             HOW[best_name],
         )
         c.expected_saving_share = c.time_share * (1.0 - this / best)
-        c.attrs["saving_basis"] = f"share × (1 − {this:.0f}/{best:.0f}): {backend}'s measured rate over {best_name}'s"
+        c.attrs["saving_basis"] = (
+            f"share × (1 − {this:.0f}/{best:.0f}): {backend}'s measured rate over {best_name}'s"
+        )
         c.note = f"the same attention through a faster backend on {gpu.name}"
         return
     c.expected_saving_share = 0.0

@@ -355,7 +355,7 @@ def infer_gpu(properties: dict[str, Any]) -> tuple[str, str] | None:
     def distance(key: str) -> tuple[int, float]:
         e = table[key]
         memory = abs(float(e.get("memory_gb") or 0) - facts.memory_gb) if facts.memory_gb else 0.0
-        return abs(int(e["sms"]) - facts.sms), memory
+        return abs(int(e["sms"]) - (facts.sms or 0)), memory
 
     rows.sort(key=distance)  # stable: table order among equals
     best = rows[0]

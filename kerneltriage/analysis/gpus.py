@@ -37,6 +37,9 @@ class Achievable:
     vector: float
     source: str  # the full provenance
     label: str = ""  # a short one, for headers
+    # Fractions measured on another GPU family than this one's (H100's applied to a V100):
+    # an estimate here, and the header and JSON say so.
+    estimate: bool = False
 
     def fraction(self, precision: str) -> float:
         return self.tensor if precision in TENSOR_PRECISIONS else self.vector
@@ -47,6 +50,8 @@ class Achievable:
             "tensor": self.tensor,
             "vector": self.vector,
             "source": self.source,
+            "label": self.label,
+            "estimate": self.estimate,
         }
 
 
@@ -220,18 +225,22 @@ def achievable_for(key: str) -> tuple[Achievable, float, str]:
     vendor_label = str(default.get("label") or f"{vendor} default")
     measured_on = [tuple(c) for c in default.get("measured_compute") or []]
     compute = tuple(entry.get("compute") or ())
+    estimate = bool(measured_on) and compute not in measured_on and len(from_row) < 3
     if measured_on and compute not in measured_on:
         # Fractions measured on another GPU family: an estimate here, and said so.
         family = ".".join(str(x) for x in compute) if compute else "?"
         vendor_label = f"estimate for compute {family}: {vendor_label}, not measured on this family"
+    vendor_source = str(default.get("source", ""))
+    if measured_on and compute not in measured_on:
+        vendor_source = f"estimate, not measured on compute {family}: {vendor_source}"
     if not from_row:
-        source, label = str(default.get("source", "")), vendor_label
+        source, label = vendor_source, vendor_label
     else:
         rest = [n for n in ("bandwidth", "tensor", "vector") if n not in from_row]
         source = f"{', '.join(from_row)}: {own.get('source', key)}"
         label = str(own.get("label") or own.get("source", key))
         if rest:
-            source += f"; {', '.join(rest)}: {default.get('source', vendor_label)}"
+            source += f"; {', '.join(rest)}: {vendor_source or vendor_label}"
             label += f"; {', '.join(rest)}: {vendor_label}"
     floor = entry.get("launch_floor_us", default.get("launch_floor_us"))
     if not isinstance(floor, (int, float)) or floor <= 0:
@@ -240,7 +249,9 @@ def achievable_for(key: str) -> tuple[Achievable, float, str]:
         floor_source = str(entry.get("launch_floor_source") or own.get("source") or key)
     else:
         floor_source = f"{vendor} default: {default.get('launch_floor_source', '')}"
-    return Achievable(source=source, label=label, **values), float(floor), floor_source
+        if measured_on and compute not in measured_on:
+            floor_source += f" (an estimate on compute {family}: not measured on this family)"
+    return Achievable(source=source, label=label, estimate=estimate, **values), float(floor), floor_source
 
 
 def spec_for(key: str, resolved_by: str, resolution: str) -> GPUSpec:
@@ -344,7 +355,7 @@ def infer_gpu(properties: dict[str, Any]) -> tuple[str, str] | None:
     def distance(key: str) -> tuple[int, float]:
         e = table[key]
         memory = abs(float(e.get("memory_gb") or 0) - facts.memory_gb) if facts.memory_gb else 0.0
-        return abs(int(e["sms"]) - facts.sms), memory
+        return abs(int(e["sms"]) - (facts.sms or 0)), memory
 
     rows.sort(key=distance)  # stable: table order among equals
     best = rows[0]

@@ -36,7 +36,8 @@ def _tensor_precision(g: Group) -> str:
     if dtype is None:
         for _, seg in g.segments[:1]:
             op = seg.ops[0]
-            dtype = op.compute_type or (tensor_inputs(op.dims, op.types) or [(None, None)])[0][1]
+            tensors = tensor_inputs(op.dims, op.types)
+            dtype = op.compute_type or (tensors[0][1] if tensors else None)
     return estimate.TENSOR_PRECISION.get(dtype or "", "bf16")
 
 
@@ -63,7 +64,7 @@ def kernel_unit(g: Group, k: pd.DataFrame) -> str | None:
             by[p] = by.get(p, 0.0) + dur
     if not by:
         return None
-    best = max(by, key=by.get)
+    best = max(by, key=lambda p: by[p])
     return best if by[best] >= 0.5 * float(k["dur"].sum()) else None
 
 
@@ -110,6 +111,14 @@ def _launches(k: pd.DataFrame) -> float:
     return float((k["kind"] == "kernel").sum())
 
 
+def _floor_ns(k: pd.DataFrame, per_launch_ns: float) -> float:
+    """The launch floor of ``k``: each kernel launch at the GPU's per-launch floor, or at what
+    it ran where it ran shorter (the floor is an estimate off its measured family; a kernel
+    that ran shorter shows this GPU's floor is lower, not that it beat its ceiling)."""
+    dur = k.loc[(k["kind"] == "kernel").to_numpy(), "dur"].to_numpy(dtype=float)
+    return float(np.minimum(dur, per_launch_ns).sum())
+
+
 def place_on_roofline(
     g: Group, k: pd.DataFrame, rows: pd.Series, counters: Counters | None, gpu: GPUSpec | None, n_steps: int
 ) -> Roofline:
@@ -149,8 +158,9 @@ def place_on_roofline(
             cnt_flops = float(sum(np.nansum(v) for v in parts.values()) + np.nansum(tensor)) * scale
             measured_bytes = cnt_bytes / n_steps
 
-    fused = g.level == "region" and est is not None
-    if fused:
+    ceiling: float | None
+    bytes_: float | None
+    if g.level == "region" and est is not None:
         # The fused ceiling: only external inputs, outputs and parameters cross HBM.
         ceiling, bytes_, flops, source = est_ceiling, est.bytes, est.flops, "fused estimate"
     elif cnt_ceiling is not None and coverage >= 0.5:
@@ -169,7 +179,7 @@ def place_on_roofline(
     if flops and bytes_ and flops / bytes_ < 1.0:
         precision = precision if est else "fp32"
     launches = _launches(k)
-    floor_ns = launches * gpu.launch_floor_us * 1e3
+    floor_ns = _floor_ns(k, gpu.launch_floor_us * 1e3)
     work_ceiling = ceiling
     launch_bound = bool(floor_ns > (work_ceiling or 0.0))
     ceiling = max(work_ceiling or 0.0, floor_ns) or None

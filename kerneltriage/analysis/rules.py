@@ -56,6 +56,7 @@ class Thresholds:
     join_max_duration_ratio: float
     max_estimated_headroom: float
     min_estimated_headroom: float
+    at_roof: float
 
     def to_json(self) -> dict[str, float]:
         return asdict(self)
@@ -68,7 +69,6 @@ class Cutoffs:
     came from). Not command-line flags and not in the report's JSON ``thresholds``; a rules
     file that leaves one out keeps ``rules_schema.CUTOFF_DEFAULTS``, the shipped figure."""
 
-    at_roof: float
     near_floor: float
     library_vendor_share: float
     switch_ratio: float
@@ -81,7 +81,6 @@ class Cutoffs:
 
 #: Cut-off -> (lowest, highest, what the range means), checked as ``RANGES`` are.
 CUTOFF_RANGES: dict[str, tuple[float, float, str]] = {
-    "at_roof": (1.0, math.inf, "a ratio of times and must be at least 1"),
     "near_floor": (1.0, math.inf, "a multiple of the launch floor and must be at least 1"),
     "library_vendor_share": (0.0, 1.0, "a share of kernel time and must be in [0, 1]"),
     "switch_ratio": (1.0, math.inf, "a ratio of rates and must be at least 1"),
@@ -113,6 +112,7 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "join_max_duration_ratio": (1.0, math.inf, "a ratio of durations and must be at least 1"),
     "max_estimated_headroom": (1.0, math.inf, "a ratio of times and must be at least 1"),
     "min_estimated_headroom": (0.0, 1.0, "a ratio of times and must be in (0, 1]"),
+    "at_roof": (1.0, math.inf, "a ratio of times and must be at least 1"),
 }
 #: Thresholds whose lowest value is excluded.
 _ABOVE = frozenset({"top_fraction", "min_estimated_headroom"})

@@ -111,7 +111,6 @@ class Thresholds(BaseModel):
     (``rules.Cutoffs``) are typed here, each defaulting to its figure in default.yaml."""
 
     model_config = _Open
-    at_roof: Number = 1.1
     near_floor: Number = 3.0
     library_vendor_share: Number = 0.5
     switch_ratio: Number = 1.15

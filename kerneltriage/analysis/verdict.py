@@ -73,7 +73,7 @@ def decide(
             # says; below 1 the measurement and its ceiling disagree: no verdict is built on it.
             passed=None
             if h is None or h < 1.0
-            else shown_headroom(h) >= max(t.min_headroom, rules.cutoffs.at_roof),
+            else shown_headroom(h) >= max(t.min_headroom, rules.thresholds.at_roof),
             detail=_headroom_detail(c),
         )
         share = shown_share(c.time_share)
@@ -119,6 +119,19 @@ def _fixes(candidates: list[Candidate], rules: Rules, env: Environment) -> None:
         shape = gemm_diagnostics(c, candidates, env)
         if shape:
             c.note = "; ".join([c.note, *shape] if c.note else shape)
+        _saving_basis(c)
+
+
+def _saving_basis(c: Candidate) -> None:
+    """How the row's saving was computed, for every renderer (``attrs["saving_basis"]``):
+    Amdahl on the headroom unless a scoped model set its own; none without a saving."""
+    if not c.expected_saving_share:
+        c.attrs.pop("saving_basis", None)
+        return
+    scoped = c.attrs.get("saving_scoped")
+    if scoped and not c.attrs.get("saving_basis"):
+        c.attrs["saving_basis"] = str(scoped)
+    c.attrs.setdefault("saving_basis", "share × (1 − 1/headroom)")
 
 
 def shown_share(share: float) -> float:
@@ -185,7 +198,7 @@ def _headroom_detail(c: Candidate) -> str:
         else f"{r.bound}-bound ceiling"
     )
     if r.launch_bound:
-        what = f"launch floor ({r.launches_per_step:.3g} launches per step as launched × {_floor_us(r):.3g} µs; the work alone needs {_ms(r.work_ceiling_ms)})"
+        what = f"launch floor ({r.launches_per_step:.3g} launches per step as launched × {_floor_us(r):.3g} µs, no launch above what it ran; the work alone needs {_ms(r.work_ceiling_ms)})"
     elif r.fill < 0.95:
         what += f" (its output tiles fill {r.fill:.0%} of the SMs)"
     return f"{c.time_ms_per_step:.3g} ms measured vs {r.ceiling_ms:.3g} ms {what} [{r.source}]"
@@ -379,7 +392,7 @@ def _skip_below_headroom(c: Candidate, rules: Rules, rec: dict[str, Any]) -> boo
         return False
     library = c.attrs.get("library_op") or _already_uses(c, rec)
     c.verdict, c.note = Verdict.SKIP, ""
-    if shown_headroom(c.headroom or 1.0) < rules.cutoffs.at_roof:
+    if shown_headroom(c.headroom or 1.0) < rules.thresholds.at_roof:
         c.reason = Reason.LIBRARY_AT_ROOF if library else Reason.AT_ROOF
     else:
         _low_headroom(c, rules, "library " if library else "")
@@ -490,7 +503,7 @@ def _inductor_below_headroom(c: Candidate, rules: Rules, rec: dict[str, Any]) ->
         return False
     c.verdict = Verdict.SKIP
     headroom = shown_headroom(c.headroom or 1.0)
-    if headroom < rules.cutoffs.at_roof:
+    if headroom < rules.thresholds.at_roof:
         c.reason = Reason.COMPILED_AT_ROOF
         c.note = str(rec.get("at_roof_note", "")).format(headroom=f"{headroom:g}×")
     else:
@@ -535,6 +548,29 @@ def _library_advice(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
         c.note = "; ".join([c.note, *advice]) if c.note else "; ".join(advice)
 
 
+def _tensor_core_gain(c: Candidate, gpu: GPUSpec, tensor: str, ratio: float) -> tuple[float, str]:
+    """How much faster the FP32 SIMT kernels of ``c`` run on the tensor cores, and why: at most
+    the ratio of the GPU's tensor to FP32 ceilings, and no faster than the byte model of its
+    shapes allows (16-bit operands halve its bytes; its FLOPs at the tensor ceiling, on the
+    share of the SMs its tiles fill). Without a byte model only the halved bytes are sure (the
+    gain of a layer at the memory roof): compute-bound layers gain more, which shapes or
+    counters would show."""
+    r = c.roofline
+    if r.bytes and r.flops and r.source in ("estimate", "ncu", "ncu+estimate") and c.time_ms_per_step:
+        work_ms = max(r.flops / (gpu.peak(tensor) * (r.fill or 1.0)), r.bytes / 2.0 / gpu.bandwidth) * 1e3
+        after_ms = max(work_ms, r.launch_floor_ms or 0.0)
+        gain = max(1.0, min(ratio, c.time_ms_per_step / after_ms))
+        return gain, (
+            f"its shapes' bytes (halved) and FLOPs need {after_ms:.3g} ms per step on the tensor cores; "
+            f"at most {ratio:.0f}×, {gpu.name}'s tensor ÷ FP32 ceilings"
+        )
+    gain = min(ratio, 2.0)
+    return gain, (
+        "no byte model of its shapes, so only the halved bytes of 16-bit operands are sure; compute-bound "
+        f"layers gain up to {ratio:.0f}× ({gpu.name}'s tensor ÷ FP32 ceilings), which counters would show"
+    )
+
+
 def _fp32_advice(c: Candidate, rules: Rules, gpu: GPUSpec | None, share: float) -> list[str]:
     """FP32 SIMT kernels take ``share`` of its time: the tensor-core setting to try, and on a
     hot skip `use-builtin (fp32-off-tensor-cores)`, the cheapest win on the table."""
@@ -549,14 +585,14 @@ def _fp32_advice(c: Candidate, rules: Rules, gpu: GPUSpec | None, share: float) 
         or c.reason == Reason.COMMUNICATION
     ):
         return advice
-    ratio = gpu.peak("tf32" if tf32 else "fp16_tensor") / gpu.peak("fp32")
+    tensor = "tf32" if tf32 else "fp16_tensor"
+    ratio = gpu.peak(tensor) / gpu.peak("fp32")
     if ratio >= rules.cutoffs.fp32_min_speedup:
+        gain, why = _tensor_core_gain(c, gpu, tensor, ratio)
         c.verdict, c.reason, c.builtin = Verdict.USE_BUILTIN, Reason.FP32_OFF_TENSOR_CORES, fix
-        c.expected_saving_share = c.time_share * share * (1.0 - 1.0 / ratio)
-        advice.append(
-            f"saving bound: the {ratio:.0f}× ratio of {gpu.name}'s tensor to FP32 ceilings on those kernels; "
-            "memory-bound layers gain less"
-        )
+        c.expected_saving_share = c.time_share * share * (1.0 - 1.0 / gain)
+        c.attrs["saving_basis"] = f"share × {share:.0%} FP32 SIMT time × (1 − 1/{gain:.2g}): {why}"
+        advice.append(f"the saving counts those kernels only, {gain:.2g}× faster on the tensor cores")
     return advice
 
 
@@ -604,6 +640,7 @@ def _fix(c: Candidate, candidates: list[Candidate], rules: Rules, env: Environme
         # fused kernel's 4): the prediction counts what the fix covers.
         c.expected_saving_share = max(0.0, c.time_share * (1.0 - 1.25 / c.headroom))
         c.attrs["saving_scoped"] = "the norm without its residual add"
+        c.attrs["saving_basis"] = "share × (1 − 1.25/headroom): the norm without its residual add"
         c.note = "; ".join(
             x for x in (c.note, "the fix swaps the norm only: the residual add before it stays eager") if x
         )
@@ -846,6 +883,9 @@ def _switch_backend(
         backend=best_name, best=best, this=this, current=lib.backend, basis=rates.basis
     )
     c.expected_saving_share = c.time_share * (1.0 - this / best)
+    c.attrs["saving_basis"] = (
+        f"share × (1 − {this:.0f}/{best:.0f}): {lib.backend}'s measured rate over {best_name}'s"
+    )
     c.note = f"the same attention through a faster backend on {gpu.name}"
     return True
 
@@ -868,7 +908,7 @@ def _write_library_attention(
 def _skip_library_attention(c: Candidate, rules: Rules, lib: _LibraryRate, rates: AttentionRates) -> None:
     """Near the best library rate, or short of the rules' headroom."""
     c.verdict = Verdict.SKIP
-    if shown_headroom(c.headroom or 1.0) < rules.cutoffs.at_roof:
+    if shown_headroom(c.headroom or 1.0) < rules.thresholds.at_roof:
         c.reason = Reason.LIBRARY_AT_ROOF
         c.note = f"{lib.name} attention at {lib.achieved:.0f} of the {rates.best[1]:.0f} TFLOP/s best measured here"
     else:

@@ -26,6 +26,7 @@ from kerneltriage.report.text import (
     ms,
     pct,
     roofline_line,
+    saving_basis,
     unattributed_text,
     verdict_text,
 )
@@ -254,7 +255,7 @@ def _print_candidate_detail(console: Console, c: Candidate, run_ref: str, rank: 
     if c.expected_saving_share:
         console.print(
             f"  saving     up to {pct(c.expected_saving_share)} of step time "
-            f"({ms(c.expected_saving_ms)}) = share × (1 − 1/headroom)"
+            f"({ms(c.expected_saving_ms)}) = {saving_basis(c)}"
         )
     if c.verification:
         console.print(Text(f"  verify     {verification_line(c.verification)}"))
@@ -306,6 +307,7 @@ def markdown(report: Report, *, top: int | None, run_ref: str, rank: int | None 
         if c.expected_saving_share:
             out.append(
                 f"- saving: up to {pct(c.expected_saving_share)} of step time ({ms(c.expected_saving_ms)})"
+                f" = {_md_escape(saving_basis(c))}"
             )
         if c.verification:
             out.append(f"- verify: {_md_escape(verification_line(c.verification))}")

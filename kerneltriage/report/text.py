@@ -91,6 +91,11 @@ def condition_line(name: str, cond: Condition) -> tuple[str, str, str]:
     return mark, name, f"{value} — {cond.detail}"
 
 
+def saving_basis(c: Candidate) -> str:
+    """How a row's saving was computed (the analysis says, per candidate; Amdahl by default)."""
+    return str(c.attrs.get("saving_basis") or "share × (1 − 1/headroom)")
+
+
 def roofline_line(c: Candidate) -> str:
     r = c.roofline
     if r.ceiling_ms is None:

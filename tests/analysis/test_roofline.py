@@ -12,7 +12,7 @@ import pytest
 from kerneltriage.analysis.attribution import attribute
 from kerneltriage.analysis.join import join_counters
 from kerneltriage.analysis.roofline import raised_roofs, with_raised_roofs
-from kerneltriage.analysis.rules import load_rules
+from kerneltriage.analysis.rules import default_thresholds
 from kerneltriage.analysis.verdict import shown_headroom
 from kerneltriage.api import build_report
 from kerneltriage.api import report as api_report
@@ -21,7 +21,7 @@ from kerneltriage.ingest.source import load_profile
 RUNS = Path(__file__).resolve().parents[2] / "examples" / "runs"
 NAIVE = RUNS / "gpt-naive-h200"
 EAGER = RUNS / "gpt2-eager-h100"
-AT_ROOF = load_rules().cutoffs.at_roof
+AT_ROOF = default_thresholds().at_roof
 
 
 @pytest.fixture(scope="module")

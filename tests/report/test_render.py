@@ -133,7 +133,8 @@ def test_one_gpu_spec_from_resolution_to_rendering():
     raised = rep.gpu.measured["raised"]["bandwidth"]
     assert raised["from"] == pytest.approx(4800 * gpu["achievable"]["bandwidth"])
     assert gpu["ceiling_bandwidth_gbs"] == raised["to"] > raised["from"]
-    assert set(gpu["achievable"]) == {"bandwidth", "tensor", "vector", "source"}
+    assert set(gpu["achievable"]) == {"bandwidth", "tensor", "vector", "source", "label", "estimate"}
+    assert gpu["achievable"]["estimate"] is False  # the H200's fractions were measured on an H200
     assert gpu["resolved_by"] == "name" and gpu["launch_floor_us"] == rep.gpu.launch_floor_us
     assert data["thresholds"] == rep.thresholds.to_json()
 

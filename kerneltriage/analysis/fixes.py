@@ -404,6 +404,11 @@ def unmet(recipe: Recipe, env: Environment, params: dict[str, Any]) -> str | Non
             return "no lm_head GEMM of this loss in the trace to judge a fused linear CE against"
         if judged["gain_ms"] <= 0:
             return judged["why"]
+        if judged["saving_share"] < judged.get("loss_only_share", 0.0):
+            return (
+                f"{judged['why']}: {judged['saving_share']:.1%} of the step, below the "
+                f"{judged['loss_only_share']:.1%} the loss-only kernel saves"
+            )
     return None
 
 
@@ -768,6 +773,9 @@ def detect_params(c: Any, candidates: list[Any], env: Environment, step_ms: floa
         if "FusedLinear" in (c.builtin or ""):
             judged = fused_linear_ce(c, gemm, env, step_ms)
             if judged:
+                # What the loss-only kernel saves (the candidate's own prediction): a fused
+                # linear CE that saves less is declined for it.
+                judged["loss_only_share"] = c.expected_saving_share
                 params["fused_linear_ce"] = judged
         return params
     if c.kind == "norm" and c.attrs.get("residual_add"):

@@ -2,7 +2,8 @@
 
 Each entry of ``RUN/verify.json`` goes to the candidate with its id (and name: a report made
 with other rules numbers its candidates otherwise, and an entry is then left out with a
-warning). The ranking then uses the realized saving where a fix was verified; a fix refuted or
+warning), when it measured the fix the report offers now (a newer version or other rules may
+offer another; that entry is left out with a warning too). The ranking then uses the realized saving where a fix was verified; a fix refuted or
 one that changes the model's results goes after every actionable candidate, like a skip.
 """
 
@@ -36,6 +37,13 @@ def attach(report: Report, data: dict[str, Any]) -> Report:
             report.warnings.append(
                 f"verify.json has {entry.get('id')} ({entry.get('name')}), which is not this report's candidate "
                 "of that id (made with other rules or thresholds?): its result is left out"
+            )
+            continue
+        offered = (c.recipe or {}).get("id")
+        if entry.get("recipe_id") and offered and entry["recipe_id"] != offered:
+            report.warnings.append(
+                f"verify.json measured {c.id} with the fix {entry['recipe_id']}, but the report now offers "
+                f"{offered}: that result is left out; run `kerneltriage verify` again for the fix offered"
             )
             continue
         c.verification = {k: entry.get(k) for k in _KEYS}

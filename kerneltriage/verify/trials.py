@@ -90,7 +90,7 @@ def run_verify(plan: Plan, manifest: rundir.Manifest, reporter: Reporter | None 
     logs.mkdir(parents=True, exist_ok=True)
     trials = Trials({label: [] for label in commands})
     order = [BASELINE, *(c.id for c in todo)] * plan.settings.repeats if todo else []
-    data = _file(plan, manifest, trials, complete=False)
+    data = _file(plan, manifest, trials, complete=not order)
     try:
         for index, label in enumerate(order, 1):
             repeat = trials.results[label]
@@ -215,6 +215,10 @@ def _file(plan: Plan, manifest: rundir.Manifest, trials: Trials, *, complete: bo
     entries = [
         _entry(c, baseline, trials.results.get(c.run_as or c.id, []), s, complete) for c in plan.candidates
     ]
+    # A candidate this run measured nothing for (not verifiable here, not run) keeps what an
+    # earlier run measured: a plain `verify` after a `--by-hand` one loses nothing.
+    measured = {e.id: e for e in previous if e.realized_saving_share is not None}
+    entries = [measured.get(e.id, e) if e.realized_saving_share is None else e for e in entries]
     done = {e.id for e in entries}
     kept = [e for e in previous if e.id not in done]
     return record.VerifyFile(

@@ -62,5 +62,6 @@ def test_gemm_compute_type_comes_from_the_rules_leaf_ops(run):
     }
     assert len(roots) == (4 * 4 + 1) * 3  # 4 per layer of 4 layers, and the LM head; 3 steps
     assert set(_compute_types(timeline, attr, roots, rules).values()) == {"c10::BFloat16"}
-    none = replace(rules, regions={**rules.regions, "gemm_leaf_ops": []}, _memo={})
+    regions = rules.regions.model_copy(update={"gemm_leaf_ops": ()})
+    none = replace(rules, file=rules.file.model_copy(update={"regions": regions}), _memo={})
     assert set(_compute_types(timeline, attr, roots, none).values()) == {None}

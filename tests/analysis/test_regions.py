@@ -36,7 +36,7 @@ def test_the_step_is_cut_into_regions_and_boundary_ops(step):
     assert len(ops) == 135 and len(segments) == 51
     assert sum(len(s.ops) for s in segments) == len(ops)  # every op in one segment, in order
     assert [op.row for s in segments for op in s.ops] == [op.row for op in ops]
-    boundary = set(rules.regions["boundary_kinds"])
+    boundary = set(rules.regions.boundary_kinds)
     for s in segments:
         # Boundary ops (GEMMs, the embedding, copies) stand alone; attention is the pattern.
         if s.kind in boundary and s.kind != "attention":
@@ -77,7 +77,8 @@ def test_a_residual_add_before_the_norm_joins_it_and_names_its_enclosing_block(s
     assert fused.signature_ops[0] == "aten::add" and len(fused.ops) == 7
     assert enclosing_module(fused.ops) == "blocks.0:Block"
     # Without the residual-add pattern the add stays out of the norm region.
-    plain = replace(rules, regions={**rules.regions, "residual_add_ops": []}, _memo={})
+    regions = rules.regions.model_copy(update={"residual_add_ops": ()})
+    plain = replace(rules, file=rules.file.model_copy(update={"regions": regions}), _memo={})
     variants = [s.variant for s in segment(ops, plain) if s.kind == "norm"]
     assert "fused_add_rmsnorm" not in variants and variants.count("rmsnorm") == 9
 

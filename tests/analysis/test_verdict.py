@@ -75,6 +75,10 @@ def cand(
         conditions={},
         example=list(example),
     )
+    # The keys the report reads are typed fields; the rest stay analysis-internal attrs.
+    for key in ("full_name", "compiled", "inductor", "fused_ops", "q"):
+        if key in attrs:
+            setattr(c, key, attrs.pop(key))
     c.attrs.update(attrs)
     return c
 
@@ -333,11 +337,11 @@ def test_reason_texts_are_the_words_the_report_always_gave():
 def test_the_cutoffs_decide_where_the_rules_put_them():
     """The verdicts read their cut-offs from the rules: moving one moves the verdict."""
     tight = load_rules()
-    assert tight.cutoffs.at_roof == 1.1 and tight.cutoffs.switch_ratio == 1.15
+    assert tight.thresholds.at_roof == 1.1 and tight.cutoffs.switch_ratio == 1.15
     c = cand(headroom=1.02)
     decide([c, cand("communication", share=0.5)], tight, H100)
     assert c.reason == Reason.AT_ROOF
-    loose = replace(tight, cutoffs=replace(tight.cutoffs, at_roof=1.0))  # 1.02 shows as 1.0×
+    loose = replace(tight, thresholds=replace(tight.thresholds, at_roof=1.0))  # 1.02 shows as 1.0×
     c = cand(headroom=1.02)
     decide([c, cand("communication", share=0.5)], loose, H100)
     assert c.reason == Reason.LOW_HEADROOM

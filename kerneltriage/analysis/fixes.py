@@ -552,6 +552,31 @@ def _loss_params(c: Any, gemm: Any | None) -> dict[str, Any]:
     return params
 
 
+#: A Hugging Face causal LM: its loss is transformers' own (``ForCausalLMLoss``).
+_HF_LM = re.compile(r".+ForCausalLM$")
+#: The share of the step a loss-only patch leaves in place (``params``, not a template field).
+UPCAST_KEPT = "upcast_kept_share"
+
+
+def kept_upcast_ms(c: Any, env: Environment) -> float:
+    """The fp32 upcast of 16-bit logits in a loss region (``aten::to`` to float), at the memory
+    ceiling: forward reads 2 bytes and writes 4 an element, backward the reverse. transformers'
+    ``ForCausalLMLoss`` upcasts before ``cross_entropy``, so Liger's loss-only patch, which
+    replaces ``cross_entropy``, leaves it."""
+    if not env.bandwidth:
+        return 0.0
+    for o in c.example or []:
+        if o.get("name") not in ("aten::to", "aten::_to_copy"):
+            continue
+        tensors = tensor_inputs(o.get("dims"), o.get("types"))
+        conc = o.get("concrete") or []
+        # aten::to(self, dtype, …): ScalarType 6 is float32.
+        if tensors and dtype_bytes(tensors[0][1]) == 2 and len(conc) > 1 and str(conc[1]).strip() == "6":
+            elements = math.prod(tensors[0][0])
+            return 12.0 * elements / env.bandwidth * 1e3 * (c.instances_per_step or 1.0)
+    return 0.0
+
+
 def _module_class(c: Any) -> str:
     return (c.module or "").partition(" (")[2].rstrip(")")
 
@@ -770,12 +795,15 @@ def detect_params(c: Any, candidates: list[Any], env: Environment, step_ms: floa
     if c.kind == "cross-entropy":
         gemm = lm_head_for(c, candidates)
         params = _loss_params(c, gemm)
+        kept = kept_upcast_ms(c, env) / step_ms if step_ms and _HF_LM.match(_module_class(c)) else 0.0
+        if kept:
+            params[UPCAST_KEPT] = kept
         if "FusedLinear" in (c.builtin or ""):
             judged = fused_linear_ce(c, gemm, env, step_ms)
             if judged:
-                # What the loss-only kernel saves (the candidate's own prediction): a fused
-                # linear CE that saves less is declined for it.
-                judged["loss_only_share"] = c.expected_saving_share
+                # What the loss-only kernel saves (the candidate's own prediction, less the
+                # upcast it leaves): a fused linear CE that saves less is declined for it.
+                judged["loss_only_share"] = max(0.0, c.expected_saving_share - kept)
                 params["fused_linear_ce"] = judged
         return params
     if c.kind == "norm" and c.attrs.get("residual_add"):
@@ -812,7 +840,7 @@ def choose(
         declined[r.id] = why
         if first_block is None:
             first_block = (r, why)
-    shown = {k: v for k, v in params.items() if k != "fused_linear_ce"}
+    shown = {k: v for k, v in params.items() if k not in ("fused_linear_ce", UPCAST_KEPT)}
     if chosen is None:
         r, why = first_block
         return {

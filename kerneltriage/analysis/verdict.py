@@ -36,6 +36,7 @@ from kerneltriage.analysis.attention_rates import (
 )
 from kerneltriage.analysis.estimate import attention_case, attention_work, dtype_bytes
 from kerneltriage.analysis.fixes import (
+    UPCAST_KEPT,
     Environment,
     choose,
     combine_overlaps,
@@ -635,6 +636,20 @@ def _fix(c: Candidate, candidates: list[Candidate], rules: Rules, env: Environme
         c.expected_saving_share = judged["saving_share"]
         c.attrs["saving_scoped"] = "lm_head GEMM + loss, fused linear CE model"
         c.note = "; ".join(x for x in (c.note, judged["why"]) if x)
+    elif recipe["id"] == "liger-cross-entropy-hf" and params.get(UPCAST_KEPT):
+        # The patch replaces cross_entropy; transformers' loss still upcasts the logits first.
+        kept = params[UPCAST_KEPT]
+        c.expected_saving_share = max(0.0, c.expected_saving_share - kept)
+        c.attrs["saving_scoped"] = "the loss without the logits' fp32 upcast, which the patch leaves"
+        c.note = "; ".join(
+            x
+            for x in (
+                c.note,
+                f"transformers' loss upcasts the logits to fp32 before cross_entropy and the patch keeps that "
+                f"copy ({kept:.1%} of the step): the prediction leaves it out",
+            )
+            if x
+        )
     elif params.get("residual-add") and not fuses_add and c.headroom and c.headroom > 1.0:
         # The fix swaps the norm; the residual add stays an eager op (3 streams beside the
         # fused kernel's 4): the prediction counts what the fix covers.

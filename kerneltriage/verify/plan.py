@@ -145,6 +145,12 @@ def plan_candidate(candidate: Any, by_hand: list[str] | None = None, *, distribu
             planned.notes.append(
                 "needs liger_kernel importable in the script's Python (checked when it runs)"
             )
+        elif planned.apply.get("mode") == "max-autotune":
+            # Each fresh process autotunes again: one BERT-base run took over 8 minutes on an H100.
+            planned.notes.append(
+                "max-autotune benchmarks GEMM templates for every shape in each fresh run: expect minutes "
+                "per run beyond the estimate (--candidates leaves it out; --repeats 1 halves it)"
+            )
     return planned
 
 

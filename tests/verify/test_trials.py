@@ -94,6 +94,19 @@ def test_baseline_and_fixes_interleaved_with_the_loss_guard(tmp_path):
     assert c3.status == "changes-results" and c3.loss_check.max_rel_diff > 0.005
     assert c3.how.startswith("by hand: ")
 
+    # A later plain verify cannot apply C3 (the script's own code) and runs nothing: what the
+    # by-hand run measured stays, and a run with nothing to do is complete, not interrupted.
+    later = Plan(
+        str(run),
+        [sys.executable, "train.py"],
+        settings,
+        [Planned("C3", "candidate C3", "use-builtin", 0.05, "r-C3", "fix", None, "edit the script", None)],
+        run_seconds=None,
+    )
+    again = run_verify(later, rundir.read_manifest(run), Say())
+    kept = {e.id: e for e in again.candidates}
+    assert again.complete and kept["C3"] == c3 and kept["C1"] == c1
+
 
 def test_cli_by_hand_and_a_failing_script(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

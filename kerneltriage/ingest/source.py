@@ -152,7 +152,11 @@ def load_profile(
 
 
 def _load_run_dir(
-    path: Path, ncu: str | os.PathLike[str] | None, ranks: list[int] | None, say: Callable[[str], None], read_traces: bool
+    path: Path,
+    ncu: str | os.PathLike[str] | None,
+    ranks: list[int] | None,
+    say: Callable[[str], None],
+    read_traces: bool,
 ) -> Profile:
     """A run directory: its manifest, the traces of ``ranks`` (all by default), its counters
     (or ``ncu``'s), its module signatures, and what the manifest says the report must repeat."""

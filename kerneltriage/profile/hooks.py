@@ -48,9 +48,10 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from kerneltriage import annotate, rundir
 

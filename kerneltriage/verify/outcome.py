@@ -97,7 +97,9 @@ def compare_losses(baseline: list[list[float]], fixed: list[list[float]], rtol: 
 BEYOND = 1.5
 
 
-def judge(predicted: float | None, realized_share: float | None, loss: LossCheck | None) -> tuple[Status, str]:
+def judge(
+    predicted: float | None, realized_share: float | None, loss: LossCheck | None
+) -> tuple[Status, str]:
     """(status, why) of a fix whose runs finished."""
     if realized_share is None:
         return "not verified", "no step was timed in its runs"

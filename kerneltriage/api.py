@@ -272,7 +272,9 @@ def build_reports(
     path: str | Path, *, overrides: dict[str, float | None] | None = None, **options: Any
 ) -> dict[int, Report]:
     """``reports()``, the thresholds given as one ``overrides`` dict (the older name)."""
-    return reports(path, **(overrides or {}), **options)
+    # Passed on as keywords, each checked by reports()'s own parameters.
+    thresholds: dict[str, Any] = dict(overrides or {})
+    return reports(path, **thresholds, **options)
 
 
 def build_report(path: str | Path, *, ranks: list[int] | None = None, **options: Any) -> Report:

@@ -230,9 +230,9 @@ def report_ranks(
     files = {r: str(f) for r, f in sorted(shell.trace_files.items())}
     counted = shell.counters_rank  # as one process would pick it
     n = len(files)
-    if scheduler is None:
-        workers = min(workers or default_workers(n), n)
-    reader = _reader_workers(workers if scheduler is None else None)
+    # Without a scheduler: the worker processes, at most one per rank.
+    processes = min(workers or default_workers(n), n)
+    reader = _reader_workers(processes if scheduler is None else None)
     tasks = [
         RankTask(
             rank=r,
@@ -248,20 +248,21 @@ def report_ranks(
     out: dict[int, Report] = {}
 
     def reduce(report: Report) -> None:
-        rank = int(report.rank)  # the task's rank: analyse_rank sets it on the timeline
+        assert report.rank is not None  # the task's rank: analyse_rank sets it on the timeline
+        rank = int(report.rank)
         out[rank] = _as_planned(report, shell, str(path), files)
         say(f"{len(out)}/{n} ranks analysed (rank {rank}: {source._name(files[rank])})")
 
     if scheduler is not None:
         _run_dask(tasks, scheduler, workers, reduce, say)
-    elif workers == 1:
+    elif processes == 1:
         for task in tasks:
             done = f"{len(out)}/{n} ranks analysed; " if n > 1 else ""
             say(f"{done}reading {source._name(task.trace)}")
             reduce(analyse_rank(task))
     else:
-        say(f"analysing {n} ranks in {workers} processes")
-        _run_processes(tasks, workers, reduce)
+        say(f"analysing {n} ranks in {processes} processes")
+        _run_processes(tasks, processes, reduce)
     return {r: out[r] for r in sorted(out)}
 
 

@@ -4,8 +4,8 @@
 #   scripts/test.sh                   # the whole suite (what CI runs)
 #   scripts/test.sh -m "not slow"     # the quick subset: no kernel interpreter runs, corpus,
 #                                     # screenshots or profiling sessions (under a minute)
-#   scripts/test.sh --lint …          # first ruff check, ruff format --check and the manual's
-#                                     # site with mkdocs build --strict (CI)
+#   scripts/test.sh --lint …          # first ruff check, ruff format --check, mypy and the
+#                                     # manual's site with mkdocs build --strict (CI)
 #
 # Other arguments go to pytest. Needs Python >= 3.10 (a virtual environment is best); on
 # Debian/Ubuntu it installs Chromium (screenshot tests) with apt when it is missing.
@@ -38,7 +38,7 @@ fi
 # from this checkout already.
 if ! "$PYTHON" - <<'PY' >/dev/null 2>&1
 import importlib.util, pathlib
-for name in ("dask", "distributed", "fsspec", "hypothesis", "mkdocs", "ninja", "pyarrow", "pydantic", "pytest", "ruff", "torch", "transformers", "triton"):
+for name in ("dask", "distributed", "fsspec", "hypothesis", "mkdocs", "mypy", "ninja", "pyarrow", "pydantic", "pytest", "ruff", "torch", "transformers", "triton"):
     assert importlib.util.find_spec(name) is not None, name
 here = importlib.util.find_spec("kerneltriage")
 assert here and pathlib.Path(here.origin).resolve().parents[1] == pathlib.Path.cwd().resolve()
@@ -50,6 +50,7 @@ fi
 if [ "$lint" = 1 ]; then
   "$PYTHON" -m ruff check .
   "$PYTHON" -m ruff format --check .
+  "$PYTHON" -m mypy  # the package, as [tool.mypy] in pyproject.toml sets it
   # The manual in docs/: a broken link, a page missing from the nav or a bad anchor fails.
   site=$(mktemp -d)
   trap 'rm -rf "$site"' EXIT

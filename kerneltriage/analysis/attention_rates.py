@@ -43,7 +43,7 @@ class AttentionRates:
 
     @property
     def best(self) -> tuple[str, float]:
-        name = max(self.rates, key=self.rates.get)
+        name = max(self.rates, key=self.rates.__getitem__)
         return name, self.rates[name]
 
     @property

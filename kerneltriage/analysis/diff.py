@@ -171,7 +171,7 @@ def _compiled_section(before: Report, after: Report, matches: list[Match]) -> di
     compiled time, and the speed-up), and the `compile` verdicts of the run before checked
     against what compiling realized."""
     by_id = {c.id: c for c in after.candidates}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for m in matches:
         after_c = [by_id[i] for i in m.ids["after"] if i in by_id]
         if not any(c.compiled for c in after_c) and m.how not in _COMPILED_HOWS:
@@ -195,7 +195,7 @@ def _compiled_section(before: Report, after: Report, matches: list[Match]) -> di
         )
     rows.sort(key=lambda r: -r["eager_ms_per_step"])
     # Every actionable verdict before (compile first): did compiling realize its prediction?
-    checks = []
+    checks: list[dict[str, Any]] = []
     for m in matches:
         if m.verdict_before.startswith(Verdict.SKIP) or not m.predicted_saving_share:
             continue
@@ -381,7 +381,7 @@ def _match_compiled(
         group = tuple(sorted(id(b) for b in best if b.kind == best[0].kind))
         taken.setdefault(group, []).append(a)
     by_id = {id(b): b for b in bs}
-    claimed = set()
+    claimed: set[int] = set()
     for group, kernels in taken.items():
         members = [by_id[i] for i in group if i not in claimed]
         if not members:
@@ -406,10 +406,11 @@ def _comparability(before: Report, after: Report) -> list[str]:
     if names[0] != names[1] or before.gpu is None:
         warnings.append(f"different GPUs (or none known): {names[0]} vs {names[1]}")
     if before.gpu is not None and after.gpu is not None and names[0] == names[1]:
-        bw = [r.gpu.bandwidth for r in (before, after)]
+        gpus = (before.gpu, after.gpu)
+        bw = [g.bandwidth for g in gpus]
         # A ceiling raised by a run's own measured kernels (roofline.py) differs run by run by a
         # few percent: the bandwidth check below judges that; the base source must agree.
-        base = [str(r.gpu.source).split("; raised by ")[0] for r in (before, after)]
+        base = [str(g.source).split("; raised by ")[0] for g in gpus]
         if before.gpu.resolved_by != after.gpu.resolved_by or base[0] != base[1]:
             warnings.append(
                 f"the ceilings come from different sources (before: {before.gpu.resolved_by}, {before.gpu.source}; "

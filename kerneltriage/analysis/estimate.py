@@ -109,7 +109,7 @@ def tensor_inputs(dims, types) -> list[tuple[list[int], str]]:
         return [
             (list(d), "") for d in dims if isinstance(d, list) and d and all(isinstance(x, int) for x in d)
         ]
-    out = []
+    out: list[tuple[list[int], str]] = []
     for d, t in zip(dims, types):
         if t == "TensorList" and isinstance(d, list):
             out.extend((x, "") for x in d if isinstance(x, list) and x)

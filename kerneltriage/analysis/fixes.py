@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, Valida
 from kerneltriage.analysis.estimate import dtype_bytes, tensor_inputs
 from kerneltriage.errors import RulesError
 from kerneltriage.ingest.schemas import describe
-from kerneltriage.patterns import compile_user_pattern
+from kerneltriage.patterns import Pattern, compile_user_pattern
 from kerneltriage.resources import data_path
 
 SCHEMA = "kerneltriage.fixes/1"
@@ -160,7 +160,7 @@ class FixesFile(BaseModel):
 class Recipe:
     id: str
     title: str
-    when: dict[str, re.Pattern[str]]
+    when: dict[str, Pattern]
     scope: str
     requires: Requires
     carries: tuple[str, ...]
@@ -220,7 +220,7 @@ def parse_recipes(entries: Any, where: str, *, user: bool = False) -> tuple[Reci
                 f"recipe {m.id}: when: unknown field(s) {', '.join(bad)}; known: {', '.join(WHEN_FIELDS)}",
                 path=where,
             )
-        when = {}
+        when: dict[str, Pattern] = {}
         for k, v in m.when.items():
             if user:
                 when[k] = compile_user_pattern(v, f"{where}: recipe {m.id}: when.{k}", RulesError)
@@ -365,6 +365,14 @@ def environment(gpu: Any, source: dict[str, Any] | None, meta: dict[str, Any] | 
     )
 
 
+def _requirement(text: str) -> tuple[str, str]:
+    """The operator and version of a ``requires`` entry (``parse_recipes`` checked its form)."""
+    m = _VERSION.match(text)
+    if m is None:
+        raise RulesError(f"requirement {text!r} is not like '>=2.0'")
+    return m.group(1), m.group(2)
+
+
 def _version(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", text.split("+")[0])[:3])
 
@@ -381,7 +389,7 @@ def unmet(recipe: Recipe, env: Environment, params: dict[str, Any]) -> str | Non
     """Why ``recipe``'s preconditions fail on ``env`` (None: met or unknown)."""
     req = recipe.requires
     if req.torch:
-        op, want = _VERSION.match(req.torch).groups()
+        op, want = _requirement(req.torch)
         if env.torch:
             if not _compare(_version(env.torch), op, _version(want)):
                 return f"PyTorch {env.torch} (needs {req.torch})"
@@ -392,7 +400,7 @@ def unmet(recipe: Recipe, env: Environment, params: dict[str, Any]) -> str | Non
         ):
             return f"{env.torch_source} (needs {req.torch})"
     if req.capability and env.capability and env.vendor in (None, "nvidia"):
-        op, want = _VERSION.match(req.capability).groups()
+        op, want = _requirement(req.capability)
         if not _compare(env.capability, op, _version(want)):
             major, minor = env.capability
             return f"{env.gpu or 'the GPU'} is compute capability {major}.{minor} (needs {req.capability})"
@@ -829,9 +837,9 @@ def choose(
     matched = [r for r in recipes if r.matches(fields)]
     if not matched:
         return None
-    first_block = None
+    first_block: tuple[Recipe, str] | None = None
     chosen = None
-    declined = {}
+    declined: dict[str, str] = {}
     for r in matched:
         why = _blocking(r, params) or unmet(r, env, params)
         if why is None:
@@ -842,6 +850,7 @@ def choose(
             first_block = (r, why)
     shown = {k: v for k, v in params.items() if k not in ("fused_linear_ce", UPCAST_KEPT)}
     if chosen is None:
+        assert first_block is not None  # some recipe matched, and each one declined
         r, why = first_block
         return {
             "id": r.id,

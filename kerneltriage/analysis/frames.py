@@ -334,8 +334,9 @@ def kernels_frame(tl: Timeline, attr: Attribution, rules: Rules, rank: int) -> p
 
 def _objects(values: Any) -> np.ndarray:
     """An object column with None (not NaN) where nothing is recorded."""
-    array = np.asarray(values, dtype=object)
-    return np.where(pd.isna(array), None, array)
+    array = np.array(values, dtype=object)  # a copy: the caller's values stay as they were
+    array[pd.isna(array)] = None
+    return array
 
 
 def _shape_text(dims: Any) -> str:

@@ -326,7 +326,7 @@ class _HostIndex:
         """The hit with the longest duration, or the longest overlap with (t0, t1)."""
         start, end, _, _ = index
         s, e = start[hits], end[hits]
-        if t0 is not None:
+        if t0 is not None and t1 is not None:
             s, e = np.maximum(s, t0), np.minimum(e, t1)
         return int(hits[int(np.argmax(e - s))])
 

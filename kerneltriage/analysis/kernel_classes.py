@@ -181,9 +181,14 @@ def classify_kernel(name: str, activity: str = "kernel") -> KernelClass:
                 library = None
             else:
                 library = entry.library or _library_of(texts, table)
-            return KernelClass(entry.kind, library, table.vendor.get(library, False))
+            return KernelClass(entry.kind, library, _vendor(table, library))
     library = _library_of(texts, table) if act == "kernel" else None
-    return KernelClass("unknown", library, table.vendor.get(library, False))
+    return KernelClass("unknown", library, _vendor(table, library))
+
+
+def _vendor(table: _Table, library: str | None) -> bool:
+    """Whether ``library`` is a tuned vendor library (no library: not one)."""
+    return library is not None and table.vendor.get(library, False)
 
 
 def known_kinds() -> tuple[str, ...]:

@@ -11,7 +11,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kerneltriage.analysis.model import Report, json_safe
+from kerneltriage.analysis.model import Candidate, Report, json_safe
 
 SCHEMA = "kerneltriage.ranks/1"
 STRAGGLER_STEP = 1.10  # a rank's step this much slower than the median step
@@ -68,7 +68,7 @@ def summarize(reports: dict[int, Report]) -> RankSummary:
     steps = {r: rep.steps for r, rep in reports.items()}
     if len(set(steps.values())) > 1:
         warnings.append(f"ranks recorded different numbers of steps: {steps}")
-    by_key: dict[tuple[str, str], dict[int, Any]] = {}
+    by_key: dict[tuple[str, str], dict[int, Candidate]] = {}
     for r, rep in reports.items():
         for c in rep.candidates:
             by_key.setdefault((c.kind, c.name), {})[r] = c
@@ -100,12 +100,12 @@ def summarize(reports: dict[int, Report]) -> RankSummary:
                     f"rank {row.rank}: step {row.step_time_ms:.2f} ms vs median {median_step:.2f} ms"
                 )
         min_share = min(rep.thresholds.min_share for rep in reports.values())
-        for c in across:
-            if c.mean_share < min_share or len(c.ids) < 2:
+        for a in across:
+            if a.mean_share < min_share or len(a.ids) < 2:
                 continue
-            per = {r: reports[r].candidate(i).time_ms_per_step for r, i in c.ids.items()}
+            per = {r: c.time_ms_per_step for r, c in by_key[(a.kind, a.name)].items()}
             median = statistics.median(per.values())
             for r, t in per.items():
                 if median and t > STRAGGLER_CANDIDATE * median:
-                    stragglers.append(f"rank {r}: {c.name} takes {t:.2f} ms vs median {median:.2f} ms")
+                    stragglers.append(f"rank {r}: {a.name} takes {t:.2f} ms vs median {median:.2f} ms")
     return RankSummary(rows, across, stragglers, warnings)

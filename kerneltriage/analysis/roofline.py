@@ -133,7 +133,7 @@ def place_on_roofline(
 
     joined = rows >= 0
     coverage = float(k.loc[joined.to_numpy(), "dur"].sum()) / total_ns if total_ns else 0.0
-    cnt_bytes = cnt_flops = cnt_ceiling = None
+    counted: tuple[float, float, float] | None = None  # Nsight Compute's (ceiling ns, bytes, FLOPs)
     measured_bytes = None
     if counters is not None and joined.any():
         c = counters.rows.iloc[rows[joined].to_numpy()]
@@ -153,25 +153,28 @@ def place_on_roofline(
             flops_time = flops_time + np.nan_to_num(tensor) / tensor_peak
             ceilings = np.maximum(per_kernel, flops_time)
             scale = 1.0 / coverage if coverage else 0.0  # unjoined kernels: same efficiency
-            cnt_ceiling = float(ceilings.sum()) * 1e9 * scale
-            cnt_bytes = float(np.nansum(by)) * scale
-            cnt_flops = float(sum(np.nansum(v) for v in parts.values()) + np.nansum(tensor)) * scale
-            measured_bytes = cnt_bytes / n_steps
+            counted = (
+                float(ceilings.sum()) * 1e9 * scale,
+                float(np.nansum(by)) * scale,
+                float(sum(np.nansum(v) for v in parts.values()) + np.nansum(tensor)) * scale,
+            )
+            measured_bytes = counted[1] / n_steps
 
     ceiling: float | None
     bytes_: float | None
     if g.level == "region" and est is not None:
         # The fused ceiling: only external inputs, outputs and parameters cross HBM.
         ceiling, bytes_, flops, source = est_ceiling, est.bytes, est.flops, "fused estimate"
-    elif cnt_ceiling is not None and coverage >= 0.5:
+    elif counted is not None and coverage >= 0.5:
+        cnt_ceiling, bytes_, cnt_flops = counted
         ceiling = max(cnt_ceiling, est_ceiling or 0.0)
-        bytes_ = cnt_bytes
-        flops = max(cnt_flops or 0.0, est.flops if est else 0.0)
+        flops = max(cnt_flops, est.flops if est else 0.0)
         source = "ncu+estimate" if est_ceiling and est_ceiling > cnt_ceiling else "ncu"
     elif est is not None:
         ceiling, bytes_, flops, source = est_ceiling, est.bytes, est.flops, "estimate"
-    elif cnt_ceiling is not None:
-        ceiling, bytes_, flops, source = cnt_ceiling, cnt_bytes, cnt_flops, "ncu"
+    elif counted is not None:
+        ceiling, bytes_, flops = counted
+        source = "ncu"
     else:
         return Roofline(None, None, None, None, None, None, None, "none", None, measured_bytes, coverage)
 

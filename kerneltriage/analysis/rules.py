@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import difflib
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -265,7 +266,9 @@ class Rules:
 _WRITE = Recommendation(verdict=Verdict.WRITE)
 
 
-def load_rules(user_file: str | Path | None = None, overrides: dict[str, float] | None = None) -> Rules:
+def load_rules(
+    user_file: str | Path | None = None, overrides: Mapping[str, float | None] | None = None
+) -> Rules:
     """Default rules, merged with ``user_file`` and then with threshold ``overrides`` (the
     command line's ``--min-headroom`` and the like; None values are not given)."""
     sources = [str(default_rules_path())]

@@ -319,7 +319,7 @@ def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
         _recommend(c, rec, gpu)
 
 
-def _rules_reason(rec: dict[str, Any]) -> str:
+def _rules_reason(rec: Recommendation) -> str:
     """A skip reason the rules give: the vocabulary's word when it is one, else the file's."""
     reason = str(rec["reason"])
     try:
@@ -387,7 +387,7 @@ def _launch_bound(c: Candidate, rules: Rules) -> bool:
     return True
 
 
-def _skip_below_headroom(c: Candidate, rules: Rules, rec: dict[str, Any]) -> bool:
+def _skip_below_headroom(c: Candidate, rules: Rules, rec: Recommendation) -> bool:
     """At its roof (a library's op: ``library-at-roof``), or short of the rules' headroom."""
     if c.conditions["headroom"].passed:
         return False
@@ -409,7 +409,7 @@ def _skip_unstable(c: Candidate, note: str | None = None) -> bool:
     return True
 
 
-def _recommend(c: Candidate, rec: dict[str, Any], gpu: GPUSpec | None) -> None:
+def _recommend(c: Candidate, rec: Recommendation, gpu: GPUSpec | None) -> None:
     """All three conditions hold: the rules' verdict and built-in (for naive attention the
     faster of SDPA and the built-in), unless it already runs the fused kernel they name."""
     c.verdict = Verdict(rec["verdict"])
@@ -459,7 +459,7 @@ def _inductor_verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
     c.note = str(rec.get("note", "{rung}")).format(rung=rung)
 
 
-def _inductor_without_ceiling(c: Candidate, rec: dict[str, Any], gpu: GPUSpec | None, why: Any) -> bool:
+def _inductor_without_ceiling(c: Candidate, rec: Recommendation, gpu: GPUSpec | None, why: Any) -> bool:
     if c.conditions["headroom"].passed is not None:
         return False
     c.verdict, c.reason = Verdict.SKIP, Reason.NO_CEILING
@@ -499,7 +499,7 @@ def _inductor_launch_bound(c: Candidate) -> bool:
     return True
 
 
-def _inductor_below_headroom(c: Candidate, rules: Rules, rec: dict[str, Any]) -> bool:
+def _inductor_below_headroom(c: Candidate, rules: Rules, rec: Recommendation) -> bool:
     if c.conditions["headroom"].passed:
         return False
     c.verdict = Verdict.SKIP

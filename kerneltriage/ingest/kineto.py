@@ -492,9 +492,12 @@ class _Events:
     def _submit(
         self, piece: bytes | None, offset: int, stop: int, *, guessed: bool, may_be_empty: bool = False
     ) -> None:
-        task: bytes | tuple[str, int, int] | None = piece
+        task: bytes | tuple[str, int, int]
         if self.path is not None and (piece is None or self.pool is not None):
             task = (self.path, offset, stop)  # the worker reads it: nothing to send
+        else:
+            assert piece is not None  # read from a stream, not a file: every piece has its bytes
+            task = piece
         result = _parse_piece(task) if self.pool is None else self.pool.apply_async(_parse_piece, (task,))
         keep = piece if guessed and self.path is None else None
         self.pending.append(_Pending(keep, offset, guessed, may_be_empty, result))

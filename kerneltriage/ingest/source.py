@@ -127,8 +127,8 @@ def read_timeline(path: Path) -> Timeline:
 
 
 def load_profile(
-    path: str | Path,
-    ncu: str | Path | None = None,
+    path: str | os.PathLike[str],
+    ncu: str | os.PathLike[str] | None = None,
     ranks: list[int] | None = None,
     progress: Callable[[str], None] | None = None,
     *,
@@ -152,7 +152,11 @@ def load_profile(
 
 
 def _load_run_dir(
-    path: Path, ncu: str | Path | None, ranks: list[int] | None, say: Callable[[str], None], read_traces: bool
+    path: Path,
+    ncu: str | os.PathLike[str] | None,
+    ranks: list[int] | None,
+    say: Callable[[str], None],
+    read_traces: bool,
 ) -> Profile:
     """A run directory: its manifest, the traces of ``ranks`` (all by default), its counters
     (or ``ncu``'s), its module signatures, and what the manifest says the report must repeat."""
@@ -237,7 +241,7 @@ def _run_warnings(run: rundir.RunDir) -> list[str]:
 
 
 def _load_trace_file(
-    path: Path, ncu: str | Path | None, ranks: list[int] | None, say: Callable[[str], None]
+    path: Path, ncu: str | os.PathLike[str] | None, ranks: list[int] | None, say: Callable[[str], None]
 ) -> Profile:
     """One trace file (Kineto, or an Nsight Systems export of one or more devices) and ``ncu``."""
     if path.suffix not in (".json", ".gz", ".sqlite", ".nsys-rep", ".qdrep") and not path.name.endswith(
@@ -324,7 +328,7 @@ def _peek_rank(path: Path | str, opener: Callable[..., Any] = open) -> tuple[int
 
 def _load_trace_folder(
     path: Path,
-    ncu: str | Path | None,
+    ncu: str | os.PathLike[str] | None,
     ranks: list[int] | None,
     say: Callable[[str], None],
     read_traces: bool = True,

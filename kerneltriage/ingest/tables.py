@@ -7,6 +7,7 @@ analysis layer never guesses a column name.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,7 +75,7 @@ GPU_ANNOTATION_COLUMNS: dict[str, str] = {
 }
 
 
-def frame(columns: dict[str, list[Any]], spec: dict[str, str]) -> pd.DataFrame:
+def frame(columns: Mapping[str, list[Any] | np.ndarray], spec: dict[str, str]) -> pd.DataFrame:
     """Build a DataFrame with exactly ``spec``'s columns and dtypes (missing columns → empty)."""
     n = len(next(iter(columns.values()))) if columns else 0
     data = {}

@@ -48,6 +48,7 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,11 +129,16 @@ class Plan:
     def shapes_step(self) -> int | None:
         if self.whole_run:
             return None
+        return self._shapes_step
+
+    @property
+    def _shapes_step(self) -> int:
+        """The shapes step of the stepped plan (a whole run has none)."""
         return self.warmup + (2 * self.timing + 2 if self.timing else 1)
 
     @property
     def first_recorded(self) -> int:
-        return self.warmup + 1 if self.whole_run else self.shapes_step + 2
+        return self.warmup + 1 if self.whole_run else self._shapes_step + 2
 
     @property
     def last_recorded(self) -> int:
@@ -164,7 +170,7 @@ class Plan:
             return "clean"
         if step == self.shapes_step:
             return "shapes"
-        if step == self.shapes_step + 1:
+        if step == self._shapes_step + 1:
             return "recorded-warmup"
         if self.first_recorded <= step <= self.last_recorded:
             return "recorded"
@@ -190,11 +196,13 @@ class Session:
         self.done = False
         self.trace_path: Path | None = None
         self.shapes_path: Path | None = None
-        self.prof = None
-        self.shapes_prof = None
-        self.clean_prof = None  # the clean steps' profiler (CUDA activity only)
+        # torch is imported in install(), never with this module: torch and its objects are
+        # typed Any here.
+        self.prof: Any = None
+        self.shapes_prof: Any = None
+        self.clean_prof: Any = None  # the clean steps' profiler (CUDA activity only)
         self.clean_path: Path | None = None
-        self.ncu_range = None
+        self.ncu_range: Any = None
         self.hook_handles: list[Any] = []
         self.graphs_at_install = 0
         self.hook_calls = 0
@@ -202,9 +210,10 @@ class Session:
         self.names: dict[int, str] = {}
         self._local = threading.local()
         self.marks: dict[int, Any] = {}  # step number -> CUDA event or perf_counter at its end
-        self.torch = None
-        self._range = None
-        self._is_compiling = None
+        self.torch: Any = None
+        # Both resolved by prepare(), before any hook is installed.
+        self._range: Callable[[str], Any] = _no_range
+        self._is_compiling: Callable[[], bool] = _not_compiling
         self.profilers_created = 0
         # One entry per ended step: its phase and whether any profiler existed during it (the
         # plain steps must show none; tests read this from the status file).
@@ -284,7 +293,7 @@ class Session:
             self.clean_prof.start()
         elif plan.timing and seen == plan.warmup + plan.timing:
             self.dynamo_plain = _dynamo_facts()  # no GPU: the clean steps run bare
-        shapes_step = plan.shapes_step
+        shapes_step = plan._shapes_step
         if seen == shapes_step - 1:
             if not plan.timing:
                 self.dynamo_plain = _dynamo_facts()  # nothing was timed plain: the warm-up's
@@ -440,8 +449,8 @@ class Session:
             "clean_profiler": "cuda activity" if self.clean_path is not None else None,
         }
         for key, steps in windows.items():
-            times = [between(s - 1, s) for s in steps]
-            times = [round(t, 4) for t in times if t is not None]
+            measured = [between(s - 1, s) for s in steps]
+            times = [round(t, 4) for t in measured if t is not None]
             out[f"{key}_ms"] = times
             if times:
                 out[f"{key}_median_ms"] = round(statistics.median(times), 4)
@@ -674,14 +683,22 @@ def _profiler_enabled(torch) -> bool:
         return False
 
 
-def _is_compiling_function(torch):
+def _not_compiling() -> bool:
+    return False
+
+
+def _no_range(name: str) -> Any:
+    raise RuntimeError("Session.prepare() resolves the profiler range type before any hook runs")
+
+
+def _is_compiling_function(torch) -> Callable[[], bool]:
     """``torch.compiler.is_compiling``: Dynamo reads it as True while it traces."""
     compiler = getattr(torch, "compiler", None)
     fn = getattr(compiler, "is_compiling", None)
-    return fn if fn is not None else (lambda: False)
+    return fn if fn is not None else _not_compiling
 
 
-def _fast_range_type(torch):
+def _fast_range_type(torch) -> Callable[[str], Any]:
     """A profiler range entered from Python at the cost of one C++ call: ``_RecordFunctionFast``
     (torch ≥ 2.2, what Inductor uses around its kernels), else ``record_function``."""
     fast = getattr(getattr(torch._C, "_profiler", None), "_RecordFunctionFast", None)

@@ -15,6 +15,7 @@ all (``problem``), and undoes it (``remove``, for tests that apply fixes in-proc
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from collections.abc import Callable
@@ -67,7 +68,7 @@ class Applied:
     done: bool = False
     #: fp16 autocast: the GradScaler that scales each loss before its backward.
     scale_loss: Callable[[Any], Any] | None = None
-    _undo: list[Callable[[], None]] = field(default_factory=list)
+    _undo: list[Callable[[], object]] = field(default_factory=list)  # results ignored
 
     @property
     def problem(self) -> str | None:
@@ -212,7 +213,7 @@ def _autocast(torch, applied: Applied, fields: dict[str, Any]) -> None:
     dtype_name = str(fields["dtype"]).replace("torch.", "")
     dtype = getattr(torch, dtype_name)
 
-    def action(root, args):
+    def action(root: Any, args: Any) -> dict[str, Any]:
         param = next(root.parameters(), None)
         device = param.device.type if param is not None else "cuda"
         contexts: list[Any] = []
@@ -385,7 +386,7 @@ def _fused_optimizer(torch, applied: Applied, fields: dict[str, Any]) -> None:
             _original(self, params, *args, **kwargs)
 
         cls.__init__ = init
-        applied._undo.append(lambda cls=cls, original=original: setattr(cls, "__init__", original))
+        applied._undo.append(functools.partial(setattr, cls, "__init__", original))
 
 
 _INSTALLERS: dict[str, Callable[[Any, Applied, dict[str, Any]], None]] = {

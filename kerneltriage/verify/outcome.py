@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from kerneltriage.verify.record import LossCheck, Timing
+from kerneltriage.verify.record import LossCheck, Status, Timing
 
 #: A fix is refuted when it realizes less than this share of its predicted saving.
 REFUTED_BELOW = 0.5
@@ -36,7 +36,7 @@ def timing(runs: list[list[float]]) -> Timing | None:
 
 
 def realized(baseline: Timing | None, fixed: Timing | None) -> float | None:
-    if baseline is None or fixed is None or not baseline.median_ms:
+    if baseline is None or fixed is None or not baseline.median_ms or fixed.median_ms is None:
         return None
     return round((baseline.median_ms - fixed.median_ms) / baseline.median_ms, 4)
 
@@ -97,7 +97,9 @@ def compare_losses(baseline: list[list[float]], fixed: list[list[float]], rtol: 
 BEYOND = 1.5
 
 
-def judge(predicted: float | None, realized_share: float | None, loss: LossCheck | None) -> tuple[str, str]:
+def judge(
+    predicted: float | None, realized_share: float | None, loss: LossCheck | None
+) -> tuple[Status, str]:
     """(status, why) of a fix whose runs finished."""
     if realized_share is None:
         return "not verified", "no step was timed in its runs"

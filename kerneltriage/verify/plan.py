@@ -265,9 +265,9 @@ def describe(plan: Plan) -> list[str]:
         lines.append(n)
     if plan.runs:
         estimate = f", about {_duration(plan.seconds)}" if plan.seconds is not None else ""
-        n = len(plan.to_run)
+        fixes = len(plan.to_run)
         lines.append(
-            f"{plan.runs} runs ({s.repeats} × baseline + {s.repeats} × {n} fix{'es' if n > 1 else ''}, "
+            f"{plan.runs} runs ({s.repeats} × baseline + {s.repeats} × {fixes} fix{'es' if fixes > 1 else ''}, "
             f"interleaved){estimate}"
         )
     else:

@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kerneltriage.errors import RunDirError
 
-SCHEMA = "kerneltriage.verify/1"
+SCHEMA: Final = "kerneltriage.verify/1"
 FILE = "verify.json"
+Status = Literal["verified", "refuted", "not verified", "changes-results"]
 STATUSES = ("verified", "refuted", "not verified", "changes-results")
 #: The loss tolerance's default: relative difference of any of the first steps' losses. A
 #: like-for-like kernel swap moves them by 1e-5 to 1e-3 (bf16 rounding); a dropped mask,
@@ -54,7 +55,7 @@ class LossCheck(_Model):
     rtol: float
     max_rel_diff: float | None = None
     baseline_noise: float | None = Field(
-        None, description="largest relative difference between baseline runs"
+        default=None, description="largest relative difference between baseline runs"
     )
     steps_compared: int = 0
     baseline: list[float] = []
@@ -74,7 +75,7 @@ class CandidateResult(_Model):
     fixed: Timing | None = None
     realized_saving_share: float | None = None
     loss_check: LossCheck | None = None
-    status: Literal["verified", "refuted", "not verified", "changes-results"]
+    status: Status
     why: str = ""
     partial: bool = False
     applied: dict[str, Any] | None = None
@@ -90,7 +91,7 @@ class Settings(_Model):
 
 
 class VerifyFile(_Model):
-    schema_: Literal["kerneltriage.verify/1"] = Field(SCHEMA, alias="schema")
+    schema_: Literal["kerneltriage.verify/1"] = Field(default=SCHEMA, alias="schema")
     kerneltriage_version: str = ""
     created: str = ""
     run: str = ""

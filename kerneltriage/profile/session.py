@@ -306,15 +306,7 @@ def _rerun_fitted(
     warnings.append(message)
     options = dataclasses.replace(options, timing_steps=fitted)
     manifest.schedule.timing_steps = fitted
-    config = _write_config(out, "timeline", options, command, whole_run=False)
-    seconds, runs.code, runs.tail = _run(
-        command.with_runner(), config, out / rundir.LOGS / "phase1-fit", say, manifest
-    )
-    _timeline(manifest).seconds = round(runs.seconds + seconds, 2)
-    manifest.exit_code = runs.code
-    runs.seconds += seconds
-    runs.traces = sorted(out.glob("trace*.json.gz"))
-    runs.statuses = _statuses(out, "timeline")
+    runs.seconds += _run_timeline_again(command, options, out, manifest, say, runs, "phase1-fit", False)
     runs.steps_seen = _steps_seen(runs.statuses)
     return options
 
@@ -340,14 +332,30 @@ def _rerun_whole(
     say.warn(f"{reason}; profiling the whole run instead")
     warnings.append(f"{reason}: the whole run was profiled as one step")
     manifest.schedule.whole_run = True
-    config = _write_config(out, "timeline", options, command, whole_run=True)
+    _run_timeline_again(command, options, out, manifest, say, runs, "phase1-whole", True)
+
+
+def _run_timeline_again(
+    command: Command,
+    options: Options,
+    out: Path,
+    manifest: rundir.Manifest,
+    say: Reporter,
+    runs: _TimelineRuns,
+    log: str,
+    whole_run: bool,
+) -> float:
+    """Phase 1 once more with ``options``: its traces, statuses and exit code replace the
+    first run's in ``runs``; the manifest's timeline time adds its seconds (returned)."""
+    config = _write_config(out, "timeline", options, command, whole_run=whole_run)
     seconds, runs.code, runs.tail = _run(
-        command.with_runner(), config, out / rundir.LOGS / "phase1-whole", say, manifest
+        command.with_runner(), config, out / rundir.LOGS / log, say, manifest
     )
     _timeline(manifest).seconds = round(runs.seconds + seconds, 2)
     manifest.exit_code = runs.code
     runs.traces = sorted(out.glob("trace*.json.gz"))
     runs.statuses = _statuses(out, "timeline")
+    return seconds
 
 
 def _stop_on_failure(

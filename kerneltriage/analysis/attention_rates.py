@@ -102,3 +102,17 @@ def attention_rates(
     if not rates:
         return None
     return AttentionRates(gpu_key, head_dim, causal, int(seq_len), rates, source, (lengths[lo], lengths[hi]))
+
+
+@dataclass(frozen=True)
+class FirstPrinciples:
+    """The share of the GPU's achievable tensor-core rate a fused attention kernel reaches,
+    where no measured row applies (``attention_perf.yaml``, section ``first_principles``)."""
+
+    fused_fraction: float
+    source: str
+
+
+def first_principles() -> FirstPrinciples:
+    entry = (load_yaml("attention_perf.yaml") or {}).get("first_principles") or {}
+    return FirstPrinciples(float(entry.get("fused_fraction", 0.6)), str(entry.get("source", "")))

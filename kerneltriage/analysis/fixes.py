@@ -102,6 +102,7 @@ FIELDS = frozenset(
         "backend",
         "kernels",
         "in_module",
+        "fused_path_edit",
     }
 )
 #: Liger-Kernel's boolean kernel switches of ``apply_liger_kernel_to_<arch>`` (liger-kernel
@@ -760,6 +761,7 @@ def candidate_fields(c: Any, params: dict[str, Any]) -> dict[str, Any]:
         "bias_arg": ", bias=lm_head.bias" if params.get("bias") else "",
         "backend": backend[1] if backend else "",
         "kernels": f"{c.roofline.launches_per_step:.0f}",
+        "fused_path_edit": str(c.attrs.get("fused_path_edit") or ""),
     }
 
 

@@ -32,9 +32,18 @@ from kerneltriage.analysis.attention_rates import (
     HOW,
     AttentionRates,
     attention_rates,
+    first_principles,
     measured_range,
 )
-from kerneltriage.analysis.estimate import attention_case, attention_work, dtype_bytes
+from kerneltriage.analysis.estimate import (
+    BWD_BYTES,
+    BWD_FLOPS,
+    TENSOR_PRECISION,
+    attention_case,
+    attention_work,
+    dtype_bytes,
+    kernel_precision,
+)
 from kerneltriage.analysis.fixes import (
     UPCAST_KEPT,
     Environment,
@@ -160,6 +169,7 @@ def headroom_basis(c: Candidate, gpu: GPUSpec | None) -> dict[str, Any] | None:
         "estimate": "shape model",
         "fused estimate": "fused-region shape model",
         "attention table": "measured attention rate",
+        "first principles": "first-principles ceiling",
     }.get(r.source, r.source)
     basis: dict[str, Any] = {
         "kind": "launch floor" if r.launch_bound and r.source != "attention table" else kind,
@@ -170,6 +180,8 @@ def headroom_basis(c: Candidate, gpu: GPUSpec | None) -> dict[str, Any] | None:
     }
     if r.source == "attention table":
         basis["table"] = c.attrs.get("attention_table")
+    elif r.source == "first principles":
+        basis["first_principles"] = c.attrs.get("first_principles")
     else:
         basis["fill"] = round(r.fill, 3)
         if r.launch_bound:
@@ -790,7 +802,14 @@ def _library_attention(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
         if gpu is not None:
             rates = attention_rates(gpu.key, head_dim, causal, seq_len, backward=c.bwd_ms_per_step > 0)
     c.builtin = None
+    math = _math_path(c, rules) if case is not None and gpu is not None else None
+    if math is not None and gpu is not None and case is not None:
+        _unfused_attention(c, rules, gpu, lib, math)
+        return
     if rates is None or case is None or gpu is None:
+        if case is not None and gpu is not None and _attention_ideal(c) is not None:
+            _first_principles_attention(c, rules, gpu, lib, _no_attention_ceiling(case, gpu))
+            return
         _no_attention_rates(c, rules, lib, _no_attention_ceiling(case, gpu))
         return
     passed = _place_on_attention_table(c, rules, gpu, lib, rates, case)
@@ -802,6 +821,310 @@ def _library_attention(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
     )
     if not decided:
         _skip_library_attention(c, rules, lib, rates)
+
+
+_SDPA_OPS = re.compile(r"^aten::(_?scaled_dot_product_attention(_math)?)$")
+_FLOAT_TEMPLATE = re.compile(r"<float\b|\bfloat\s*>|_f32_|\bsgemm|\bfp32\b", re.IGNORECASE)
+_HALF_TEMPLATE = re.compile(r"BFloat16|bfloat16|\bbf16|c10::Half|\bhalf\b|\bfp16|\bf16", re.IGNORECASE)
+
+
+def _kernel_unit_name(name: str) -> str | None:
+    """The precision a kernel of an unfused attention runs in, from its name: a GEMM's or
+    convolution's name (``kernel_classes.yaml`` precisions), else the template type of a
+    softmax or elementwise kernel (``softmax<float>``)."""
+    unit = kernel_precision(name)
+    if unit is not None:
+        return unit
+    if _HALF_TEMPLATE.search(name):
+        return "bf16"
+    if _FLOAT_TEMPLATE.search(name):
+        return "fp32"
+    return None
+
+
+@dataclass(frozen=True)
+class _MathPath:
+    """SDPA's unfused math path: which unit its kernels ran on, their share, and why."""
+
+    unit: str  # "fp32", "tf32", "bf16", ...
+    share: float  # of the candidate's kernel time, in GEMMs and softmax
+    cause: str
+    edit: str  # the edit that puts SDPA on its fused kernels
+
+
+def _math_path(c: Candidate, rules: Rules) -> _MathPath | None:
+    """SDPA that ran GEMMs and a softmax instead of a fused attention kernel (its math path),
+    with the unit they ran on and the cause the recorded op shows (q's or the mask's dtype,
+    the head dim, dropout); None when fused attention kernels ran."""
+    if not any(_SDPA_OPS.match(op) for op in c.ops):
+        return None
+    total = sum(k.time_ms_per_step for k in c.kernels)
+    if not total:
+        return None
+    kinds = [(k, rules.kernel_kind(k.full_name)) for k in c.kernels]
+    if sum(k.time_ms_per_step for k, kind in kinds if kind == "attention") >= 0.5 * total:
+        return None
+    math_ms = sum(k.time_ms_per_step for k, kind in kinds if kind in ("gemm", "softmax"))
+    if math_ms < 0.5 * total:
+        return None
+    by: dict[str, float] = {}
+    for k, kind in kinds:
+        unit = _kernel_unit_name(k.full_name)
+        if unit is not None and kind in ("gemm", "softmax"):
+            by[unit] = by.get(unit, 0.0) + k.time_ms_per_step
+    unit = max(by, key=lambda u: by[u]) if by else "fp32"
+    cause, edit = _math_path_cause(c, unit)
+    return _MathPath(unit, math_ms / total, cause, edit)
+
+
+_SHORT_DTYPE = {"float": "fp32", "c10::BFloat16": "bf16", "c10::Half": "fp16", "double": "fp64"}
+
+
+def _math_path_cause(c: Candidate, unit: str) -> tuple[str, str]:
+    """Why SDPA took its math path, as far as the recorded op shows, and the edit."""
+    op = next((o for o in c.example if _SDPA_OPS.match(o.get("name", ""))), None)
+    if op is None:
+        return (
+            "the trace records no SDPA inputs to say why",
+            "run SDPA on 16-bit q, k, v (and mask) of D ≤ 256",
+        )
+    dims, types, conc = op.get("dims") or [], op.get("types") or [], op.get("concrete") or []
+    q_type = types[0] if types else ""
+    head_dim = dims[0][-1] if dims and dims[0] else None
+    causes, edits = [], []
+    if q_type in ("float", "double"):
+        causes.append(f"q, k, v are {_SHORT_DTYPE.get(q_type, q_type)}, which no fused kernel takes")
+        edits.append("run the attention under bf16 autocast (or cast q, k, v to bf16)")
+    mask_type = types[3] if len(types) > 3 else ""
+    if mask_type and len(dims) > 3 and dims[3] and mask_type not in ("bool", q_type):
+        shown = "x".join(map(str, dims[3]))
+        causes.append(
+            f"the attention mask / position bias ({shown}) is {_SHORT_DTYPE.get(mask_type, mask_type)} while q is "
+            f"{_SHORT_DTYPE.get(q_type, q_type)}: the fused kernels take a mask of q's dtype only"
+        )
+        edits.append("attn_mask = attn_mask.to(q.dtype)  # the position bias in q's dtype")
+    if head_dim and (head_dim > 256 or head_dim % 8):
+        causes.append(f"head dim D={head_dim}: the fused kernels take D ≤ 256, a multiple of 8")
+        edits.append(
+            f"pad the head dim to {min(256, -(-head_dim // 8) * 8)} (zeros in q, k, v; slice the output)"
+        )
+    dropout = None
+    if len(conc) > 4:
+        try:
+            dropout = float(str(conc[4]).strip())
+        except ValueError:
+            dropout = None
+    if dropout and mask_type and mask_type != "bool" and not causes:
+        causes.append(f"dropout {dropout:g} with an additive mask")
+    if not causes:
+        return (
+            "the trace does not record why (q, k, v dtype, mask and head dim look fusable)",
+            "check torch.backends.cuda.can_use_flash_attention / can_use_efficient_attention(params, debug=True)",
+        )
+    return "; ".join(causes), "; ".join(edits) or "make the inputs fusable"
+
+
+def _attention_ideal(c: Candidate) -> tuple[float, float, str] | None:
+    """(FLOPs, ideal bytes, dtype) per step of a library attention's recorded case: the fused
+    forward's (q, k, v, o, log-sum-exp), and 2.5× the FLOPs and 2× the bytes more for a
+    backward."""
+    for op in c.example:
+        case = attention_case(op["name"], op["dims"], op["types"], op.get("concrete"))
+        if case is None:
+            continue
+        w = attention_work(case.q, case.k, case.v, case.dtype, case.causal)
+        bwd = c.bwd_ms_per_step > 0
+        flops = w.flops * (1.0 + BWD_FLOPS["attention"] if bwd else 1.0)
+        bytes_ = w.bytes * (1.0 + BWD_BYTES["attention"] if bwd else 1.0)
+        n = c.instances_per_step
+        return flops * n, bytes_ * n, case.dtype
+    return None
+
+
+def kernel_unit_of(c: Candidate) -> str | None:
+    """The precision most of a candidate's kernel time runs at, where its kernels' names say."""
+    by: dict[str, float] = {}
+    for k in c.kernels:
+        unit = kernel_precision(k.full_name)
+        if unit is not None:
+            by[unit] = by.get(unit, 0.0) + k.time_ms_per_step
+    if not by:
+        return None
+    best = max(by, key=lambda u: by[u])
+    return best if by[best] >= 0.5 * sum(k.time_ms_per_step for k in c.kernels) else None
+
+
+def _first_principles_ceiling(
+    c: Candidate, gpu: GPUSpec, unit: str, fraction: float
+) -> tuple[float, float, str] | None:
+    """(ceiling ms per step, compute rate in FLOP/s, what it rests on) of an attention case:
+    its FLOPs at ``fraction`` of the achievable rate of ``unit``, its ideal bytes at the
+    achievable bandwidth."""
+    ideal = _attention_ideal(c)
+    if ideal is None:
+        return None
+    flops, bytes_, _ = ideal
+    rate = gpu.peak(unit) * fraction
+    ceiling_ms = max(flops / rate, bytes_ / gpu.bandwidth) * 1e3
+    c.roofline.flops, c.roofline.bytes = flops, bytes_
+    c.roofline.intensity = flops / bytes_ if bytes_ else None
+    c.roofline.bound = "compute" if flops / rate >= bytes_ / gpu.bandwidth else "memory"
+    c.roofline.precision = gpu.unit(unit)
+    c.roofline.achieved_gbs = bytes_ / (c.time_ms_per_step * 1e-3) / 1e9 if c.time_ms_per_step else None
+    what = (
+        f"{flops / 1e12:.3g} TFLOP per step at {rate / 1e12:.0f} TFLOP/s ({fraction:.0%} of {gpu.name}'s achievable "
+        f"{gpu.unit(unit)} rate), {bytes_ / 1e9:.3g} GB at {gpu.ceiling_bandwidth_gbs:.0f} GB/s"
+        if fraction < 1.0
+        else f"{flops / 1e12:.3g} TFLOP per step at {gpu.name}'s achievable {gpu.unit(unit)} rate "
+        f"({rate / 1e12:.0f} TFLOP/s), {bytes_ / 1e9:.3g} GB at {gpu.ceiling_bandwidth_gbs:.0f} GB/s"
+    )
+    return ceiling_ms, rate, what
+
+
+def _set_first_principles(
+    c: Candidate, rules: Rules, ceiling_ms: float, detail: str, basis: dict
+) -> bool | None:
+    """The headroom against a first-principles ceiling and its condition; returns whether it
+    passed (None: below 1, a disagreement)."""
+    c.roofline.source = "first principles"
+    c.roofline.ceiling_ms = c.roofline.work_ceiling_ms = ceiling_ms
+    c.roofline.launch_bound = False
+    c.headroom = c.time_ms_per_step / ceiling_ms if ceiling_ms else None
+    c.attrs["first_principles"] = basis
+    min_headroom = rules.thresholds.min_headroom
+    passed = (
+        None
+        if c.headroom is None or c.headroom < 1.0
+        else shown_headroom(c.headroom) >= max(min_headroom, rules.thresholds.at_roof)
+    )
+    c.conditions["headroom"] = Condition(c.headroom, min_headroom, passed, detail)
+    return passed
+
+
+def _first_principles_attention(
+    c: Candidate, rules: Rules, gpu: GPUSpec, lib: _LibraryRate, why: str
+) -> None:
+    """A fused library attention kernel no measured row applies to: its FLOPs at the share of
+    the achievable tensor-core rate fused attention reaches, its bytes at the bandwidth."""
+    ideal = _attention_ideal(c)
+    assert ideal is not None  # the caller checked
+    dtype = ideal[2]
+    unit = kernel_unit_of(c) or TENSOR_PRECISION.get(dtype, "bf16")
+    fp = first_principles()
+    placed = _first_principles_ceiling(c, gpu, unit, fp.fused_fraction)
+    assert placed is not None
+    ceiling_ms, rate, what = placed
+    detail = (
+        f"{c.time_ms_per_step:.3g} ms measured ({lib.achieved:.0f} TFLOP/s, {lib.name}) vs {ceiling_ms:.3g} ms "
+        f"first-principles ceiling: {what} [first principles; {why}]"
+    )
+    passed = _set_first_principles(
+        c,
+        rules,
+        ceiling_ms,
+        detail,
+        {
+            "unit": gpu.unit(unit),
+            "fused_fraction": fp.fused_fraction,
+            "tflops": round(rate / 1e12, 1),
+            "why": why,
+        },
+    )
+    basis = f"{fp.fused_fraction:.0%} of the achievable {gpu.unit(unit)} rate; {why}"
+    if c.headroom is not None and c.headroom < 1.0:
+        c.verdict, c.reason, c.expected_saving_share = Verdict.SKIP, Reason.CEILING_DISAGREES, 0.0
+        c.note = (
+            f"{lib.name} attention runs at {lib.achieved:.0f} TFLOP/s, above the first-principles ceiling "
+            f"({rate / 1e12:.0f} TFLOP/s): the fraction fused attention reaches is higher on this GPU; no verdict rests on it"
+        )
+        return
+    if _skip_cold(c, keep_note=True):
+        c.note = f"{lib.name} attention at {lib.achieved:.0f} TFLOP/s; first-principles ceiling ({basis})"
+        return
+    if passed and c.conditions["stability"].passed:
+        c.verdict = Verdict.WRITE
+        c.reason = Reason.BELOW_FIRST_PRINCIPLES.text(achieved=lib.achieved, ceiling=rate / 1e12)
+        c.expected_saving_share = c.time_share * (1.0 - 1.0 / (c.headroom or 1.0))
+        c.note = (
+            "first try the other SDPA backends (cuDNN, FlashAttention, memory-efficient) at this shape, and measure "
+            "this GPU at it (no backend rate was measured here); check the shapes (short sequences and few heads "
+            "starve any attention kernel)"
+        )
+        return
+    c.verdict = Verdict.SKIP
+    if _skip_unstable(c):
+        return
+    if shown_headroom(c.headroom or 1.0) < rules.thresholds.at_roof:
+        c.reason = Reason.LIBRARY_AT_ROOF
+        c.note = f"{lib.name} attention at {lib.achieved:.0f} of the {rate / 1e12:.0f} TFLOP/s first-principles ceiling"
+    else:
+        _low_headroom(c, rules, f"{lib.name} attention ")
+
+
+def _unfused_attention(c: Candidate, rules: Rules, gpu: GPUSpec, lib: _LibraryRate, math: _MathPath) -> None:
+    """SDPA on its math path: placed against the first-principles ceiling of the unit its
+    kernels ran on (a finding in itself); the fix puts it on its fused 16-bit kernels,
+    predicted at the share of the tensor-core rate fused attention reaches."""
+    ideal = _attention_ideal(c)
+    if ideal is None:
+        _no_attention_rates(c, rules, lib, "no attention shapes recorded for its op")
+        return
+    placed = _first_principles_ceiling(c, gpu, math.unit, 1.0)
+    assert placed is not None
+    ceiling_ms, rate, what = placed
+    name = "SDPA math path"
+    lib = dataclasses.replace(lib, name=name)
+    c.attrs["kernel_library"] = name
+    detail = (
+        f"{c.time_ms_per_step:.3g} ms measured ({lib.achieved:.0f} TFLOP/s, unfused {math.unit}) vs {ceiling_ms:.3g} ms "
+        f"first-principles ceiling: {what} [first principles]"
+    )
+    _set_first_principles(
+        c,
+        rules,
+        ceiling_ms,
+        detail,
+        {
+            "unit": gpu.unit(math.unit),
+            "fused_fraction": 1.0,
+            "tflops": round(rate / 1e12, 1),
+            "math_path": True,
+        },
+    )
+    c.attrs["math_path"] = {"unit": math.unit, "share": round(math.share, 3), "cause": math.cause}
+    c.attrs["fused_path_edit"] = math.edit
+    c.reason = Reason.MATH_PATH.text(unit=math.unit, share=math.share, cause=math.cause)
+    if _skip_cold(c, keep_note=True):
+        c.reason = Reason.COLD
+        c.note = Reason.MATH_PATH.text(unit=math.unit, share=math.share, cause=math.cause)
+        return
+    dtype = ideal[2]
+    fused_unit = TENSOR_PRECISION.get(dtype) if dtype in ("c10::BFloat16", "c10::Half") else None
+    fused_unit = fused_unit or (
+        "bf16" if "bf16" in gpu.peak_tflops and "bf16" not in gpu.emulated else "fp16_tensor"
+    )
+    fp = first_principles()
+    fused = gpu.peak(fused_unit) * fp.fused_fraction
+    fused_ms = max(ideal[0] / fused, ideal[1] / gpu.bandwidth) * 1e3
+    if fused_ms >= c.time_ms_per_step:
+        c.verdict, c.expected_saving_share = Verdict.SKIP, 0.0
+        c.reason = Reason.LOW_HEADROOM
+        c.note = f"{Reason.MATH_PATH.text(unit=math.unit, share=math.share, cause=math.cause)}; a fused kernel would not be faster here"
+        return
+    c.verdict, c.builtin = (
+        Verdict.USE_BUILTIN,
+        f"scaled_dot_product_attention on its fused {gpu.unit(fused_unit)} kernels",
+    )
+    c.expected_saving_share = c.time_share * (1.0 - fused_ms / c.time_ms_per_step)
+    c.attrs["saving_scoped"] = (
+        f"share × (1 − {fused_ms:.3g}/{c.time_ms_per_step:.3g} ms): fused attention at {fused / 1e12:.0f} TFLOP/s "
+        f"({fp.fused_fraction:.0%} of the achievable {gpu.unit(fused_unit)} rate)"
+    )
+    c.attrs["saving_basis"] = c.attrs["saving_scoped"]
+    c.note = (
+        f"the S×S scores go through HBM in {math.unit} instead of one fused pass; fix the cause and SDPA picks "
+        "its fused kernels"
+    )
 
 
 def _no_attention_rates(c: Candidate, rules: Rules, lib: _LibraryRate, why: str) -> None:

@@ -107,6 +107,49 @@ def library_attention(backend: str, tflops: float, **kw) -> Candidate:
     )
 
 
+# SDPA on H100 at S=512: below the S=1024–8192 the H100 table measures.
+SDPA_512 = {**SDPA_OP, "dims": [[32, 16, 512, 64]] * 3 + [[], [], []]}
+SDPA_512_FLOPS = attention_work([32, 16, 512, 64], [32, 16, 512, 64], [32, 16, 512, 64], BF, False).flops
+# T5-base under bf16 autocast: its fp32 position bias keeps SDPA on its math path (fp32 GEMMs,
+# softmax<float>).
+T5_SDPA = {
+    "name": "aten::scaled_dot_product_attention",
+    "dims": [[32, 12, 512, 64]] * 3 + [[32, 12, 512, 512], [], [], []],
+    "types": [BF] * 3 + ["float", "Scalar", "Scalar", "Scalar"],
+    "concrete": ["", "", "", "", "0.", "False", ""],
+}
+T5_FLOPS = attention_work([32, 12, 512, 64], [32, 12, 512, 64], [32, 12, 512, 64], BF, False).flops
+SGEMM = "sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x32_cublas"
+SOFTMAX_F32 = "void (anonymous namespace)::softmax_warp_forward<float, float, float, 9, false, false>(float*, float const*, int, int, int, bool const*, int, bool)"
+
+
+def t5_attention(tflops: float = 15.4, **kw) -> Candidate:
+    """T5's SDPA on its math path at ``tflops`` (fwd only): 80% GEMM, 20% softmax time."""
+    ms = T5_FLOPS / (tflops * 1e12) * 1e3
+    return cand(
+        "attention",
+        headroom=None,
+        time_ms=ms,
+        kernels=(kernel(SGEMM, 0.8 * ms), kernel(SOFTMAX_F32, 0.2 * ms)),
+        ops=("aten::scaled_dot_product_attention", "aten::_scaled_dot_product_attention_math", "aten::bmm"),
+        example=(T5_SDPA,),
+        **kw,
+    )
+
+
+def short_library_attention(tflops: float, **kw) -> Candidate:
+    """FlashAttention at S=512 on an H100 (no measured row) at ``tflops``."""
+    return cand(
+        "attention",
+        headroom=None,
+        time_ms=SDPA_512_FLOPS / (tflops * 1e12) * 1e3,
+        kernels=(kernel(FLASH),),
+        ops=("aten::scaled_dot_product_attention",),
+        example=(SDPA_512,),
+        **kw,
+    )
+
+
 def naive_attention(**attrs) -> Candidate:
     return cand("attention", ops=("aten::matmul", "aten::softmax"), written="naive", **attrs)
 
@@ -249,6 +292,20 @@ CASES: list[tuple[str, Candidate, GPUSpec | None, Verdict, Reason]] = [
         Verdict.SKIP,
         Reason.LOW_HEADROOM,
     ),
+    (
+        "library attention outside the table: first principles",
+        short_library_attention(90.0),
+        H100,
+        Verdict.WRITE,
+        Reason.BELOW_FIRST_PRINCIPLES,
+    ),
+    (
+        "SDPA on its fp32 math path",
+        t5_attention(),
+        H100,
+        Verdict.USE_BUILTIN,
+        Reason.MATH_PATH,
+    ),
     ("Inductor kernel below its roof", inductor(), H100, Verdict.WRITE, Reason.ALL_CONDITIONS),
     ("Inductor kernel at its roof", inductor(1.02), H100, Verdict.SKIP, Reason.COMPILED_AT_ROOF),
     ("Inductor kernel, cold", inductor(share=0.001), H100, Verdict.SKIP, Reason.COLD),
@@ -353,3 +410,33 @@ def test_the_cutoffs_decide_where_the_rules_put_them():
         H100,
     )
     assert c.verdict == Verdict.SKIP and c.reason == Reason.LOW_HEADROOM
+
+
+def test_attention_outside_the_table_is_judged_from_first_principles():
+    """S=512 lies below the H100 rows: a ceiling from its FLOPs and bytes, not no ceiling."""
+    c = judge(short_library_attention(90.0), H100)
+    assert c.headroom is not None and c.roofline.source == "first principles"
+    basis = c.attrs["headroom_basis"]
+    assert basis["kind"] == "first-principles ceiling" and basis["first_principles"]["unit"] == "bf16"
+    rate = basis["first_principles"]["tflops"]
+    assert rate == pytest.approx(0.6 * H100.ceiling_tflop("bf16"), rel=1e-3)
+    assert c.headroom == pytest.approx(rate / 90.0, rel=0.02)  # compute-bound at S=512
+    assert "S=512 lies outside" in c.conditions["headroom"].detail
+    # Near the first-principles rate it is at its roof, not a kernel to write.
+    near = judge(short_library_attention(0.99 * rate), H100)
+    assert near.verdict == Verdict.SKIP and near.reason == Reason.LIBRARY_AT_ROOF
+
+
+def test_sdpa_math_path_is_a_finding_with_its_cause_and_an_edit():
+    """T5: fp32 GEMMs and softmax<float> under SDPA, an fp32 position bias beside bf16 q."""
+    c = judge(t5_attention(), H100)
+    assert c.verdict == Verdict.USE_BUILTIN and Reason.of(c.reason) == Reason.MATH_PATH
+    assert "position bias (32x12x512x512) is fp32 while q is bf16" in c.reason
+    assert c.roofline.source == "first principles" and c.roofline.precision in ("fp32", "tf32")
+    assert c.attrs["math_path"]["unit"] in ("fp32", "tf32")
+    # Predicted against fused bf16 attention at 60% of the achievable bf16 rate.
+    fused = 0.6 * H100.ceiling_tflop("bf16")
+    assert c.expected_saving_share == pytest.approx(0.2 * (1 - 15.4 / fused), rel=0.02)
+    assert c.fix and c.fix.startswith("attn_mask = attn_mask.to(q.dtype)")
+    assert c.recipe["id"] == "sdpa-fused-path" and c.recipe["apply"] is None
+    assert "apply by hand" in c.recipe["apply_why_not"]

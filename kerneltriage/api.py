@@ -140,7 +140,7 @@ class Profile:
     ) -> Report:
         """One rank's report (``rank`` None: ``default_rank``). ``rules``: ready rules (then
         ``rules_file`` and the thresholds are not read)."""
-        check_options(gpu=gpu, step_marker=step_marker)
+        check_options(gpu=gpu, step_marker=step_marker, rank=rank)
         rank = self.default_rank if rank is None else rank
         if rank not in self.loaded.timelines:
             raise InputError(
@@ -191,6 +191,7 @@ def load(
     """Read a run directory, a folder of per-rank traces or a trace (``ncu``: counters for a
     bare trace). ``ranks`` reads only those ranks; ``rules_file`` and ``step_marker`` serve
     the tables (kernel classes, steps) and are the reports' defaults."""
+    check_options(ranks=ranks)
     loaded = load_profile(path, ncu=ncu, ranks=ranks, progress=progress)
     return Profile(loaded, rules_file=rules_file, step_marker=step_marker)
 
@@ -222,6 +223,7 @@ def reports(
     this process) or on Dask (``scheduler``: an address, or ``local``); see
     ``kerneltriage.parallel``. ``rules``: ready rules (then ``rules_file`` and the thresholds
     are not read)."""
+    check_options(ranks=ranks)
     rules = _checked_rules(rules, rules_file, gpu, step_marker, min_headroom, min_share, max_shapes)
     return report_ranks(
         path,
@@ -253,6 +255,7 @@ def report(
     """One rank's report, as ``reports()`` makes it: ``rank``, else the only one, else (several
     ranks) the one Nsight Compute profiled; ``Report.rank`` says which. Only that rank's trace
     is read."""
+    check_options(rank=rank)
     rules = _checked_rules(rules, rules_file, gpu, step_marker, min_headroom, min_share, max_shapes)
     shell = plan_ranks(path, ncu=ncu, ranks=None if rank is None else [rank], progress=progress)
     rank = shell.default_rank if rank is None else rank
@@ -307,6 +310,8 @@ def check_options(
     min_headroom: Any = None,
     min_share: Any = None,
     max_shapes: Any = None,
+    rank: Any = None,
+    ranks: Any = None,
 ) -> None:
     """The checks the command line's flags get, for keyword arguments: an ``InputError`` before
     any work. Thresholds are checked by the rules (``load_rules``), as a rules file's are."""
@@ -319,6 +324,23 @@ def check_options(
     overrides = {"min_headroom": min_headroom, "min_share": min_share, "max_shapes": max_shapes}
     if any(v is not None for v in overrides.values()):
         load_rules(None, overrides)
+    if rank is not None and not _is_rank(rank):
+        raise InputError(f"rank must be a whole number ≥ 0 such as 0, got {rank!r} ({type(rank).__name__})")
+    if ranks is not None:
+        if isinstance(ranks, (str, bytes)) or not hasattr(ranks, "__iter__"):
+            raise InputError(f"ranks must be a list of whole numbers ≥ 0, got {ranks!r}")
+        listed = list(ranks)
+        if not listed:
+            raise InputError("ranks is an empty list; give at least one rank, or None for every rank")
+        bad = [r for r in listed if not _is_rank(r)]
+        if bad:
+            raise InputError(f"ranks must be whole numbers ≥ 0, got {bad[0]!r} ({type(bad[0]).__name__})")
+
+
+def _is_rank(value: Any) -> bool:
+    import numbers
+
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 0
 
 
 # --- diff ------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ any work, written whole or not at all.
   would replace an input with the report.
 - ``write_atomic`` / ``atomic_path``: a file is written beside its target under a temporary
   name, then renamed over it (``os.replace``), so an interrupted or failing write (Ctrl-C, a
-  full disk) leaves the previous file, or none, never half a report. Special files
+  full disk) leaves the previous file, or none, never half a report. A read-only file (no
+  owner write bit, or not writable by this user) is never replaced: ``OutputError``. Special files
   (``/dev/stdout``, a pipe) are written in place.
 - ``atomic_dir``: the same for a folder of files (``scaffold --out``): they are written into a
   temporary folder on the same filesystem, then moved into place together.
@@ -67,6 +68,7 @@ def check_outputs(
                 )
             if not os.access(parent, os.W_OK | os.X_OK):
                 raise OutputError(f"cannot write {flag}: the directory {parent} is not writable", path=where)
+            refuse_read_only(path, flag)
         _refuse_inputs(flag, path, where, sources)
     for flag, given in (folders or {}).items():
         if given is None:
@@ -82,6 +84,29 @@ def check_outputs(
             raise OutputError(f"cannot write {flag}: the directory {existing} is not writable", path=where)
         if path in sources:
             raise OutputError(f"{flag} is an input of this command; write elsewhere", path=where)
+
+
+def read_only(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is an existing regular file the user marked not to be written: one
+    without its owner's write bit (``chmod 444``; root could write it, and is refused too), or
+    one this process may not write (``os.access``)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False
+    if not stat.S_ISREG(info.st_mode):
+        return False
+    return not info.st_mode & stat.S_IWUSR or not os.access(path, os.W_OK)
+
+
+def refuse_read_only(path: str | os.PathLike[str], flag: str = "the output") -> None:
+    """``OutputError`` when ``path`` is a read-only file (``read_only``): it is never replaced."""
+    if read_only(path):
+        raise OutputError(
+            f"{flag} names a read-only file, which is never replaced",
+            path=str(path),
+            hint="make it writable (chmod u+w) or remove it, or write elsewhere",
+        )
 
 
 def _first_file(path: Path) -> Path:
@@ -141,6 +166,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         except OSError as exc:
             raise OutputError(f"cannot write ({exc.strerror or exc})", path=str(target)) from None
         return
+    refuse_read_only(target)
     tmp = target.with_name(f".{target.stem}.{os.getpid()}.tmp{target.suffix}")
     try:
         yield tmp
@@ -234,6 +260,7 @@ def _move_in(stage: Path, target: Path) -> None:
     for name in names:  # a folder of the user's is never replaced by a file (nor removed)
         if (target / name).is_dir():
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(target / name))
+        refuse_read_only(target / name, "a file to write")
     aside = _fresh_dir(target)
     moved_aside: list[str] = []
     moved_in: list[str] = []

@@ -228,6 +228,8 @@ def report_ranks(
             for r in sorted(shell.timelines)
         }
     files = {r: str(f) for r, f in sorted(shell.trace_files.items())}
+    if not files:
+        raise InputError("no rank to report on (an empty list of ranks?)", path=str(path))
     counted = shell.counters_rank  # as one process would pick it
     n = len(files)
     # Without a scheduler: the worker processes, at most one per rank.

@@ -311,6 +311,8 @@ def _other_kernel_key(
             label = label[len(_BACKWARD_PREFIX) :]
         kind = rules.classify_op(label) or rules.classify(None, name, activity)
         return kind, label, ("op", kind, label, phase == "opt"), "op"
+    region = region if isinstance(region, str) else None  # NaN: no region (pandas' missing)
+    module = module if isinstance(module, str) else None
     if region is not None or module is not None:
         # Kernels launched from Python inside a module or region (Triton kernels): one
         # candidate per place in the model, layers folded (blocks.0.attn → blocks.*.attn).
@@ -593,6 +595,7 @@ def _norm_label(variant: str, op: str | None) -> str:
 
 def module_label(modules: list[str]) -> str | None:
     """``blocks.0.attn:Attention``, ``blocks.1.attn:Attention`` → ``blocks.*.attn (Attention)``."""
+    modules = [m for m in modules if isinstance(m, str)]  # NaN: a missing module
     if not modules:
         return None
     counts = Counter(re.sub(r"\.\d+(?=\.|:|$)", ".*", m) for m in modules)

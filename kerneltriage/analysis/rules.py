@@ -361,7 +361,7 @@ def _thresholds(given: dict[str, Any], where: str, overridden: set[str]) -> Thre
             raise RulesError(
                 f"threshold {name!r} must be a number (finite), got {given[name]!r}", path=path
             ) from None
-        if kind is int and value != float(given[name]):
+        if kind is int and not isinstance(given[name], int) and not float(given[name]).is_integer():
             raise RulesError(f"threshold {name!r} must be a whole number, got {given[name]!r}", path=path)
         low, high, meaning = RANGES[name]
         if not (value >= low if name not in _ABOVE else value > low) or value > high:

@@ -30,7 +30,7 @@ import orjson
 import pandas as pd
 
 from kerneltriage.errors import TraceFormatError
-from kerneltriage.ingest.schemas import OP_ARGUMENTS, validate_trace_meta
+from kerneltriage.ingest.schemas import OP_ARGUMENTS, implausible_dims, validate_trace_meta
 from kerneltriage.ingest.tables import (
     CPU_COLUMNS,
     GPU_ANNOTATION_COLUMNS,
@@ -700,7 +700,10 @@ class _Builder:
             key = (column, dumps(value))
             j = index.get(key)
             if j is None:
-                if valid(value):
+                if valid(value) and column == "dims" and implausible_dims(value) is not None:
+                    j = index[key] = -1
+                    self.skipped["shapes"] += 1
+                elif valid(value):
                     j = index[key] = len(args)
                     args.append(value)
                 else:
@@ -906,7 +909,7 @@ _TABLE_OF = {
 }
 #: What a skipped event was (the warning names it): a table, an event of no known category,
 #: or a distinct op argument (Input Dims, Input type …) of the wrong shape.
-SKIPPED_KINDS = ("kernels", "cpu", "runtime", "gpu_ann", "other", "arguments")
+SKIPPED_KINDS = ("kernels", "cpu", "runtime", "gpu_ann", "other", "arguments", "shapes")
 _SKIPPED_TEXT = {
     "kernels": "malformed kernel event(s)",
     "cpu": "malformed CPU op event(s)",
@@ -914,6 +917,10 @@ _SKIPPED_TEXT = {
     "gpu_ann": "malformed GPU annotation event(s)",
     "other": "malformed event(s) of no known category",
     "arguments": "malformed op argument(s) (Input Dims, Input type … of the wrong shape; those ops count as unrecorded)",
+    "shapes": (
+        "distinct Input Dims naming a tensor no GPU could hold (a negative size, or more than 2^44 "
+        "elements): implausible shapes, whose FLOPs and bytes would be invented; those ops count as unrecorded"
+    ),
 }
 # Timestamps past this (µs) overflow nanoseconds in int64; a duration past a day is no kernel's.
 MAX_TS_US = 9.0e15

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
@@ -223,6 +224,7 @@ def parse_counters(text: str, source: str = "<csv>") -> Counters:
             f"(first: {impossible[0]})"
         )
     rows = _derive(body, index, name_col, raw, unknown, warnings)
+    _drop_impossible_rates(rows, source, warnings)
     if rows["duration_ns"].isna().all():
         raise CountersFormatError(
             "the export lacks gpu__time_duration: cannot place kernels on a roofline", path=source
@@ -281,6 +283,50 @@ def _parse_number(cell: str) -> float:
         return float(cell)
     except ValueError:
         return math.nan
+
+
+#: Rates no GPU reaches (fifty to a hundred times the fastest of 2026): bytes a second of any memory level,
+#: FLOPs a second of any unit. A counter that implies more, over its own kernel's duration, is
+#: corrupt (an overflowed or mistyped value), whatever the GPU.
+MAX_BYTES_PER_S = 1e15
+MAX_FLOPS_PER_S = 1e18
+_RATE_COLUMNS = {
+    "dram_bytes": ("dram__bytes_read/write", MAX_BYTES_PER_S, "GB/s", 1e9),
+    "l2_bytes": ("lts__t_bytes", MAX_BYTES_PER_S, "GB/s", 1e9),
+    "flops_fp32": ("fp32 FLOPs", MAX_FLOPS_PER_S, "TFLOP/s", 1e12),
+    "flops_fp64": ("fp64 FLOPs", MAX_FLOPS_PER_S, "TFLOP/s", 1e12),
+    "flops_fp16": ("fp16 FLOPs", MAX_FLOPS_PER_S, "TFLOP/s", 1e12),
+    "flops_tensor": ("tensor FLOPs", MAX_FLOPS_PER_S, "TFLOP/s", 1e12),
+}
+
+
+def _drop_impossible_rates(rows: pd.DataFrame, source: str, warnings: list[str]) -> None:
+    """Counters that imply a rate no GPU reaches over their kernel's own duration are left
+    unmeasured (NaN), with one warning naming the first: counter, value, duration and rate."""
+    seconds = rows["duration_ns"].to_numpy(dtype=float) * 1e-9
+    first: str | None = None
+    count = 0
+    for column, (what, limit, unit, scale) in _RATE_COLUMNS.items():
+        values = rows[column].to_numpy(dtype=float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rate = values / seconds
+        bad = np.isfinite(values) & (seconds > 0) & (rate > limit)
+        if not bad.any():
+            continue
+        count += int(bad.sum())
+        if first is None:
+            i = int(np.flatnonzero(bad)[0])
+            first = (
+                f"{what} = {values[i]:.3g} in {seconds[i] * 1e3:.3g} ms of {str(rows['base_name'].iloc[i])[:60]!r} "
+                f"is {rate[i] / scale:.3g} {unit}, above the {limit / scale:.3g} {unit} no GPU reaches"
+            )
+        rows.loc[bad, column] = math.nan
+        if column == "dram_bytes":
+            rows.loc[bad, ["dram_read_bytes", "dram_write_bytes"]] = math.nan
+    if count:
+        warnings.append(
+            f"{source}: {count} counter value(s) imply impossible rates, left unmeasured (first: {first})"
+        )
 
 
 def _column(

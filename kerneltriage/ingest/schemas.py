@@ -176,6 +176,29 @@ def _checker(shape: Any) -> Callable[[Any], bool]:
 
 
 _DIMS = list[list[StrictInt] | list[list[StrictInt]] | None]  # a tensor's sizes, or a list's
+#: Elements of one tensor above this (2^44, 17.6 T: over 17 TB even at one byte an element) are
+#: more than any GPU holds: Input Dims that name such a tensor, or a negative size, are not real.
+MAX_TENSOR_ELEMENTS = 2**44
+
+
+def implausible_dims(value: list[Any]) -> list[int] | None:
+    """The first tensor's sizes in an op's (well-formed) Input Dims that no GPU could hold (a
+    negative size, or more than ``MAX_TENSOR_ELEMENTS`` elements); None when all are possible."""
+    for entry in value:
+        if not entry:
+            continue
+        tensors = entry if isinstance(entry[0], list) else [entry]
+        for sizes in tensors:
+            n = 1
+            for d in sizes:
+                if d < 0:
+                    return list(sizes)
+                n *= d
+            if n > MAX_TENSOR_ELEMENTS:
+                return list(sizes)
+    return None
+
+
 #: Kineto's recorded op arguments (by ``CPU_COLUMNS`` name) -> a check of one value's shape.
 #: "" is a value checked already (by the worker that interned it).
 OP_ARGUMENTS: dict[str, Callable[[Any], bool]] = {

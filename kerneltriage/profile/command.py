@@ -109,6 +109,10 @@ def parse_command(argv: list[str]) -> Command:
         return Command(argv, "python", argv[:i], argv[i:])
     if not os.path.exists(argv[i]):
         raise InputError(f"script {argv[i]!r} does not exist (relative to {os.getcwd()})")
+    if os.path.isdir(argv[i]) and not os.path.isfile(os.path.join(argv[i], "__main__.py")):
+        raise InputError(
+            f"script {argv[i]!r} is a directory without a __main__.py; name the training script in it"
+        )
     return Command(argv, "python", argv[:i], argv[i:])
 
 

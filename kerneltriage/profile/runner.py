@@ -8,6 +8,7 @@ parent (``session.py``) passes its settings in the file named by ``KERNELTRIAGE_
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import runpy
@@ -15,7 +16,9 @@ import sys
 import threading
 import traceback
 
+from kerneltriage.profile import fix_install
 from kerneltriage.profile.hooks import Done, Session
+from kerneltriage.verify.apply import ApplyFailed
 
 CONFIG_ENV = "KERNELTRIAGE_PROFILE"
 
@@ -33,10 +36,17 @@ def main(argv: list[str] | None = None) -> int:
     if not argv:
         print("kerneltriage runner: no script given", file=sys.stderr)
         return 2
+    missing = _missing_target(argv)
+    if missing:
+        print(f"kerneltriage runner: {missing}", file=sys.stderr)  # one line: nothing ran
+        return 2
     session = Session(config)
     session.install()
     code = 0
+    fixes: list[fix_install.Installed] = []
     try:
+        # profile --apply: the fixes go in before the script runs, as verify's harness does.
+        fixes = fix_install.install_all(config.get("apply") or [])
         if argv[0] == "-m":
             sys.argv = [argv[1], *argv[2:]]
             runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
@@ -56,11 +66,38 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         session.finish("interrupted")
         code = 130
+    except ApplyFailed as exc:
+        session.finish("failed", error=fix_install.failure(fixes, exc))
+        code = fix_install.EXIT_NOT_APPLIED
     except BaseException as exc:
         session.finish("failed", error="".join(traceback.format_exception_only(type(exc), exc)).strip())
         raise
+    if code == 0 and fix_install.problems(fixes):
+        session._write_status("failed", error=fix_install.problems(fixes)[0])
+        code = fix_install.EXIT_NOT_APPLIED
     _shutdown_distributed(code)
     return code
+
+
+def _missing_target(argv: list[str]) -> str | None:
+    """Why ``runpy`` would refuse the script or module before running any of it (a module not
+    found, a folder or package without ``__main__``), in words; None when it can run."""
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            return "python -m needs a module name"
+        name = argv[1]
+        try:
+            spec = importlib.util.find_spec(name)
+            package = spec is not None and spec.submodule_search_locations is not None
+            if package and importlib.util.find_spec(f"{name}.__main__") is None:
+                return f"{name!r} is a package without a __main__ module; it cannot be run with -m"
+        except (ImportError, ValueError) as exc:
+            return f"cannot find module {name!r} ({exc})"
+        return None if spec is not None else f"no module named {name!r} for {sys.executable}"
+    script = argv[0]
+    if os.path.isdir(script) and not os.path.isfile(os.path.join(script, "__main__.py")):
+        return f"{script!r} is a directory without a __main__.py; name the training script in it"
+    return None
 
 
 def _shutdown_distributed(code: int, timeout: float = 60.0) -> None:

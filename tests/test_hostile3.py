@@ -1,0 +1,247 @@
+"""Hostile input, third campaign: the last tracebacks, a read-only output, impossible numbers
+(shapes, counters, step timings, timestamps, ids) and misleading messages.
+
+Each case mutates a copy of the shipped run ``examples/runs/gpt-naive-h200`` (or writes a small
+file of its own), runs one command and compares what happened with what must: an exit code, a
+one-line error or a report, the text that names the problem, and inputs left as they were.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import kerneltriage
+from kerneltriage.cli import main
+from kerneltriage.errors import InputError, OutputError
+from kerneltriage.outputs import read_only, refuse_read_only
+from tests.helpers import EXAMPLE_RUN
+from tests.test_hostile import expect, fingerprint, outcome
+from tests.test_robustness import copy_run, edit_ncu, edit_trace
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# --- tracebacks -------------------------------------------------------------------------------
+
+
+def first_cpu_ops_last(seconds_us: float, count: int = 5):
+    def edit(data):
+        ops = [e for e in data["traceEvents"] if e.get("cat") == "cpu_op"]
+        for e in ops[:count]:
+            e["dur"] = seconds_us
+
+    return edit
+
+
+def test_cpu_ops_of_absurd_duration_are_skipped_not_a_traceback(tmp_path):
+    run = copy_run(tmp_path)
+    edit_trace(run, first_cpu_ops_last(1e15))
+    got = outcome(["report", run, "--format", "json"], "malformed CPU op", [run])
+    assert got == expect(0, "malformed CPU op")
+
+
+def test_module_label_ignores_missing_modules():
+    from kerneltriage.analysis.grouping import module_label
+
+    assert module_label([float("nan"), "blocks.0.attn:Attention", "blocks.1.attn:Attention"]) == (
+        "blocks.*.attn (Attention)"
+    )
+    assert module_label([float("nan")]) is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "text"),
+    [
+        ({"ranks": []}, "empty list"),
+        ({"ranks": ["0"]}, "whole numbers"),
+        ({"ranks": [-1]}, "whole numbers"),
+        ({"ranks": 0}, "a list"),
+    ],
+    ids=["empty", "string", "negative", "not-a-list"],
+)
+def test_reports_with_bad_ranks_is_input_error(kwargs, text):
+    with pytest.raises(InputError, match=text):
+        kerneltriage.reports(EXAMPLE_RUN, **kwargs)
+
+
+@pytest.mark.parametrize("rank", ["0", True, -1, 1.0], ids=["string", "bool", "negative", "float"])
+def test_report_with_a_rank_of_the_wrong_type_says_so(rank):
+    with pytest.raises(InputError, match="rank must be a whole number") as info:
+        kerneltriage.report(EXAMPLE_RUN, rank=rank)
+    assert "not in the run directory" not in str(info.value)
+
+
+def test_profile_of_a_directory_is_one_line(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    args = ["profile", "-q", "--cpu", "--out", tmp_path / "run", "--", sys.executable, tmp_path / "pkg"]
+    got = outcome(args, "directory without a __main__.py", [tmp_path / "pkg"], fmt_json=False)
+    assert got == expect(2, "directory without a __main__.py")
+    assert not (tmp_path / "run").exists()
+
+
+def test_runner_names_a_missing_module_in_one_line(tmp_path):
+    from kerneltriage.profile.runner import _missing_target
+
+    assert "no module named 'kerneltriage_no_such_module'" in (
+        _missing_target(["-m", "kerneltriage_no_such_module"]) or ""
+    )
+    assert "without a __main__" in (_missing_target(["-m", "kerneltriage.analysis"]) or "")
+    assert "directory without a __main__.py" in (_missing_target([str(tmp_path)]) or "")
+    assert _missing_target(["-m", "kerneltriage"]) is None
+    (tmp_path / "__main__.py").write_text("")
+    assert _missing_target([str(tmp_path)]) is None
+
+
+# --- a read-only output is never replaced ---------------------------------------------------
+
+
+def test_read_only_output_is_refused_and_kept(tmp_path):
+    out = tmp_path / "out.txt"
+    out.write_text("keep me\n")
+    out.chmod(0o444)
+    got = outcome(["report", EXAMPLE_RUN, "-o", out], "read-only", [out], fmt_json=False)
+    assert got == expect(2, "read-only")
+    assert out.read_text() == "keep me\n"
+
+
+def test_a_writable_output_is_still_replaced(tmp_path):
+    out = tmp_path / "out.md"
+    out.write_text("old\n")
+    code = CliRunner().invoke(main, ["report", str(EXAMPLE_RUN), "--format", "markdown", "-o", str(out)])
+    assert (code.exit_code, out.read_text().startswith("old")) == (0, False), code.output
+
+
+def test_read_only_is_the_owner_write_bit_even_for_root(tmp_path):
+    path = tmp_path / "f"
+    path.write_text("x")
+    assert not read_only(path)
+    path.chmod(0o444)
+    assert read_only(path)  # root may write it; the user said not to
+    with pytest.raises(OutputError, match="read-only"):
+        refuse_read_only(path, "-o")
+    assert not read_only(tmp_path / "missing")
+
+
+def test_scaffold_does_not_replace_a_read_only_file(tmp_path):
+    out = tmp_path / "k"
+    args = ["scaffold", "--kind", "rmsnorm", "--shape", "16x4096", "--out", str(out)]
+    first = CliRunner().invoke(main, args)
+    assert first.exit_code == 0, first.output
+    target = next(p for p in sorted(out.iterdir()) if p.is_file())
+    before = fingerprint(out)
+    target.chmod(0o444)
+    second = CliRunner().invoke(main, [*args, "--force"])  # even --force keeps a read-only file
+    assert (second.exit_code, "read-only" in second.output, fingerprint(out)) == (2, True, before), (
+        second.output
+    )
+
+
+def _nobody() -> int | None:
+    if os.geteuid() != 0:
+        return os.geteuid()  # not root already: os.access refuses for this user
+    try:
+        import pwd
+
+        return pwd.getpwnam("nobody").pw_uid
+    except (ImportError, KeyError):
+        return None
+
+
+def test_read_only_output_is_refused_for_a_user_without_root(request):
+    """As a user who cannot write the file (os.access semantics), in a process of its own."""
+    uid = _nobody()
+    if uid is None:
+        pytest.skip("no unprivileged user ('nobody') to run as")
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="kerneltriage-ro-", dir="/tmp"))  # pytest's is root's only
+    request.addfinalizer(lambda: shutil.rmtree(folder, ignore_errors=True))
+    out = folder / "report.txt"
+    out.write_text("keep me\n")
+    os.chmod(out, 0o644)  # writable by its owner (root), not by 'nobody'
+    os.chmod(folder, 0o777)
+    code = (
+        "import os, sys\n"
+        "from kerneltriage.outputs import read_only\n"  # imported first: nobody may not read it
+        f"os.setuid({uid})\n"
+        "sys.exit(0 if read_only(sys.argv[1]) else 1)\n"
+    )
+    if os.geteuid() != 0:
+        code = code.replace(f"os.setuid({uid})\n", "")
+        os.chmod(out, 0o444)
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(out)],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert out.read_text() == "keep me\n"
+
+
+# --- impossible numbers ----------------------------------------------------------------------
+
+
+def linear_dims(size: int):
+    def edit(data):
+        for e in data["traceEvents"]:
+            if e.get("cat") == "cpu_op" and e.get("name") in ("aten::linear", "aten::mm", "aten::matmul"):
+                dims = (e.get("args") or {}).get("Input Dims")
+                if dims:
+                    e["args"]["Input Dims"] = [[size if x >= 1024 else x for x in d] for d in dims]
+
+    return edit
+
+
+def test_input_dims_no_gpu_could_hold_are_warned_and_ignored(tmp_path):
+    run = copy_run(tmp_path)
+    edit_trace(run, linear_dims(10**18))
+    got = outcome(["report", run, "--format", "json"], "no GPU could hold", [run])
+    assert got == expect(0, "no GPU could hold")
+
+
+def test_implausible_dims_by_value():
+    from kerneltriage.ingest.schemas import implausible_dims
+
+    assert implausible_dims([[4, 2048, 1024], [], None, [[2, 3], [4]]]) is None
+    assert implausible_dims([[4, 2048, 10**18]]) == [4, 2048, 10**18]
+    assert implausible_dims([[[2, 3], [-1, 4]]]) == [-1, 4]
+
+
+def dram_read(value: str):
+    def change(rows):
+        rows[2][rows[0].index("dram__bytes_read.sum")] = value
+
+    return change
+
+
+def test_counters_that_imply_impossible_rates_are_left_unmeasured(tmp_path):
+    run = copy_run(tmp_path)
+    edit_ncu(run, dram_read("1e30"))
+    got = outcome(["report", run, "--format", "json"], "impossible rates", [run])
+    assert got == expect(0, "impossible rates")
+    report = kerneltriage.report(run)
+    assert all((c.roofline.achieved_gbs or 0) < 1e5 for c in report.candidates)
+
+
+# --- misleading messages ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [str(2**63 - 1), str(2**63), "99999999999999999999"])
+def test_max_shapes_of_any_size_is_a_whole_number(value):
+    result = CliRunner().invoke(main, ["report", str(EXAMPLE_RUN), "--max-shapes", value, "--format", "json"])
+    assert (result.exit_code, "whole number" in result.output) == (0, False), result.output[-500:]
+
+
+def test_shipped_run_is_unchanged_by_the_checks():
+    report = kerneltriage.report(EXAMPLE_RUN)
+    implausible = [w for w in report.warnings if "impossible" in w or "no GPU could hold" in w]
+    assert implausible == []

@@ -807,8 +807,17 @@ def _library_attention(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
         _unfused_attention(c, rules, gpu, lib, math)
         return
     if rates is None or case is None or gpu is None:
-        if case is not None and gpu is not None and _attention_ideal(c) is not None:
-            _first_principles_attention(c, rules, gpu, lib, _no_attention_ceiling(case, gpu))
+        ideal = _attention_ideal(c) if gpu is not None else None
+        if ideal is not None and gpu is not None:
+            if not lib.achieved and c.time_ms_per_step:
+                lib = dataclasses.replace(lib, achieved=ideal[0] / (c.time_ms_per_step * 1e-3) / 1e12)
+                c.roofline.achieved_tflops = lib.achieved or None
+            why = (
+                _no_attention_ceiling(case, gpu)
+                if case is not None
+                else f"no measured attention rate covers its op ({c.example[0]['name'] if c.example else c.name})"
+            )
+            _first_principles_attention(c, rules, gpu, lib, why)
             return
         _no_attention_rates(c, rules, lib, _no_attention_ceiling(case, gpu))
         return
@@ -938,6 +947,12 @@ def _attention_ideal(c: Candidate) -> tuple[float, float, str] | None:
         bytes_ = w.bytes * (1.0 + BWD_BYTES["attention"] if bwd else 1.0)
         n = c.instances_per_step
         return flops * n, bytes_ * n, case.dtype
+    r = c.roofline
+    if r.flops and r.bytes and r.source in ("estimate", "fused estimate", "ncu", "ncu+estimate"):
+        # An attention op outside ATTENTION_OPS (the built-in _FlashAttention): the shape
+        # model's work of its recorded tensors, per step.
+        dtype = next((t for t, p in TENSOR_PRECISION.items() if p == r.precision), "c10::BFloat16")
+        return float(r.flops), float(r.bytes), dtype
     return None
 
 

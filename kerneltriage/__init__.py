@@ -11,6 +11,7 @@ The Python API (README "Python API", docs/notebook.md)::
     reps = kerneltriage.reports("runs/ddp")       # {rank: Report}
     prof = kerneltriage.load("runs/exp1")         # prof.kernels, prof.ops: DataFrames
     d = kerneltriage.diff("runs/before", "runs/after")   # d.to_frame()
+    kerneltriage.apply(run="runs/exp1")           # the verified fixes, before the model is built
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ from kerneltriage.annotate import region, step
 # kerneltriage.report, which is callable: kerneltriage.report(path) runs the analysis.
 _API = ("reports", "load", "diff", "Report", "Profile", "Diff", "export_tables")
 
-__all__ = ["__version__", "region", "report", "step", *_API]
+__all__ = ["__version__", "apply", "region", "report", "step", *_API]
 
 
 def __getattr__(name: str) -> Any:
     if name == "report":
         return importlib.import_module("kerneltriage.report")
+    if name == "apply":  # kerneltriage.ladder.apply; torch is imported when it is called
+        return importlib.import_module("kerneltriage.ladder").apply
     if name in _API:
         return getattr(importlib.import_module("kerneltriage.api"), name)
     raise AttributeError(f"module 'kerneltriage' has no attribute {name!r}")

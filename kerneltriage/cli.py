@@ -617,9 +617,16 @@ class _ProfileReporter:
     is_flag=True,
     help="Measure this GPU's ceilings first (copy, matmul, FMA) and record them in the run.",
 )
+@click.option(
+    "--apply",
+    "apply_spec",
+    metavar="RUN[:C1,C3]",
+    help="Profile RUN's recorded command again with fixes applied by verify's runner: every fix "
+    "`kerneltriage verify` verified, or the candidates named. Takes no COMMAND; --out defaults to RUN-applied.",
+)
 @_rules_option
 @click.option("-q", "--quiet", is_flag=True, help="Do not echo the script's output.")
-@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def profile(
     out,
     force,
@@ -641,6 +648,7 @@ def profile(
     rules_file,
     quiet,
     command,
+    apply_spec,
 ):
     """Profile a training script and write a run directory for `kerneltriage report`.
 
@@ -655,8 +663,14 @@ def profile(
       kerneltriage profile --no-ncu -- python train.py          # timeline only
       kerneltriage profile -- torchrun --nproc-per-node 2 train.py --ddp
       kerneltriage report runs/exp1
+      kerneltriage profile --apply runs/exp1             # again, with the verified fixes
     """
     from kerneltriage.profile.session import Options, run_profile
+
+    if apply_spec and command:
+        raise click.UsageError("--apply profiles RUN's recorded command: give no COMMAND with it")
+    if not apply_spec and not command:
+        raise click.UsageError("Missing argument 'COMMAND...'.")
 
     options = Options(
         out=out,
@@ -678,12 +692,19 @@ def profile(
         timeline=timeline,
         rules_file=rules_file,
     )
-    result = run_profile(list(command), options, _ProfileReporter(quiet))
+    if apply_spec:
+        from kerneltriage.ladder import profile_applied
+
+        result = profile_applied(apply_spec, options, _ProfileReporter(quiet))
+    else:
+        result = run_profile(list(command), options, _ProfileReporter(quiet))
     for warning in result.warnings:
         click.echo(f"warning: {warning}", err=True)
     phases = ", ".join(f"{name} {s:.1f} s" for name, s in result.manifest.phases.seconds().items())
     click.echo(f"wrote {result.run_dir} ({phases})")
     click.echo(f"next: kerneltriage report {result.run_dir}")
+    if result.manifest.parent_run:
+        click.echo(f"compare: kerneltriage diff {result.manifest.parent_run} {result.run_dir}")
 
 
 @main.command()

@@ -155,7 +155,9 @@ class CalibratePhase(_Part):
 class Phases(_Part):
     """Phase name -> what it recorded, in the order the phases run."""
 
-    __pydantic_extra__: dict[str, dict[StrictStr, Any]] = Field(init=False)
+    # Unknown phases, typed. A bare annotation: with `= Field(init=False)` validate_assignment
+    # stored the attribute itself as an extra phase named __pydantic_extra__.
+    __pydantic_extra__: dict[str, dict[StrictStr, Any]]
     calibrate: CalibratePhase | None = None
     timeline: TimelinePhase | None = None
     ncu: NcuPhase | None = None
@@ -166,6 +168,18 @@ class Phases(_Part):
         for name, value in self.to_json().items():
             out[name] = float(value.get("seconds") or 0.0) if isinstance(value, dict) else 0.0
         return out
+
+
+class AppliedFix(_Part):
+    """One fix a run was profiled with (``profile --apply``): the candidate of the run before it
+    came from, its recipe and ``apply`` mapping, and what the report and ``verify`` said of it."""
+
+    id: StrictStr
+    recipe_id: StrictStr | None = None
+    apply: dict[StrictStr, Any] = {}
+    predicted_saving_share: float | None = None
+    realized_saving_share: float | None = None
+    status: StrictStr | None = None  # verify's status of the fix on the run before
 
 
 class Calibration(BaseModel):
@@ -203,12 +217,20 @@ class Manifest(BaseModel):
     #: What the report must repeat about how the run was measured (the profiler's overhead on
     #: the step time, hot kernels left without counters and why); a subset of ``notes``.
     warnings: list[StrictStr] = []
+    #: ``profile --apply``: the fixes this run was profiled with, and the run they came from
+    #: (written only when set).
+    applied_fixes: list[AppliedFix] = []
+    parent_run: StrictStr | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Every field (a part, with what was set in it), then the unknown keys read."""
         data: dict[str, Any] = {}
         for name, info in type(self).model_fields.items():
             value = getattr(self, name)
+            if name in _WHEN_SET and not value:
+                continue
+            if name == "applied_fixes":
+                value = [fix.to_json() for fix in value]
             data[info.alias or name] = value.to_json() if isinstance(value, _Part) else value
         data.update(self.model_extra or {})
         return json.loads(json.dumps(data))  # a copy: what is written is not the model's own
@@ -223,6 +245,9 @@ class Manifest(BaseModel):
             return cls.model_validate(data)
         except ValidationError as exc:
             raise RunDirError(describe(exc, "manifest.json"), path=where) from None
+
+
+_WHEN_SET = ("applied_fixes", "parent_run")
 
 
 @dataclass

@@ -33,6 +33,7 @@ from kerneltriage.analysis.rules import load_rules
 from kerneltriage.errors import InputError, ToolError
 from kerneltriage.profile import nsight_compute as ncu_tools
 from kerneltriage.profile.command import Command, parse_command
+from kerneltriage.profile.fix_install import EXIT_NOT_APPLIED
 from kerneltriage.profile.hooks import CAPTURE_RANGE, EXIT_NO_GPU, Plan
 from kerneltriage.profile.runner import CONFIG_ENV
 
@@ -82,6 +83,11 @@ class Options:
     # Launches per step the every-launch ncu pass may profile (about 0.32 s each on an H200
     # with the roofline metric set: 256 launches ≈ 80 s).
     max_variable_launches: int = 256
+    # profile --apply (kerneltriage/ladder.py): the fixes installed before the script runs, as
+    # the manifest's ``applied_fixes`` entries ({id, recipe_id, apply, …}), and the run they
+    # came from.
+    applied_fixes: list[dict[str, Any]] = field(default_factory=list)
+    parent_run: str | None = None
 
 
 class Reporter:
@@ -185,6 +191,9 @@ def run_profile(argv: list[str], options: Options, reporter: Reporter | None = N
         ),
         status="running",
     )
+    if options.applied_fixes:
+        manifest.applied_fixes = [rundir.AppliedFix.model_validate(f) for f in options.applied_fixes]
+        manifest.parent_run = options.parent_run
     rundir.write_manifest(out, manifest)
     warnings: list[str] = []
     try:
@@ -256,6 +265,8 @@ def _phase_timeline(
             hint="run on a machine with a GPU, use `kerneltriage report` on an existing trace, "
             "or pass --cpu for a CPU-only dry run of the set-up",
         )
+    if code == EXIT_NOT_APPLIED:  # profile --apply: one line naming the fix
+        raise ToolError(next((s["error"] for s in statuses if s.get("error")), "a fix could not be applied"))
     traces = sorted(out.glob("trace*.json.gz"))
     runs = _TimelineRuns(seconds, code, tail, traces, statuses, _steps_seen(statuses))
     options = _rerun_fitted(command, options, out, manifest, say, warnings, runs, whole_run)
@@ -940,6 +951,8 @@ def _write_config(out: Path, mode: str, options: Options, command: Command, *, w
         # Only phase 1 times plain steps; the others stop at the step they need.
         "timing_steps": options.timing_steps if mode == "timeline" else 0,
     }
+    if options.applied_fixes:  # profile --apply: installed by runner.py before the script runs
+        config["apply"] = [{"id": f["id"], "apply": f["apply"]} for f in options.applied_fixes]
     path = out / rundir.LOGS / f"config.{mode}.json"
     path.write_text(json.dumps(config, indent=2) + "\n")
     for stale in (out / rundir.LOGS).glob(f"status.{mode}.rank*.json"):

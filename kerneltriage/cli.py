@@ -544,8 +544,9 @@ class _ProfileReporter:
     type=click.IntRange(min=0),
     default=5,
     show_default=True,
-    help="After the recorded steps: this many steps under a GPU-only profiler (busy time), then as many "
-    "with nothing installed (the step time the report uses); 0: time the recorded steps.",
+    help="Right after the warm-up: this many steps with nothing installed (the step time the report "
+    "uses), then as many under a GPU-only profiler (busy time), before the recorded steps; 0: time the "
+    "recorded steps.",
 )
 @click.option(
     "--max-variable-launches",
@@ -702,7 +703,10 @@ def profile(
         click.echo(f"warning: {warning}", err=True)
     phases = ", ".join(f"{name} {s:.1f} s" for name, s in result.manifest.phases.seconds().items())
     click.echo(f"wrote {result.run_dir} ({phases})")
-    click.echo(f"next: kerneltriage report {result.run_dir}")
+    if cpu:  # no GPU kernels: nothing for `report` to place on a roofline
+        click.echo("next: a --cpu dry run records no GPU kernels: profile on a GPU for a report")
+    else:
+        click.echo(f"next: kerneltriage report {result.run_dir}")
     if result.manifest.parent_run:
         click.echo(f"compare: kerneltriage diff {result.manifest.parent_run} {result.run_dir}")
 

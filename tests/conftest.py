@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import CORPUS_SKIP, EXTERNAL, corpus_present
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
 
@@ -71,6 +73,36 @@ def device() -> str:
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     return DATA
+
+
+@pytest.fixture(scope="session")
+def external_traces() -> Path:
+    """The corpus's external-traces/ folder (tests/helpers.py says where). A test or fixture
+    that requests it is skipped, as a `corpus`-marked test is, when the corpus is absent."""
+    if not corpus_present():
+        pytest.skip(CORPUS_SKIP)
+    return EXTERNAL
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "corpus: reads the third-party trace corpus ($KERNELTRIAGE_CORPUS, else ../shared beside the "
+        "checkout); skipped with a reason when it is absent",
+    )
+
+
+def _needs_corpus(item) -> bool:
+    return item.get_closest_marker("corpus") is not None or "external_traces" in getattr(
+        item, "fixturenames", ()
+    )
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line saying how many tests the absent corpus skipped (and how to run them)."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if CORPUS_SKIP in str(r.longrepr)]
+    if skipped:
+        terminalreporter.write_sep("-", f"{len(skipped)} skipped: {CORPUS_SKIP}", yellow=True)
 
 
 # --- the quick subset: `pytest -m "not slow"` (README; CI runs everything) ----------------------
@@ -234,6 +266,12 @@ def pytest_ignore_collect(collection_path, config):
 
 
 def pytest_collection_modifyitems(config, items):
+    if not corpus_present():
+        for item in items:
+            if _needs_corpus(item):
+                # First, so that this reason shows rather than "got empty parameter set" for a
+                # parametrization over the corpus's files.
+                item.add_marker(pytest.mark.skip(reason=CORPUS_SKIP), append=False)
     for item in items:
         path = Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
         test = f"{path}::{item.originalname or item.name}"

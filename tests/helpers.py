@@ -1,11 +1,15 @@
-"""Shared loaders for tests: the real H200 capture, read once per session."""
+"""Shared loaders for tests: the real H200 capture, read once per session; where the corpus of
+third-party traces lies."""
 
 from __future__ import annotations
 
 import functools
 import gzip
 import json
+import os
 from pathlib import Path
+
+import pytest
 
 DATA = Path(__file__).resolve().parent / "data"
 GPT = DATA / "gpt-naive-h200"
@@ -14,6 +18,22 @@ NCU_ALL = GPT / "ncu_all_launches_raw.csv.gz"
 NCU_PER_CONFIG = GPT / "ncu_per_config_raw.csv.gz"
 NCU_SECTIONS = GPT / "ncu_sections_raw.csv.gz"
 EXAMPLE_RUN = DATA.parents[1] / "examples" / "runs" / "gpt-naive-h200"
+
+# --- the corpus: real third-party traces, not in the repository ------------------------------
+# $KERNELTRIAGE_CORPUS, else ../shared beside the checkout; its external-traces/ holds them.
+# Tests that read it carry the `corpus` marker (or request the `external_traces` fixture):
+# tests/conftest.py skips them, with CORPUS_SKIP as the reason, when the folder is absent.
+CORPUS_ENV = "KERNELTRIAGE_CORPUS"
+CORPUS = Path(os.environ.get(CORPUS_ENV) or DATA.parents[2] / "shared")
+EXTERNAL = CORPUS / "external-traces"
+CORPUS_SKIP = (
+    f"needs the trace corpus: no {EXTERNAL} (set {CORPUS_ENV} to the folder holding external-traces/)"
+)
+corpus = pytest.mark.corpus
+
+
+def corpus_present() -> bool:
+    return EXTERNAL.is_dir()
 
 
 @functools.cache

@@ -15,6 +15,7 @@ from kerneltriage import api
 from kerneltriage.cli import main
 from kerneltriage.errors import InputError
 from kerneltriage.parallel import report_ranks
+from tests.helpers import EXTERNAL, corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 DDP = ROOT / "examples" / "runs" / "gpt-ddp-2gpu-h200"
@@ -91,10 +92,11 @@ def test_workers_make_the_reports_one_process_makes(rules, one_process):
     assert any(m.startswith("2/2 ranks analysed") for m in messages)
 
 
+@corpus
 def test_an_hta_rank_folder(rules):
     """A real folder of rank traces as HTA ships them (sampled_rank-0.json.gz, …; DLRM on two
     A100s): the same reports from two worker processes as from one process."""
-    folder = ROOT.parent / "shared" / "external-traces" / "hta-dlrm-2rank-a100"
+    folder = EXTERNAL / "hta-dlrm-2rank-a100"
     one_process = api.load(folder).reports(rules=rules)
     parallel = report_ranks(folder, workers=2)  # the shipped rules when none are given
     assert list(parallel) == [0, 1]

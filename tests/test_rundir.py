@@ -56,3 +56,23 @@ def test_a_field_of_the_wrong_type_is_one_line_naming_it(tmp_path):
     ) as err:
         rundir.read_manifest(tmp_path)
     assert len(str(err.value).splitlines()) == 1
+
+
+def test_phases_set_one_by_one_hold_only_phases():
+    """``profile`` sets each phase as it ends (validated assignment): the manifest and the
+    closing "wrote …" line name those phases and nothing else."""
+    manifest = rundir.Manifest()
+    manifest.phases.timeline = rundir.TimelinePhase(seconds=10.8)
+    manifest.phases.ncu = rundir.NcuPhase(ncu_seconds=2.0)
+    assert list(manifest.to_json()["phases"]) == ["timeline", "ncu"]
+    assert list(manifest.phases.seconds()) == ["timeline", "ncu"]
+    # an unknown phase read from a manifest is kept, typed as a mapping
+    read = rundir.Phases.model_validate({"timeline": {"seconds": 1.0}, "warmup": {"seconds": 2}})
+    read.calibrate = rundir.CalibratePhase(seconds=0.5)
+    assert read.to_json() == {
+        "timeline": {"seconds": 1.0},
+        "warmup": {"seconds": 2},
+        "calibrate": {"seconds": 0.5},
+    }
+    with pytest.raises(ValueError):
+        rundir.Phases.model_validate({"warmup": 3})

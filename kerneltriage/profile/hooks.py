@@ -56,6 +56,7 @@ from typing import Any
 from kerneltriage import annotate, rundir
 
 EXIT_NO_GPU = 86
+EXIT_NO_TORCH = 88  # the script's Python has no torch: one line, not its traceback
 NCU_RANGE = "kerneltriage.ncu"
 #: The recorded steps under Nsight Systems (``--capture-range=nvtx``).
 CAPTURE_RANGE = "kerneltriage.capture"
@@ -223,7 +224,13 @@ class Session:
     # --- set-up -------------------------------------------------------------------------
 
     def install(self) -> None:
-        import torch
+        try:
+            import torch
+        except ModuleNotFoundError as exc:
+            if exc.name != "torch":
+                raise
+            self._write_status("no-torch", error=f"no torch in the script's Python ({sys.executable})")
+            raise SystemExit(EXIT_NO_TORCH) from None
 
         self.torch = torch
         if not self.config.get("cpu") and not torch.cuda.is_available():

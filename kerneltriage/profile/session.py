@@ -34,7 +34,7 @@ from kerneltriage.errors import InputError, ToolError
 from kerneltriage.profile import nsight_compute as ncu_tools
 from kerneltriage.profile.command import Command, parse_command
 from kerneltriage.profile.fix_install import EXIT_NOT_APPLIED
-from kerneltriage.profile.hooks import CAPTURE_RANGE, EXIT_NO_GPU, Plan
+from kerneltriage.profile.hooks import CAPTURE_RANGE, EXIT_NO_GPU, EXIT_NO_TORCH, Plan
 from kerneltriage.profile.runner import CONFIG_ENV
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -264,6 +264,12 @@ def _phase_timeline(
             "no CUDA GPU is visible to the script's Python",
             hint="run on a machine with a GPU, use `kerneltriage report` on an existing trace, "
             "or pass --cpu for a CPU-only dry run of the set-up",
+        )
+    if code == EXIT_NO_TORCH:
+        raise ToolError(
+            next((s["error"] for s in statuses if s.get("error")), "no torch in the script's Python"),
+            hint="install PyTorch there, e.g. pip install torch; "
+            "`kerneltriage report` reads traces made elsewhere",
         )
     if code == EXIT_NOT_APPLIED:  # profile --apply: one line naming the fix
         raise ToolError(next((s["error"] for s in statuses if s.get("error")), "a fix could not be applied"))

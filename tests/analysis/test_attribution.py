@@ -14,7 +14,7 @@ import pytest
 
 from kerneltriage.analysis.attribution import attribute, find_steps
 from kerneltriage.ingest.kineto import read_trace
-from tests.helpers import raw_trace, timeline, write_trace
+from tests.helpers import EXTERNAL, corpus, raw_trace, timeline, write_trace
 
 
 @pytest.fixture(scope="module")
@@ -119,9 +119,8 @@ def test_step_marker_overrides(tmp_path):
     assert all(s.dur < 1_000_000 for s in steps)  # zero_grad ranges are short
 
 
-# --- Traces nobody here made (../shared/external-traces, read in place) ----------------------
+# --- Traces nobody here made (the corpus: tests/helpers.py, read in place) ---------------------
 
-EXTERNAL = Path(__file__).resolve().parents[3] / "shared" / "external-traces"
 PT19 = EXTERNAL / "kineto-resnet50-v100-pt19" / "worker0.1623143089861.pt.trace.json.gz"
 MINITOY = EXTERNAL / "hta-minitoy-mi250-rocm62" / "mi250_minitoy_train_ROCm6_2_kineto.json.gz"
 
@@ -133,11 +132,12 @@ def _events(path: Path) -> list[dict]:
 
 @functools.cache
 def _external(path: Path):
-    assert path.is_file(), f"{path} missing (../shared/external-traces must sit beside the checkout)"
+    assert path.is_file(), f"{path} missing"
     tl = read_trace(path)
     return tl, attribute(tl)
 
 
+@corpus
 def test_pytorch_1_9_profiler_steps_are_steps_in_any_category():
     """PyTorch 1.9 writes ProfilerStep#N (and every record_function range) as category
     "Operator". They are the steps, never ops: all six of the file's ranges, in order. (HTA
@@ -162,6 +162,7 @@ def test_pytorch_1_9_profiler_steps_are_steps_in_any_category():
         )
 
 
+@corpus
 def test_pytorch_1_9_backward_and_optimizer_phases():
     """Old-format backward top-level ops are the autograd nodes themselves (CudnnConvolutionBackward
     on the backward thread); their kernels reach the forward op through the sequence number.
@@ -196,6 +197,7 @@ def test_pytorch_1_9_backward_and_optimizer_phases():
     assert ((k["phase"] == "opt").to_numpy() == inside).all()
 
 
+@corpus
 def test_a_stub_profiler_step_is_dropped():
     """The MI250 toy trace ends with a 49 µs ProfilerStep#2 opened just before the profiler
     stopped: under a tenth of the median, it is a stub, not a step. The step time is then

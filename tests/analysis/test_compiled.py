@@ -22,11 +22,12 @@ import kerneltriage
 from kerneltriage.analysis.compiled import decode_inductor, inductor_work
 from kerneltriage.analysis.rules import load_rules
 from kerneltriage.report import render
+from tests.helpers import EXTERNAL, corpus
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPILE = ROOT / "examples" / "runs" / "gpt2-compile-h100"
 EAGER = ROOT / "examples" / "runs" / "gpt2-eager-h100"
-CORPUS = ROOT.parent / "shared" / "external-traces"
+CORPUS = EXTERNAL
 MI300X = CORPUS / "tracelens-compile-mi300x"
 DLRM = CORPUS / "hta-dlrm-compiled-a100-80g"
 V100 = CORPUS / "hta-compiled-2rank-v100"
@@ -89,6 +90,7 @@ def test_pytorch_2_0_names_do_not_decode():
     assert decode_inductor("triton__0d1d2d3d", VOCAB) is None
 
 
+@corpus
 def test_work_from_the_launch_record_counts_each_argument_once_and_the_in_place_one_twice():
     """SwiGLU's silu(a) * b on the MI300X: two bf16 buffers of 8x4096x8192 elements and no
     third for the output, so one is read and written in place; 2 computing ops per element."""
@@ -155,6 +157,7 @@ def test_every_inductor_kernel_of_the_compiled_example_is_a_candidate_with_a_cei
         assert 0.2 < c.headroom < 50, (c.name, c.headroom)
 
 
+@corpus
 def test_an_inductor_kernel_below_the_rules_headroom_is_skip_low_headroom_not_at_roof():
     # SwiGLU on the MI300X moves 1.6 GB per step at 72% of the bandwidth ceiling: below the
     # rules' 2× but not at its roof (that is ≥ 91%), so the row says low-headroom and no saving
@@ -165,6 +168,7 @@ def test_an_inductor_kernel_below_the_rules_headroom_is_skip_low_headroom_not_at
     assert c.expected_saving_share == 0.0 and "if fixed" in c.note
 
 
+@corpus
 def test_an_inductor_kernel_below_its_roof_is_write_with_what_inductor_tries_first():
     # The same kernel, with headroom from 1.3× enough (--min-headroom 1.3)
     rep = _report(MI300X, min_headroom=1.3)
@@ -192,6 +196,7 @@ def test_an_inductor_kernel_at_its_roof_is_skip_compiled_at_roof():
 
 
 @pytest.mark.slow  # reads a large trace of the corpus
+@corpus
 def test_without_a_decodable_name_or_arguments_the_estimate_is_unavailable():
     rep = _report(DLRM, min_share=0.001)
     old = [c for c in rep.candidates if c.inductor]
@@ -253,6 +258,7 @@ def test_the_terminal_report_says_it():
 
 
 @pytest.mark.slow  # reads a large trace of the corpus
+@corpus
 def test_aot_graphs_of_older_traces_are_counted_and_placed():
     comp = _report(DLRM).compiled
     assert comp["regions_per_step"] == 0
@@ -263,6 +269,7 @@ def test_aot_graphs_of_older_traces_are_counted_and_placed():
 
 
 @pytest.mark.slow  # reads a large trace of the corpus
+@corpus
 def test_a_recompiled_frame_is_reported_with_where_it_runs():
     # TraceLens' MoE trace runs "Torch-Compiled Region: 0/1": frame 0's second compilation
     rep = _report(CORPUS / "tracelens-moe-8rank-b200")
@@ -273,6 +280,7 @@ def test_a_recompiled_frame_is_reported_with_where_it_runs():
 
 
 @pytest.mark.slow  # reads a large trace of the corpus
+@corpus
 def test_a_graph_of_many_small_kernels_on_an_idle_gpu_is_launch_bound():
     comp = _report(V100).compiled
     forward = next(g for g in comp["graphs"] if g["graph"] == "CompiledFunction")
@@ -281,6 +289,7 @@ def test_a_graph_of_many_small_kernels_on_an_idle_gpu_is_launch_bound():
 
 
 @pytest.mark.slow  # reads a large trace of the corpus
+@corpus
 def test_launch_records_captured_into_cuda_graphs_hold_no_gpu_time():
     rep = _report(VLLM)
     assert not any(c.name.startswith("triton_") for c in rep.candidates)
@@ -315,6 +324,7 @@ def test_scaffold_of_an_inductor_norm_starts_from_the_eager_norm():
     assert ctx["verdict"] == c.verdict  # the README carries the report's verdict
 
 
+@corpus
 def test_scaffold_of_an_inductor_pointwise_kernel_is_its_elementwise_chain():
     from kerneltriage.scaffold import plan_candidate
 
@@ -343,7 +353,7 @@ def test_scaffold_of_a_backward_kernel_is_generic_and_says_why():
     [
         (COMPILE, "triton_per_fused__to_copy__unsafe_view_add_mean_mul_pow_rsqrt_7"),
         (COMPILE, "triton_poi_fused__unsafe_view_gelu_5"),
-        (MI300X, "triton_poi_fused__unsafe_view_mul_silu_2"),
+        pytest.param(MI300X, "triton_poi_fused__unsafe_view_mul_silu_2", marks=corpus),
     ],
 )
 def test_generated_packages_pass_their_own_tests_in_the_interpreter(run, kernel, tmp_path):

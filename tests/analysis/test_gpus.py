@@ -27,9 +27,9 @@ from kerneltriage.analysis.gpus import (
 from kerneltriage.errors import UnknownGPUError
 from kerneltriage.ingest.kineto import read_trace
 from kerneltriage.resources import data_path
+from tests.helpers import EXTERNAL, corpus
 
 ROOT = Path(__file__).resolve().parents[2]
-EXTERNAL = ROOT.parent / "shared" / "external-traces"
 TABLE = yaml.safe_load(data_path("gpus.yaml").read_text())
 
 # Every trace of ../shared/external-traces: (folder, file) → (row, how it was found).
@@ -76,7 +76,7 @@ H200_CALIBRATION = {
 
 def _timeline(folder: str, name: str):
     path = EXTERNAL / folder / name
-    assert path.is_file(), f"{path} missing (../shared/external-traces must sit beside the checkout)"
+    assert path.is_file(), f"{path} missing"
     return read_trace(path)
 
 
@@ -241,6 +241,7 @@ def test_the_calibrated_example_keeps_its_ceilings():
     assert spec.peak("bf16") == calibration["peak_tflops"]["bf16"] * 1e12
 
 
+@corpus
 def test_resolution_order_on_real_device_properties():
     """calibration > --gpu > name > deviceProperties > none, on the H100 trace's own entry."""
     tl = _timeline("tracelens-qwen05b-h100", "Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz")
@@ -280,6 +281,7 @@ def test_resolution_order_on_real_device_properties():
 
 
 @pytest.mark.parametrize(("folder", "name"), TRACES)
+@corpus
 def test_every_external_trace_resolves_to_its_row(folder, name):
     tl = _timeline(folder, name)
     spec = resolve_gpu(tl.gpu_name, None, None, tl.gpu_properties)
@@ -294,6 +296,7 @@ def test_every_external_trace_resolves_to_its_row(folder, name):
     assert facts.memory_gb == pytest.approx(spec.memory_gb, rel=0.03)
 
 
+@corpus
 def test_nameless_mi300x_and_the_unnamed_mi250_gcd():
     vllm = _timeline(
         "tracelens-vllm-graph-capture-mi300x", "graph_capture_rank_0.1773709679453551615.pt.trace.json.gz"
@@ -313,6 +316,7 @@ def test_nameless_mi300x_and_the_unnamed_mi250_gcd():
 
 
 @pytest.mark.parametrize(("folder", "name"), [t for t in TRACES if EXPECTED[t] and EXPECTED[t][1] == "name"])
+@corpus
 def test_inference_without_the_name_agrees_with_the_name(folder, name):
     """Blank the name of every named trace: its deviceProperties alone find the same row, or a
     row tied with it whose ceilings are the same within 1% (V100 SXM2/DGXS, MI250/MI210)."""
@@ -334,6 +338,7 @@ def test_inference_without_the_name_agrees_with_the_name(folder, name):
             assert a["peak_tflops"][p] == pytest.approx(b["peak_tflops"][p], rel=0.01), p
 
 
+@corpus
 def test_device_properties_entry_is_the_kernels_device():
     # Kernels on device 1 of a two-GPU host: its entry, not the first.
     tl = _timeline("hta-compiled-2rank-v100", "df_index_resolver.json.gz")
@@ -369,6 +374,7 @@ def test_launch_floor_row_then_vendor():
     assert "not measured on" not in mi300x.launch_floor_source  # measured on the MI300X traces
 
 
+@corpus
 def test_amd_launch_floor_is_the_first_percentile_of_the_mi300x_traces():
     """The AMD default: the 1st percentile of every kernel duration (ph X, cat kernel) of the
     MI300X traces, pooled; recomputed here from the traces themselves."""

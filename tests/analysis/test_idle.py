@@ -35,9 +35,8 @@ from kerneltriage.analysis.rules import load_rules
 from kerneltriage.analysis.triage import idle_by_class, step_walls
 from kerneltriage.ingest.kineto import read_trace
 from kerneltriage.ingest.tables import CPU_COLUMNS, frame
-from tests.helpers import write_trace
+from tests.helpers import EXTERNAL, corpus, write_trace
 
-EXTERNAL = Path(__file__).resolve().parents[3] / "shared" / "external-traces"
 QWEN = EXTERNAL / "tracelens-qwen05b-h100" / "Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
 TIMESFORMER = (
     EXTERNAL / "tracelens-timesformer-h100" / "facebook_timesformer-base-finetuned-k400__1016002.json.gz"
@@ -52,7 +51,7 @@ HTA_QWEN_IDLE_PCT = 8.07
 
 @functools.cache
 def _events(path: Path) -> list[dict]:
-    assert path.is_file(), f"{path} missing (../shared/external-traces must sit beside the checkout)"
+    assert path.is_file(), f"{path} missing"
     return json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
 
 
@@ -69,11 +68,13 @@ def _idle_pct(busy: int, walls: list[int]) -> float:
     return 100.0 * (1.0 - busy / sum(walls))
 
 
+@corpus
 def test_windows_are_the_step_walls():
     _, attr, _, _, walls = _analysed(QWEN)
     assert [b - a for a, b in step_windows(attr.steps, attr.kernels)] == walls
 
 
+@corpus
 def test_kernels_launched_before_the_window_keep_the_gpu_busy():
     """509 GPU activities (13.7 ms) of the qwen trace were launched before the profiled window
     and run inside its one step. The GPU is busy then: counting them, idle is near HTA's 8%,
@@ -112,6 +113,7 @@ def _union_ns(starts: np.ndarray, ends: np.ndarray) -> int:
     return total
 
 
+@corpus
 def test_host_time_before_the_first_kernel_is_named():
     """timesformer's one step spends ~218 ms on the CPU (video preprocessing) before its first
     kernel: the idle explanation says so, with the ops the host ran then."""
@@ -139,6 +141,7 @@ def test_host_time_before_the_first_kernel_is_named():
     assert sum(g.ms_per_step for g in gaps) == pytest.approx(idle_ms, rel=0.01)
 
 
+@corpus
 def test_python_frames_name_the_host_time_when_the_trace_has_them():
     """The reader leaves Python frames out today; when a timeline holds them (cat
     python_function), the edge names the innermost frame that covers most of the time no op
@@ -174,6 +177,7 @@ def test_python_frames_name_the_host_time_when_the_trace_has_them():
     assert min(e["ts"] for e in py if e["name"] == named) > step["ts"]
 
 
+@corpus
 def test_profiler_steps_are_never_an_idle_cause():
     """PyTorch 1.9 writes ProfilerStep#N as an op-like "Operator" event; the biggest gaps were
     blamed on "host busy: ProfilerStep#9". A step range is the step, not what the host did."""

@@ -24,9 +24,9 @@ from kerneltriage.analysis.kernel_classes import (
     known_kinds,
 )
 from kerneltriage.resources import load_yaml
+from tests.helpers import EXTERNAL, corpus
 
 ROOT = Path(__file__).resolve().parents[2]
-EXTERNAL = ROOT.parent / "shared" / "external-traces"
 OWN_RUNS = {
     **{p.name: p for p in sorted((ROOT / "examples" / "runs").iterdir()) if p.is_dir()},
     "tests-data-gpt-naive-h200": ROOT / "tests" / "data" / "gpt-naive-h200",
@@ -65,7 +65,7 @@ def trace_names(folder: str) -> dict[str, str]:
     seen only in CPU-side launch records (args.kernel of cudaLaunchKernel / hipModuleLaunchKernel:
     the CUDA-graph capture of vllm-graph-capture-mi300x launches Inductor kernels only there)."""
     paths = sorted(_folder(folder).glob("*.json.gz"))
-    assert paths, f"no trace in {_folder(folder)} (../shared/external-traces must sit beside the checkout)"
+    assert paths, f"no trace in {_folder(folder)}"
     names: dict[str, str] = {}
     for path in paths:
         data = orjson.loads(gzip.decompress(path.read_bytes()))
@@ -227,7 +227,11 @@ TABLE = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("folder", "start", "kind", "library"), TABLE, ids=lambda v: str(v)[:60])
+@pytest.mark.parametrize(
+    ("folder", "start", "kind", "library"),
+    [pytest.param(*row, marks=corpus) if row[0] in EXTERNAL_FOLDERS else row for row in TABLE],
+    ids=lambda v: str(v)[:60],
+)
 def test_real_names_get_the_expected_class(folder, start, kind, library):
     matches = {n: a for n, a in trace_names(folder).items() if n.startswith(start)}
     assert matches, f"{start!r} is not the start of any kernel name in {folder}"
@@ -237,6 +241,7 @@ def test_real_names_get_the_expected_class(folder, start, kind, library):
         assert kc.vendor_library is (library in VENDOR), name
 
 
+@corpus
 def test_table_covers_every_library_and_kind_that_occurs():
     seen_kinds = {row[2] for row in TABLE}
     seen_libraries = {row[3] for row in TABLE}
@@ -257,7 +262,7 @@ COMM_NAME = re.compile(r"(?i)nccl|rccl")
 LIBRARY_NAME = re.compile(r"(?i)fbgemm|cutlass|flash|fmha")
 
 
-@pytest.mark.parametrize("folder", (*EXTERNAL_FOLDERS, *OWN_RUNS))
+@pytest.mark.parametrize("folder", (*(pytest.param(f, marks=corpus) for f in EXTERNAL_FOLDERS), *OWN_RUNS))
 def test_every_name_of_every_trace_gets_a_sensible_class(folder):
     names = trace_names(folder)
     classes = {name: classify_kernel(name, activity) for name, activity in names.items()}
@@ -277,6 +282,7 @@ def test_every_name_of_every_trace_gets_a_sensible_class(folder):
             assert names[name] == kc.kind
 
 
+@corpus
 def test_mangled_names_classify_like_their_demangled_spelling():
     # Real names as Kineto shows them on ROCm (mangled) ...
     lite = {

@@ -19,8 +19,10 @@ from click.testing import CliRunner
 from kerneltriage.analysis.kernel_classes import classify_kernel
 from kerneltriage.analysis.rules import load_rules
 from kerneltriage.cli import main
+from tests.helpers import EXTERNAL, corpus
 
-CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "external-traces"
+CORPUS = EXTERNAL
+pytestmark = corpus
 TRACES = sorted(CORPUS.glob("*/*.json.gz"))
 STRONG = {"gemm", "convolution", "attention", "communication"}
 LIBRARY_ATTENTION = {

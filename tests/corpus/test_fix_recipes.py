@@ -13,11 +13,12 @@ from click.testing import CliRunner
 
 from kerneltriage.analysis.fixes import load_recipes
 from kerneltriage.cli import main
+from tests.helpers import EXTERNAL, corpus
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, corpus]
 
 ROOT = Path(__file__).resolve().parents[2]
-CORPUS = ROOT.parent / "shared" / "external-traces"
+CORPUS = EXTERNAL
 TRACES = sorted(CORPUS.glob("*/*.json.gz")) + sorted(
     p for p in (ROOT / "examples" / "runs").iterdir() if p.is_dir()
 )

@@ -22,8 +22,9 @@ from kerneltriage.analysis.estimate import GEMM_TILE, kernel_precision
 from kerneltriage.analysis.gpus import gpu_table
 from kerneltriage.cli import main
 from kerneltriage.resources import load_yaml
+from tests.helpers import EXTERNAL, corpus
 
-CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "external-traces"
+CORPUS = EXTERNAL
 TRACES = sorted(CORPUS.glob("*/*.json.gz"))
 BASES = {
     "ncu counters",
@@ -34,7 +35,7 @@ BASES = {
     "launch floor",
 }
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, corpus]
 
 
 def _id(path: Path) -> str:

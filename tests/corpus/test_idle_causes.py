@@ -19,8 +19,10 @@ import pytest
 from click.testing import CliRunner
 
 from kerneltriage.cli import main
+from tests.helpers import EXTERNAL, corpus
 
-CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "external-traces"
+CORPUS = EXTERNAL
+pytestmark = corpus
 DLRM = CORPUS / "hta-dlrm-compiled-a100-80g" / "rank0.json.gz"
 SGLANG = CORPUS / "tracelens-sglang-qwen3-8b-mi300x" / "sglang_Qwen3-8B_prefilldecode.json.gz"
 CNN_DDP = CORPUS / "hta-cnn-ddp-a100" / "nccl_data.json.gz"

@@ -26,10 +26,9 @@ import pytest
 from kerneltriage.errors import TraceFormatError
 from kerneltriage.ingest import kineto
 from kerneltriage.ingest.kineto import read_trace, read_trace_bytes
-from tests.helpers import TRACE, raw_trace
+from tests.helpers import EXTERNAL, TRACE, corpus, raw_trace
 
 ROOT = Path(__file__).resolve().parents[2]
-EXTERNAL = ROOT.parent / "shared" / "external-traces"
 
 # Names that break naive cutting: braces, brackets, quotes and commas inside strings, escaped
 # quotes after runs of backslashes, unicode (escaped or raw), and the key itself as text.
@@ -342,9 +341,10 @@ def _counts(doc: dict) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("name", REAL)
+@corpus
 def test_real_traces_read_the_same_as_a_whole_parse(tmp_path, name):
     source = EXTERNAL / name
-    assert source.exists(), f"{source} missing (../shared/external-traces must sit beside the checkout)"
+    assert source.exists(), f"{source} missing"
     doc = gzip.decompress(source.read_bytes())
     if name in REAL[:2]:
         assert doc.count(b"\n") <= 1  # really a one-line file

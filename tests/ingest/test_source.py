@@ -17,9 +17,8 @@ from click.testing import CliRunner
 from kerneltriage.cli import main
 from kerneltriage.errors import InputError
 from kerneltriage.ingest.source import _peek_rank, load_profile
+from tests.helpers import EXTERNAL, corpus
 
-ROOT = Path(__file__).resolve().parents[2]
-EXTERNAL = ROOT.parent / "shared" / "external-traces"
 DLRM = EXTERNAL / "hta-dlrm-2rank-a100"
 RESNET_PT19 = EXTERNAL / "kineto-resnet50-v100-pt19"
 MINITOY = EXTERNAL / "hta-minitoy-mi250-rocm62" / "mi250_minitoy_train_ROCm6_2_kineto.json.gz"
@@ -44,11 +43,13 @@ def _link(folder: Path, name: str, target: Path) -> Path:
     return folder / name
 
 
+@corpus
 def test_the_traces_are_there():
     for path in (DLRM, RESNET_PT19, MINITOY, COMPILE, RECSYS):
-        assert path.exists(), f"{path} missing (../shared/external-traces must sit beside the checkout)"
+        assert path.exists(), f"{path} missing"
 
 
+@corpus
 def test_a_folder_of_rank_traces_is_one_input():
     profile = load_profile(DLRM)
     files = sorted(DLRM.glob("*.json.gz"))
@@ -62,12 +63,14 @@ def test_a_folder_of_rank_traces_is_one_input():
     assert not profile.warnings
 
 
+@corpus
 def test_rank_selection_in_a_folder_reads_only_that_rank():
     profile = load_profile(DLRM, ranks=[1])
     assert list(profile.timelines) == [1]
     assert Path(profile.timelines[1].source).name == "sampled_rank-1.json.gz"
 
 
+@corpus
 def test_a_rank_not_in_the_folder_is_one_line_exit_2():
     result = run("report", DLRM, "--rank", "5")
     assert result.exit_code == 2
@@ -75,6 +78,7 @@ def test_a_rank_not_in_the_folder_is_one_line_exit_2():
     assert "rank(s) 5 not in the folder" in result.output and "ranks 0, 1" in result.output
 
 
+@corpus
 def test_a_single_trace_checks_its_own_rank():
     rank1 = DLRM / "sampled_rank-1.json.gz"
     assert _meta(rank1)["distributedInfo"]["rank"] == 1
@@ -91,6 +95,7 @@ def test_a_single_trace_checks_its_own_rank():
 @pytest.mark.parametrize(
     "path", [DLRM / "sampled_rank-0.json.gz", DLRM / "sampled_rank-1.json.gz", RECSYS, MINITOY]
 )
+@corpus
 def test_the_rank_is_peeked_from_the_head_of_the_file(path):
     """distributedInfo sits before traceEvents in Kineto's output: the first MiB says the rank
     without reading the events."""
@@ -99,6 +104,7 @@ def test_the_rank_is_peeked_from_the_head_of_the_file(path):
     assert rank == (_meta(path).get("distributedInfo") or {}).get("rank")
 
 
+@corpus
 def test_separate_captures_claiming_one_rank_are_refused_with_their_names():
     """Two single-process captures of different runs (TensorBoard's worker0, no distributedInfo)
     are not two ranks: the folder is refused in one line that names both files."""
@@ -110,6 +116,7 @@ def test_separate_captures_claiming_one_rank_are_refused_with_their_names():
     assert "separate captures" in result.output and "report one file at a time" in result.output
 
 
+@corpus
 def test_ranks_from_file_names_when_the_traces_do_not_say(tmp_path):
     assert "distributedInfo" not in _meta(MINITOY) and "distributedInfo" not in _meta(COMPILE)
     folder = tmp_path / "job"
@@ -124,6 +131,7 @@ def test_ranks_from_file_names_when_the_traces_do_not_say(tmp_path):
     assert any("config.json" in w and "skipped" in w for w in profile.warnings)
 
 
+@corpus
 def test_traces_that_name_no_rank_are_numbered_in_name_order_with_a_warning(tmp_path):
     folder = tmp_path / "job"
     _link(folder, "b.json.gz", MINITOY)
@@ -136,6 +144,7 @@ def test_traces_that_name_no_rank_are_numbered_in_name_order_with_a_warning(tmp_
     assert any("name no rank" in w and "a.pt.trace.json.gz → rank 0" in w for w in profile.warnings)
 
 
+@corpus
 def test_a_folder_with_one_trace_is_that_trace(tmp_path):
     folder = tmp_path / "one"
     _link(folder, "whatever.json.gz", MINITOY)

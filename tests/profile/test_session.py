@@ -53,7 +53,38 @@ def gpt_run(tmp_path_factory):
         "50",
     )
     assert result.exit_code == 0, result.output
+    (out.parent / "profile.out").write_text(result.output)
     return out
+
+
+def test_a_dry_run_does_not_send_the_user_to_report(gpt_run):
+    """A --cpu run holds no GPU kernels, so `report` on it would fail: the last lines say what
+    the dry run showed, and no phase but the ones that ran."""
+    lines = (gpt_run.parent / "profile.out").read_text().splitlines()
+    assert lines[-2].startswith(f"wrote {gpt_run} (timeline ") and "__pydantic_extra__" not in lines[-2]
+    assert (
+        lines[-1].startswith("next: a --cpu dry run records no GPU kernels")
+        and "kerneltriage report" not in lines[-1]
+    )
+
+
+def test_no_torch_in_the_scripts_python_is_one_line(tmp_path, monkeypatch):
+    """The script's Python lacks torch: one line naming that Python, exit 3, no traceback."""
+    fake = tmp_path / "site" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        'raise ModuleNotFoundError("No module named \'torch\'", name="torch")\n'
+    )
+    monkeypatch.setenv("PYTHONPATH", str(fake.parent))
+    script = _script(tmp_path, "print('never runs')\n")
+    result = CliRunner().invoke(
+        main, ["profile", "-q", "--cpu", "--out", str(tmp_path / "r"), "--", sys.executable, str(script)]
+    )
+    assert result.exit_code == 3, result.output
+    assert "Traceback" not in result.output and "never runs" not in result.output
+    phase, line = result.output.splitlines()  # the phase that started, then why it stopped
+    assert phase.startswith("kerneltriage timeline:")
+    assert line.startswith(f"kerneltriage: error: no torch in the script's Python ({sys.executable})")
 
 
 def test_steps_are_recorded_and_the_script_stops_early(gpt_run):

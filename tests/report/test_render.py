@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-from pathlib import Path
 
 import pytest
 
@@ -13,9 +12,8 @@ from kerneltriage.analysis.gpus import GPUSpec, resolve_gpu
 from kerneltriage.api import build_report
 from kerneltriage.report import render
 from kerneltriage.report.render import FORMATS
-from tests.helpers import report
+from tests.helpers import EXTERNAL, corpus, report
 
-EXTERNAL = Path(__file__).resolve().parents[3] / "shared" / "external-traces"
 DLRM = EXTERNAL / "hta-dlrm-2rank-a100" / "sampled_rank-0.json.gz"
 VLLM = (
     EXTERNAL
@@ -166,7 +164,7 @@ def test_header_says_which_ceilings_it_used(example_report):
 
 
 @pytest.fixture(scope="module")
-def no_gpu_report():
+def no_gpu_report(external_traces):
     """A real trace with no name and no deviceProperties (DLRM on two A100s, HTA's test data)."""
     return build_report(DLRM)
 
@@ -215,6 +213,7 @@ def test_plot_without_a_gpu(no_gpu_report, tmp_path):
     assert 'id="kt-no-ceilings"' in (tmp_path / "roofline.svg").read_text()
 
 
+@corpus
 def test_header_says_how_a_nameless_gpu_was_found():
     rep = build_report(VLLM)
     assert rep.gpu.key == "MI300X" and rep.gpu.resolved_by == "deviceProperties"

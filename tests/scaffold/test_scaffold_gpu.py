@@ -4,7 +4,6 @@ and a report without a GPU (a trace with no name and no deviceProperties) asks f
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -14,13 +13,13 @@ from kerneltriage.cli import main
 from kerneltriage.errors import InputError
 from kerneltriage.scaffold import plan_candidate, scaffold_candidate
 from kerneltriage.scaffold.common import gpu_context
+from tests.helpers import EXTERNAL, corpus
 
-ROOT = Path(__file__).resolve().parents[2]
-DLRM = ROOT.parent / "shared" / "external-traces" / "hta-dlrm-2rank-a100" / "sampled_rank-0.json.gz"
+DLRM = EXTERNAL / "hta-dlrm-2rank-a100" / "sampled_rank-0.json.gz"
 
 
 @pytest.fixture(scope="module")
-def no_gpu_report():
+def no_gpu_report(external_traces):
     return build_report(DLRM)
 
 
@@ -37,6 +36,7 @@ def test_no_gpu_is_a_one_line_error_asking_for_gpu(no_gpu_report, tmp_path):
     assert "Traceback" not in result.output
 
 
+@corpus
 def test_the_benchmark_measures_against_the_ceilings(tmp_path):
     report = build_report(DLRM, gpu="A100-40GB")
     gpu = report.gpu

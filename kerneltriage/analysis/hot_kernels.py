@@ -9,6 +9,7 @@ budget cannot hold are named with their launch counts, never dropped silently.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -112,3 +113,59 @@ def without_counter_rows(hot: Iterable[str], counter_rows: Iterable[pd.DataFrame
     for rows in counter_rows:
         profiled.update(base_name(str(n)) for n in rows["kernel_name"])
     return [name for name in hot if name not in profiled]
+
+
+#: The longest kernel name a warning prints (a CUTLASS grouped GEMM's mangled name runs to
+#: thousands of characters).
+SHORT_NAME_LIMIT = 80
+_LENGTH = re.compile(r"\d+")
+
+
+def _source_names(text: str, pos: int) -> tuple[list[str], int]:
+    """The ``<length><identifier>`` names of an Itanium nested name from ``pos`` on."""
+    names = []
+    while pos < len(text):
+        m = _LENGTH.match(text, pos)
+        if not m:
+            break
+        n = int(m.group())
+        start = m.end()
+        if n <= 0 or start + n > len(text):
+            break
+        names.append(text[start : start + n])
+        pos = start + n
+    return names, pos
+
+
+def _demangle_head(symbol: str) -> str | None:
+    """``_ZN7cutlass7Kernel2I50cutlass_80_…EEvNT_6ParamsE`` → ``cutlass::Kernel2<cutlass_80_…>``:
+    the qualified name of an Itanium-mangled symbol and its first template argument, enough to
+    say which kernel it is (no full demangler: the report needs no binutils)."""
+    if not symbol.startswith("_Z"):
+        return None
+    pos = 2
+    nested = symbol.startswith("_ZN")
+    if nested:
+        pos = 3
+        while pos < len(symbol) and symbol[pos] in "rVKL":  # cv-qualifiers
+            pos += 1
+    names, pos = _source_names(symbol, pos)
+    if not names:
+        return None
+    if not nested:
+        names = names[:1]
+    head = "::".join(names)
+    if pos < len(symbol) and symbol[pos] == "I":
+        inner = symbol[pos + 1 :]
+        if inner.startswith("N"):
+            inner = inner[1:]
+        args, _ = _source_names(inner, 0)
+        head += f"<{'::'.join(args)}…>" if args else "<…>"
+    return head
+
+
+def short_name(name: str, limit: int = SHORT_NAME_LIMIT) -> str:
+    """A kernel's name as a warning prints it: demangled where it is an Itanium symbol, cut to
+    ``limit`` characters with an ellipsis."""
+    text = _demangle_head(name.strip()) or name.strip()
+    return text if len(text) <= limit else text[: limit - 1] + "…"

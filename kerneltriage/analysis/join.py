@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from kerneltriage.analysis.hot_kernels import without_counter_rows
+from kerneltriage.analysis.hot_kernels import short_name, without_counter_rows
 from kerneltriage.ingest.kernel_names import base_name, name_similarity
 from kerneltriage.ingest.ncu_csv import Counters
 
@@ -199,7 +199,7 @@ def _measure_hot(
     if result.hot_without_counters:
         result.warnings.append(
             "hot kernels without counters: "
-            + "; ".join(f"{name} ({why})" for name, why in result.hot_without_counters.items())
+            + "; ".join(f"{short_name(name)} ({why})" for name, why in result.hot_without_counters.items())
         )
 
 

@@ -64,3 +64,23 @@ def test_hot_kernels_without_counter_rows_are_those_no_export_names():
     assert without_counter_rows(gemms, [per_config]) == gemms  # in hot order, as asked
     assert without_counter_rows(gemms, [per_config, every_launch]) == []
     assert without_counter_rows(named, []) == named  # no export: nothing was profiled
+
+
+def test_warnings_name_kernels_short_and_demangled():
+    from kerneltriage.analysis.hot_kernels import SHORT_NAME_LIMIT, short_name
+
+    # A CUTLASS grouped GEMM as ncu and Kineto leave it mangled: thousands of characters.
+    grouped = (
+        "_ZN7cutlass13device_kernelIN10flashinfer4gemm17GroupedGemmKernelINS_4gemm6kernel"
+        + "I" * 2000
+        + "EEEEvNT_6ParamsE"
+    )
+    shown = short_name(grouped)
+    assert shown.startswith("cutlass::device_kernel<flashinfer::gemm::GroupedGemmKernel")
+    assert len(shown) <= SHORT_NAME_LIMIT and "…" in shown
+    aligned = "_ZN7cutlass7Kernel2I52cutlass_80_tensorop_s1688gemm_256x128_32x3_tn_align1EEvNT_6ParamsE"
+    assert (
+        short_name(aligned, limit=200)
+        == "cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_256x128_32x3_tn_align1…>"
+    )
+    assert short_name("flash_fwd_kernel") == "flash_fwd_kernel"

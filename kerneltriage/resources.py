@@ -5,6 +5,7 @@
 ``attention_perf.yaml``    measured attention rates per GPU, head dim and causality
 ``kernel_classes.yaml``    kernel name → class and library
 ``hf_norms.yaml``          Hugging Face norm classes → the math the built-in drop-ins match
+``measurement.yaml``       steady-state, interval and verify budget settings
 ``templates/``             Jinja2 templates of ``kerneltriage scaffold``
 ``html/``                  the HTML report's template
 

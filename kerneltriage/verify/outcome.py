@@ -1,13 +1,16 @@
 """From the runs' results to each candidate's verdict (pure).
 
-- step times: median of every timed step of a side's runs, spread = their interquartile range;
-- realized saving: (baseline median − fixed median) ÷ baseline median, a share of the step as
-  the report's predicted saving is;
+- step times: each process's steps are cut to their steady state (``analysis/steady.py``); a
+  side's time is the mean of its processes' steady medians, with a two-stage bootstrap
+  interval (processes, then steps);
+- realized saving: ``1 − fixed / baseline``, a share of the step as the report's predicted
+  saving is, with the interval of the same bootstrap over both sides;
 - loss check: the first steps' losses of every fixed run against the first baseline run's,
   relative difference; when the baseline runs already differ among themselves by more than
   the tolerance, the script is not deterministic and the check is inconclusive;
-- status: ``changes-results`` when the losses differ; else ``refuted`` when the realized
-  saving is below half the prediction (a slowdown always is); else ``verified``.
+- status: ``changes-results`` when the losses differ; else ``verified`` when the realized
+  saving's interval lies at or above half the prediction, ``refuted`` when it lies below half
+  the prediction (or below zero: a slowdown), ``inconclusive`` when it straddles that line.
 """
 
 from __future__ import annotations
@@ -15,30 +18,53 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from kerneltriage.analysis import steady
 from kerneltriage.verify.record import LossCheck, Status, Timing
 
 #: A fix is refuted when it realizes less than this share of its predicted saving.
 REFUTED_BELOW = 0.5
 
 
+def steady_runs(runs: list[list[float]]) -> tuple[list[list[float]], int, int]:
+    """Each process's steady steps; the steps cut as warm-up transients; processes unsettled."""
+    kept: list[list[float]] = []
+    skipped = unsettled = 0
+    for run in runs:
+        s = steady.steady(run)
+        if s is None:
+            continue
+        kept.append(list(s.values))
+        skipped += s.skipped
+        unsettled += not s.settled
+    return kept, skipped, unsettled
+
+
 def timing(runs: list[list[float]]) -> Timing | None:
-    steps = [t for run in runs for t in run]
-    if not steps:
+    kept, skipped, unsettled = steady_runs(runs)
+    if not kept:
         return None
+    side = steady.side_time(kept)
+    assert side is not None
+    steps = [t for run in kept for t in run]
     q = statistics.quantiles(steps, n=4) if len(steps) >= 2 else [steps[0]] * 3
     return Timing(
-        median_ms=round(statistics.median(steps), 4),
+        median_ms=round(side.value, 4),
+        low_ms=round(side.low, 4),
+        high_ms=round(side.high, 4),
         spread_ms=round(q[2] - q[0], 4),
-        run_medians_ms=[round(statistics.median(run), 4) for run in runs if run],
+        run_medians_ms=[round(statistics.median(run), 4) for run in kept],
         steps=len(steps),
-        runs=sum(1 for run in runs if run),
+        runs=len(kept),
+        transient_steps=skipped,
+        unsettled_runs=unsettled,
     )
 
 
-def realized(baseline: Timing | None, fixed: Timing | None) -> float | None:
-    if baseline is None or fixed is None or not baseline.median_ms or fixed.median_ms is None:
-        return None
-    return round((baseline.median_ms - fixed.median_ms) / baseline.median_ms, 4)
+def realized(baseline: list[list[float]], fixed: list[list[float]]) -> steady.Interval | None:
+    """The realized saving with its interval, over both sides' steady steps."""
+    base, _, _ = steady_runs(baseline)
+    fix, _, _ = steady_runs(fixed)
+    return steady.saving(base, fix)
 
 
 def loss_values(result: dict[str, Any]) -> list[float]:
@@ -98,25 +124,32 @@ BEYOND = 1.5
 
 
 def judge(
-    predicted: float | None, realized_share: float | None, loss: LossCheck | None
+    predicted: float | None, realized_share: steady.Interval | None, loss: LossCheck | None
 ) -> tuple[Status, str]:
     """(status, why) of a fix whose runs finished."""
     if realized_share is None:
         return "not verified", "no step was timed in its runs"
     if loss is not None and loss.status == "differs":
         return "changes-results", f"changes the model's results: {loss.detail}"
-    said = f"realized {realized_share:.1%}"
+    r = realized_share
+    said = f"realized {r.value:.1%} (95% interval {r.low:.1%} to {r.high:.1%})"
     if predicted:
         said += f" against {predicted:.1%} predicted"
-    if realized_share < 0:
-        return "refuted", f"{said}: the step got slower"
-    if predicted and realized_share < REFUTED_BELOW * predicted:
-        return "refuted", f"{said}: below half the prediction"
-    if predicted and realized_share > BEYOND * predicted:
+    status = steady.judge(predicted, r, REFUTED_BELOW)
+    line = f"{REFUTED_BELOW:g}× the prediction" if predicted else "zero"
+    if status == "refuted":
+        if r.high < 0:
+            return "refuted", f"{said}: the step got slower"
+        return "refuted", f"{said}: the whole interval lies below {line}"
+    if status == "inconclusive":
+        return "inconclusive", (
+            f"{said}: the interval straddles {line}; more runs would tell (the fix stays worth acting on)"
+        )
+    if predicted and r.value > BEYOND * predicted:
         # Verified, but the prediction was not: the fix changed more than the candidate (a
         # compiled module fuses its other ops too), so its saving is not this candidate's alone.
         return "verified", (
-            f"{said}: {realized_share / predicted:.1f}× the prediction, so the fix changes more than "
+            f"{said}: {r.value / predicted:.1f}× the prediction, so the fix changes more than "
             "this candidate (its other ops, or other candidates' ops) and the prediction undercounts it"
         )
     return "verified", said

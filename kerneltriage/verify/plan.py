@@ -3,7 +3,11 @@
 For each candidate chosen (``--candidates``, else every actionable one): its recipe, the text
 the report prints, how the runner applies it (the recipe's ``apply`` mapping) or why it
 cannot; then the number of runs (baseline and fixed, each ``repeats`` times, interleaved) and
-an estimate of the time they take.
+an estimate of the time they take (compilation included where the fix compiles).
+
+The runs: one warm-up process of the baseline first (a cold start: never counted), then rounds
+of baseline and fixes, interleaved, at least ``repeats`` rounds; a fix whose status is still
+inconclusive gets more rounds, up to ``max_repeats``, while the ``budget`` allows.
 """
 
 from __future__ import annotations
@@ -19,14 +23,35 @@ if TYPE_CHECKING:  # pragma: no cover
     from kerneltriage.rundir import Manifest
 
 
+def _measurement() -> dict[str, Any]:
+    from kerneltriage.resources import load_yaml
+
+    return dict(load_yaml("measurement.yaml")["verify"])
+
+
 @dataclass
 class Settings:
-    repeats: int = 3
+    repeats: int = 3  # rounds before a status is judged (measurement.yaml: min_repeats)
     warmup: int = 3
     steps: int = 20
     loss_steps: int = 3
     loss_rtol: float = 0.005
     seed: int = 0
+    max_repeats: int = 10  # rounds at most while a status is inconclusive
+    budget_s: float = 1200.0  # wall time for all the runs
+    run_timeout_s: float | None = None  # one run's limit; None: from the estimate
+
+    @classmethod
+    def defaults(cls, **given: Any) -> Settings:
+        """Settings with ``measurement.yaml``'s defaults for what is not given (None)."""
+        conf = _measurement()
+        base = {
+            "repeats": int(conf["min_repeats"]),
+            "max_repeats": int(conf["max_repeats"]),
+            "budget_s": float(conf["budget_seconds"]),
+        }
+        base.update({k: v for k, v in given.items() if v is not None})
+        return cls(**base)
 
 
 @dataclass
@@ -47,6 +72,9 @@ class Planned:
     # it runs once, under the first one's id, and is judged against their combined saving.
     run_as: str | None = None
     shared_with: list[str] = field(default_factory=list)
+    # The prediction is the whole of what the fix covers (a module-class compile: the
+    # candidate and what it takes from the others inside those modules), not this row's slice.
+    whole: bool = False
 
     @property
     def verifiable(self) -> bool:
@@ -81,13 +109,42 @@ class Plan:
 
     @property
     def runs(self) -> int:
-        """Processes started: a baseline and each verifiable fix, ``repeats`` times each."""
+        """Processes started at least: the warm-up process, then a baseline and each verifiable
+        fix, ``repeats`` times each (more while a status is inconclusive, within the budget)."""
         n = len(self.to_run)
-        return (n + 1) * self.settings.repeats if n else 0
+        return (n + 1) * self.settings.repeats + 1 if n else 0
+
+    def compile_seconds(self, c: Planned) -> float:
+        """What compiling adds to one run of ``c``'s fix (measurement.yaml)."""
+        apply = c.apply or {}
+        if c.command is not None or not str(apply.get("kind", "")).startswith("compile"):
+            return 0.0
+        table = _measurement()["compile_seconds"]
+        return float(table.get(apply.get("mode") or "default", table["default"]))
+
+    def run_estimate(self, label: str | None) -> float | None:
+        """One run: the baseline's (``label`` None) or a fix's, compilation included."""
+        if self.run_seconds is None:
+            return None
+        c = next((c for c in self.to_run if c.id == label), None)
+        return self.run_seconds + (self.compile_seconds(c) if c is not None else 0.0)
+
+    def run_timeout(self, label: str | None) -> float:
+        """One run's time limit: ``--run-timeout``, else a multiple of its estimate."""
+        if self.settings.run_timeout_s:
+            return self.settings.run_timeout_s
+        conf = _measurement()
+        estimate = self.run_estimate(label) or 0.0
+        return max(float(conf["run_timeout_min"]), float(conf["run_timeout_factor"]) * estimate)
 
     @property
     def seconds(self) -> float | None:
-        return self.run_seconds * self.runs if self.run_seconds is not None else None
+        """The least time the runs take: the warm-up run and ``repeats`` rounds."""
+        if self.run_seconds is None or not self.to_run:
+            return None if self.run_seconds is None else 0.0
+        base = self.run_seconds * (self.settings.repeats + 1)
+        fixes = sum(self.run_estimate(c.id) or 0.0 for c in self.to_run) * self.settings.repeats
+        return min(base + fixes, self.settings.budget_s)
 
 
 def recipe_of(candidate: Any) -> dict[str, Any] | None:
@@ -116,6 +173,7 @@ def plan_candidate(candidate: Any, by_hand: list[str] | None = None, *, distribu
         name=candidate.name,
         verdict=candidate.verdict,
         predicted=candidate.attrs.get("fix_saving_share") or candidate.expected_saving_share or None,
+        whole=bool(candidate.attrs.get("fix_saving_share")),
         recipe_id=recipe.get("id") if recipe else None,
         text=candidate.fix,
         apply=recipe.get("apply") if recipe and isinstance(recipe.get("apply"), dict) else None,
@@ -148,8 +206,9 @@ def plan_candidate(candidate: Any, by_hand: list[str] | None = None, *, distribu
         elif planned.apply.get("mode") == "max-autotune":
             # Each fresh process autotunes again: one BERT-base run took over 8 minutes on an H100.
             planned.notes.append(
-                "max-autotune benchmarks GEMM templates for every shape in each fresh run: expect minutes "
-                "per run beyond the estimate (--candidates leaves it out; --repeats 1 halves it)"
+                "max-autotune benchmarks GEMM templates for every shape in each fresh run: minutes per "
+                "run (counted in the estimate); a run past --run-timeout is reported as not measured "
+                "within the budget while the other fixes still run"
             )
     return planned
 
@@ -174,6 +233,12 @@ def make_plan(
     ``step_ms``: the report's step time, for the estimate."""
     if settings.repeats < 1 or settings.steps < 1 or settings.warmup < 0:
         raise InputError("--repeats and --steps must be at least 1, --warmup at least 0")
+    if settings.max_repeats < settings.repeats:
+        raise InputError(
+            f"--max-repeats ({settings.max_repeats}) must be at least --repeats ({settings.repeats})"
+        )
+    if settings.budget_s <= 0 or (settings.run_timeout_s is not None and settings.run_timeout_s <= 0):
+        raise InputError("--budget and --run-timeout must be above 0")
     if settings.loss_rtol <= 0:
         raise InputError("--loss-rtol must be above 0")
     command = list(manifest.command)
@@ -192,8 +257,10 @@ def make_plan(
 
 
 def _share_identical_fixes(planned: list[Planned]) -> None:
-    """Candidates whose fixes the runner applies identically share one run; the prediction it
-    is judged against is their combined saving (their ops are distinct, so the shares add)."""
+    """Candidates whose fixes the runner applies identically share one run, judged once against
+    the fix's own prediction: their own savings added (their ops are distinct) where each
+    prediction is the candidate's slice, and the whole counted once where a prediction already
+    covers everything the fix changes (a module-class compile)."""
     first: dict[str, Planned] = {}
     for c in planned:
         if not c.verifiable or c.apply is None or c.command is not None:
@@ -207,11 +274,15 @@ def _share_identical_fixes(planned: list[Planned]) -> None:
         if not lead.shared_with:
             continue
         group = [lead, *(c for c in planned if c.run_as == lead.id)]
-        combined = sum(c.predicted or 0.0 for c in group) or None
+        slices = sum(c.predicted or 0.0 for c in group if not c.whole)
+        wholes = [c.predicted or 0.0 for c in group if c.whole]
+        combined = max([*wholes, slices]) or None
         ids = ", ".join(c.id for c in group)
+        counted = "the fix's whole prediction, counted once" if wholes else "their combined saving"
         for c in group:
             c.predicted = combined
-            c.notes.append(f"one fix covers {ids}: run once, judged against their combined saving")
+            c.whole = bool(wholes) or c.whole
+            c.notes.append(f"one fix covers {ids}: run once, judged against {counted}")
 
 
 def _is_torchrun(command: list[str]) -> bool:
@@ -239,8 +310,8 @@ def describe(plan: Plan) -> list[str]:
     lines = [f"verify plan for {plan.run}", f"  command: {' '.join(plan.command) or '(none recorded)'}"]
     s = plan.settings
     lines.append(
-        f"  each run: {s.warmup} warm-up + {s.steps} timed steps, losses of the first {s.loss_steps} "
-        f"compared within {s.loss_rtol:g} (relative), seed {s.seed}"
+        f"  each run: {s.warmup} warm-up + {s.steps} timed steps (cut to their steady state), losses of "
+        f"the first {s.loss_steps} compared within {s.loss_rtol:g} (relative), seed {s.seed}"
     )
     for c in plan.candidates:
         predicted = f"predicted saving {c.predicted:.1%}" if c.predicted else "no predicted saving"
@@ -266,13 +337,26 @@ def describe(plan: Plan) -> list[str]:
     if plan.runs:
         estimate = f", about {_duration(plan.seconds)}" if plan.seconds is not None else ""
         fixes = len(plan.to_run)
+        compiling = sum(plan.compile_seconds(c) for c in plan.to_run) * s.repeats
+        if compiling and plan.seconds is not None:
+            estimate += f" ({_duration(compiling)} of it compiling)"
         lines.append(
-            f"{plan.runs} runs ({s.repeats} × baseline + {s.repeats} × {fixes} fix{'es' if fixes > 1 else ''}, "
-            f"interleaved){estimate}"
+            f"{plan.runs} runs (1 warm-up + {s.repeats} × baseline + {s.repeats} × {fixes} "
+            f"fix{'es' if fixes > 1 else ''}, interleaved){estimate}"
+        )
+        lines.append(
+            f"an inconclusive fix gets more rounds, up to {s.max_repeats}, within a budget of "
+            f"{_duration(s.budget_s)}; each run stops at "
+            + (f"{_duration(s.run_timeout_s)}" if s.run_timeout_s else _default_timeout())
         )
     else:
         lines.append("nothing to run: no candidate can be verified here")
     return lines
+
+
+def _default_timeout() -> str:
+    conf = _measurement()
+    return f"{conf['run_timeout_factor']:g}× its estimate ({_duration(float(conf['run_timeout_min']))} at least)"
 
 
 def _duration(seconds: float) -> str:

@@ -8,8 +8,10 @@ candidates keeps the entries it does not redo.
 
 Statuses:
 
-- ``verified``: the fix saved at least half the predicted share of the step, without a slowdown;
-- ``refuted``: it saved less than half the prediction, or made the step slower;
+- ``verified``: the 95% interval of the realized saving lies at or above half the prediction;
+- ``refuted``: the interval lies below half the prediction, or below zero (a slowdown);
+- ``inconclusive``: the interval straddles half the prediction: more runs would tell; the fix
+  stays worth acting on;
 - ``not verified``: it could not be measured here (``why`` says why: no recipe, the runner
   cannot apply it, the fixed run failed, …);
 - ``changes-results``: the first steps' losses moved beyond the tolerance: never recommended
@@ -28,8 +30,8 @@ from kerneltriage.errors import RunDirError
 
 SCHEMA: Final = "kerneltriage.verify/1"
 FILE = "verify.json"
-Status = Literal["verified", "refuted", "not verified", "changes-results"]
-STATUSES = ("verified", "refuted", "not verified", "changes-results")
+Status = Literal["verified", "refuted", "inconclusive", "not verified", "changes-results"]
+STATUSES = ("verified", "refuted", "inconclusive", "not verified", "changes-results")
 #: The loss tolerance's default: relative difference of any of the first steps' losses. A
 #: like-for-like kernel swap moves them by 1e-5 to 1e-3 (bf16 rounding); a dropped mask,
 #: softcap or a wrong eps by far more.
@@ -41,13 +43,18 @@ class _Model(BaseModel):
 
 
 class Timing(_Model):
-    """Step times of one side (baseline or fixed) over every timed step of its runs."""
+    """Step times of one side (baseline or fixed): each run cut to its steady state; the side's
+    time is the mean of the runs' steady medians, with its 95% interval."""
 
     median_ms: float | None
-    spread_ms: float | None = Field(description="interquartile range of the timed steps")
+    low_ms: float | None = None
+    high_ms: float | None = None
+    spread_ms: float | None = Field(description="interquartile range of the steady steps")
     run_medians_ms: list[float] = []
     steps: int = 0
     runs: int = 0
+    transient_steps: int = Field(default=0, description="leading steps cut as warm-up transients")
+    unsettled_runs: int = Field(default=0, description="runs whose steps never settled")
 
 
 class LossCheck(_Model):
@@ -74,6 +81,8 @@ class CandidateResult(_Model):
     baseline: Timing | None = None
     fixed: Timing | None = None
     realized_saving_share: float | None = None
+    realized_low: float | None = Field(default=None, description="the realized saving's 95% interval")
+    realized_high: float | None = None
     loss_check: LossCheck | None = None
     status: Status
     why: str = ""
@@ -88,6 +97,9 @@ class Settings(_Model):
     loss_steps: int
     loss_rtol: float
     seed: int
+    max_repeats: int | None = None
+    budget_s: float | None = None
+    run_timeout_s: float | None = None
 
 
 class VerifyFile(_Model):
@@ -99,6 +111,10 @@ class VerifyFile(_Model):
     device: str | None = None
     settings: Settings
     complete: bool = True
+    seconds: float | None = Field(default=None, description="wall time verify spent")
+    warmup_run: dict[str, Any] | None = Field(
+        default=None, description="the first process after a cold start: run, never counted"
+    )
     notes: list[str] = []
     candidates: list[CandidateResult] = []
 

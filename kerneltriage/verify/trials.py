@@ -14,6 +14,7 @@ import contextlib
 import datetime as _dt
 import json
 import os
+import statistics
 import subprocess
 import time
 from collections import deque
@@ -33,11 +34,16 @@ BASELINE = "baseline"
 
 
 class Reporter:
-    """What ``verify`` tells the user while it runs; the CLI renders it."""
+    """What ``verify`` tells the user while it runs; the CLI renders it. ``remaining`` is the
+    estimate of the seconds left (None: unknown)."""
 
-    def run_started(self, label: str, index: int, total: int) -> None: ...
+    def run_started(self, label: str, index: int, total: int, remaining: float | None = None) -> None: ...
 
     def run_done(self, label: str, result: dict[str, Any], seconds: float) -> None: ...
+
+
+#: The first process after a cold start (page cache, Inductor's cache, clocks): run, never counted.
+WARMUP = "warm-up"
 
 
 @dataclass
@@ -45,6 +51,24 @@ class Trials:
     """Results so far: label -> the harness results of its runs, in order."""
 
     results: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    warmup: dict[str, Any] | None = None
+    started: float = field(default_factory=time.perf_counter)
+    durations: dict[str, list[float]] = field(default_factory=dict)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def run_seconds(self, label: str, plan: Plan) -> float:
+        """What the next run of ``label`` is expected to take: its own runs' mean, else the
+        plan's estimate, else the baseline's."""
+        seen = self.durations.get(label) or []
+        if seen:
+            return sum(seen) / len(seen)
+        estimate = plan.run_estimate(None if label == BASELINE else label)
+        if estimate is not None:
+            return estimate
+        base = self.durations.get(BASELINE) or self.durations.get(WARMUP) or [0.0]
+        return sum(base) / len(base)
 
 
 def load_plan(
@@ -75,7 +99,13 @@ def load_plan(
 
 
 def run_verify(plan: Plan, manifest: rundir.Manifest, reporter: Reporter | None = None) -> record.VerifyFile:
-    """Run the plan; write and return ``verify.json``'s content."""
+    """Run the plan; write and return ``verify.json``'s content.
+
+    A warm-up process of the baseline first (not counted); then rounds of the baseline and every
+    fix still to judge, interleaved. After ``repeats`` rounds, only the fixes whose status is
+    inconclusive go on, round by round, until conclusive, ``max_repeats`` or the budget. A run
+    past its time limit is stopped; its fix is not measured within the budget and leaves the
+    rounds, while the others go on."""
     say = reporter or Reporter()
     run = Path(plan.run)
     base_cmd, cwd = _recorded_command(manifest, run)
@@ -89,32 +119,97 @@ def run_verify(plan: Plan, manifest: rundir.Manifest, reporter: Reporter | None 
     logs = run / rundir.LOGS / "verify"
     logs.mkdir(parents=True, exist_ok=True)
     trials = Trials({label: [] for label in commands})
-    order = [BASELINE, *(c.id for c in todo)] * plan.settings.repeats if todo else []
-    data = _file(plan, manifest, trials, complete=not order)
+    s = plan.settings
+    data = _file(plan, manifest, trials, complete=not todo)
+    index = 0
+
+    def one(label: str, total: int) -> dict[str, Any]:
+        nonlocal index
+        index += 1
+        command, where = commands[BASELINE if label == WARMUP else label]
+        apply = next((c.apply for c in todo if c.id == label and c.command is None), None)
+        remaining = _remaining(plan, trials, total - index + 1)
+        say.run_started(label, index, total, remaining)
+        start = trials.elapsed()
+        n = len(trials.results.get(label, [])) if label != WARMUP else 0
+        result = _run_one(
+            command,
+            where,
+            manifest.env,
+            s,
+            apply,
+            logs / f"{label}.{n}",
+            timeout=plan.run_timeout(None if label in (BASELINE, WARMUP) else label),
+        )
+        seconds = trials.elapsed() - start
+        result["seconds"] = round(seconds, 2)
+        say.run_done(label, result, seconds)
+        trials.durations.setdefault(label, []).append(seconds)
+        return result
+
     try:
-        for index, label in enumerate(order, 1):
-            repeat = trials.results[label]
-            command, where = commands[label]
-            apply = next((c.apply for c in todo if c.id == label and c.command is None), None)
-            say.run_started(label, index, len(order))
-            start = time.perf_counter()
-            result = _run_one(
-                command, where, manifest.env, plan.settings, apply, logs / f"{label}.{len(repeat)}"
-            )
-            say.run_done(label, result, time.perf_counter() - start)
-            repeat.append(result)
-            if label == BASELINE and len(repeat) == 1:
-                _check_baseline(result, plan.settings)
-            data = _file(plan, manifest, trials, complete=index == len(order))
-            record.write(run, data)
+        if todo:
+            active = [c.id for c in todo]
+            total = 1 + (1 + len(active)) * s.repeats
+            result = one(WARMUP, total)
+            _check_baseline(result, s)
+            trials.warmup = result
+            rounds = 0
+            while active:
+                labels = [BASELINE, *active]
+                need = sum(trials.run_seconds(label, plan) for label in labels)
+                if rounds >= s.repeats and trials.elapsed() + need > s.budget_s:
+                    break  # past the first rounds, a round that would end past the budget is not started
+                for label in labels:
+                    if rounds >= 1 and trials.elapsed() + trials.run_seconds(label, plan) > s.budget_s:
+                        continue
+                    result = one(label, total)
+                    trials.results[label].append(result)
+                    if label == BASELINE and len(trials.results[label]) == 1:
+                        _check_baseline(result, s)
+                    data = _file(plan, manifest, trials, complete=False)
+                    record.write(run, data)
+                rounds += 1
+                if trials.elapsed() >= s.budget_s:
+                    break
+                active = _still_open(data, active, trials, rounds, s)
+                if rounds >= s.repeats:
+                    total = index + (1 + len(active)) if active else index
+        data = _file(plan, manifest, trials, complete=True)
+        record.write(run, data)
     except KeyboardInterrupt:
         data = _file(plan, manifest, trials, complete=False)
         data.notes.append("interrupted (Ctrl-C): the runs that finished are kept; partial entries are marked")
         record.write(run, data)
         raise
-    if not order:
-        record.write(run, data)
     return data
+
+
+def _still_open(
+    data: record.VerifyFile, active: list[str], trials: Trials, rounds: int, s: Settings
+) -> list[str]:
+    """The fixes that get another round: every one until ``repeats`` rounds ran, then those
+    still inconclusive, up to ``max_repeats``; never one whose run timed out or failed."""
+    by_id = {e.id: e for e in data.candidates}
+    keep = []
+    for label in active:
+        runs = trials.results.get(label, [])
+        if any(r.get("status") in ("timed-out", "failed", "not-applied") for r in runs):
+            continue
+        entry = by_id.get(label)
+        open_ = entry is not None and entry.status == "inconclusive" and rounds < s.max_repeats
+        if rounds < s.repeats or open_:
+            keep.append(label)
+    return keep
+
+
+def _remaining(plan: Plan, trials: Trials, runs_left: int) -> float | None:
+    """Seconds left: the runs left at the mean run's pace, within the budget."""
+    done = [t for ts in trials.durations.values() for t in ts]
+    pace = sum(done) / len(done) if done else plan.run_estimate(None)
+    if pace is None:
+        return None
+    return min(runs_left * pace, max(0.0, plan.settings.budget_s - trials.elapsed()))
 
 
 def _recorded_command(manifest: rundir.Manifest, run: Path) -> tuple[Command, Path]:
@@ -153,9 +248,10 @@ def _run_one(
     settings: Settings,
     apply: dict[str, Any] | None,
     prefix: Path,
+    timeout: float | None = None,
 ) -> dict[str, Any]:
     """One process of the script under the harness; its result (``status`` failed when it
-    wrote none)."""
+    wrote none, ``timed-out`` when it ran past ``timeout`` seconds and was stopped)."""
     result_path = Path(f"{prefix}.result.json")
     config_path = Path(f"{prefix}.config.json")
     with contextlib.suppress(FileNotFoundError):
@@ -176,14 +272,30 @@ def _run_one(
     tail: deque[str] = deque(maxlen=20)
     try:
         with open(f"{prefix}.stdout", "w") as out, open(f"{prefix}.stderr", "w+") as err:
-            proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=err, text=True)
+            # A session of its own: a run past its limit is stopped with its compile workers.
+            proc = subprocess.Popen(
+                cmd, cwd=cwd, env=env, stdout=out, stderr=err, text=True, start_new_session=True
+            )
             try:
-                code = proc.wait()
+                code = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                _stop_group(proc)
+                return {
+                    "status": "timed-out",
+                    "error": f"ran past its {timeout:.0f} s limit and was stopped",
+                    "step_ms": [],
+                    "exit_code": TIMED_OUT_CODE,
+                }
             except KeyboardInterrupt:
+                # Its own session: the terminal's Ctrl-C does not reach it; pass it on.
+                import signal
+
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGINT)
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=10)  # the terminal's Ctrl-C reached it too
+                    proc.wait(timeout=10)
                 if proc.poll() is None:
-                    proc.kill()
+                    _stop_group(proc)
                 raise
             err.seek(0)
             tail.extend(line.rstrip("\n") for line in err)
@@ -203,6 +315,21 @@ def _run_one(
         last = next((line for line in reversed(tail) if line.strip()), "")
         result["error"] += f": {last}" if last else ""
     return result
+
+
+TIMED_OUT_CODE = -9
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """Stop a run and every process it started (its own session)."""
+    import signal
+
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=wait)
+            return
 
 
 # --- verify.json ----------------------------------------------------------------------------
@@ -234,10 +361,28 @@ def _file(plan: Plan, manifest: rundir.Manifest, trials: Trials, *, complete: bo
             loss_steps=s.loss_steps,
             loss_rtol=s.loss_rtol,
             seed=s.seed,
+            max_repeats=s.max_repeats,
+            budget_s=s.budget_s,
+            run_timeout_s=s.run_timeout_s,
         ),
         complete=complete,
+        seconds=round(trials.elapsed(), 1) if trials.durations else None,
+        warmup_run=_warmup_summary(trials.warmup),
         candidates=entries + kept,
     )
+
+
+def _warmup_summary(result: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The warm-up process's steps, kept to show whether it would have been an outlier."""
+    if not result:
+        return None
+    times = result.get("step_ms") or []
+    return {
+        "status": result.get("status"),
+        "seconds": result.get("seconds"),
+        "median_ms": round(statistics.median(times), 4) if times else None,
+        "steps": len(times),
+    }
 
 
 def _previous(run: Path) -> list[record.CandidateResult]:
@@ -270,9 +415,15 @@ def _entry(
         return entry
     ok = [r for r in fixed if r.get("status") == "ok" and r.get("step_ms")]
     failed = [r for r in fixed if r not in ok]
-    entry.partial = len(fixed) < s.repeats
+    timed_out = [r for r in failed if r.get("status") == "timed-out"]
+    entry.partial = len(ok) < s.repeats and not timed_out
     if not fixed:
-        entry.why = "not run (interrupted before its first run)" if not complete else "not run"
+        entry.why = (
+            "not run (interrupted before its first run)" if not complete else "not run within the budget"
+        )
+        return entry
+    if timed_out and not ok:
+        entry.why = f"not measured within the budget: its run {timed_out[0].get('error')} (compiling?)"
         return entry
     entry.applied = next((r.get("applied") for r in ok if r.get("applied")), None)
     if failed and not ok:
@@ -285,13 +436,16 @@ def _entry(
     base_ok = [r for r in baseline if r.get("status") == "ok" and r.get("step_ms")]
     entry.baseline = outcome.timing([r["step_ms"] for r in base_ok])
     entry.fixed = outcome.timing([r["step_ms"] for r in ok])
-    entry.realized_saving_share = outcome.realized(entry.baseline, entry.fixed)
+    interval = outcome.realized([r["step_ms"] for r in base_ok], [r["step_ms"] for r in ok])
+    if interval is not None:
+        entry.realized_saving_share = round(interval.value, 4)
+        entry.realized_low, entry.realized_high = round(interval.low, 4), round(interval.high, 4)
     entry.loss_check = outcome.compare_losses(
         [outcome.loss_values(r) for r in base_ok], [outcome.loss_values(r) for r in ok], s.loss_rtol
     )
-    entry.status, entry.why = outcome.judge(c.predicted, entry.realized_saving_share, entry.loss_check)
+    entry.status, entry.why = outcome.judge(c.predicted, interval, entry.loss_check)
     if failed:
         entry.why += f"; {len(failed)} of its {len(fixed)} runs failed ({failed[0].get('error')})"
     if entry.partial:
-        entry.why += f" (partial: {len(fixed)} of {s.repeats} runs)"
+        entry.why += f" (partial: {len(ok)} of {s.repeats} runs)"
     return entry

@@ -75,14 +75,15 @@ def test_plan_with_recipes_in_the_contracts_shape(naive):
     assert c1.why_not == "the script's own attention code must be edited" and not c1.verifiable
     assert c2.verifiable and "needs liger_kernel" in c2.notes[0]
     assert c3.how == "runner: norm-swap" and c3.recipe_id == "builtin-norm"
-    assert plan.runs == 2 * 3  # baseline + two fixes, twice each
+    assert plan.runs == 2 * 3 + 1  # a warm-up run, then baseline + two fixes, twice each
     # One run: phase 1's start-up (its seconds less its steps) plus 13 steps at the step time.
     tl = manifest.phases.timeline.to_json()
     one = tl["seconds"] - tl["steps_seen"] * report.step_time_ms / 1000 + 13 * report.step_time_ms / 1000
-    assert plan.seconds == pytest.approx(6 * one)
+    assert plan.seconds == pytest.approx(7 * one)  # neither fix compiles
     text = "\n".join(describe(plan))
     assert "applied  by the runner: norm-swap (classes=['RMSNorm'])" in text
-    assert "6 runs (2 × baseline + 2 × 2 fixes, interleaved), about" in text
+    assert "7 runs (1 warm-up + 2 × baseline + 2 × 2 fixes, interleaved), about" in text
+    assert "an inconclusive fix gets more rounds, up to 10" in text
 
 
 def test_plan_refuses_blocked_unknown_kinds_and_unknown_ids(naive):
@@ -109,19 +110,26 @@ def test_loss_guard():
 
 
 def test_verdicts():
+    from kerneltriage.analysis.steady import Interval
+
     same = outcome.compare_losses([[1.0]], [[1.0]], 0.005)
     differs = outcome.compare_losses([[1.0]], [[1.1]], 0.005)
-    assert outcome.judge(0.173, 0.182, same)[0] == "verified"
-    assert outcome.judge(0.095, 0.011, same) == (
-        "refuted",
-        "realized 1.1% against 9.5% predicted: below half the prediction",
-    )
-    assert outcome.judge(0.096, -0.62, same)[1].endswith("the step got slower")
-    assert outcome.judge(0.447, 0.419, differs)[0] == "changes-results"
+    assert outcome.judge(0.173, Interval(0.182, 0.170, 0.190), same)[0] == "verified"
+    status, why = outcome.judge(0.095, Interval(0.011, 0.005, 0.02), same)
+    assert status == "refuted" and why.endswith("the whole interval lies below 0.5× the prediction")
+    assert outcome.judge(0.096, Interval(-0.62, -0.65, -0.6), same)[1].endswith("the step got slower")
+    # An interval straddling half the prediction: inconclusive, never refuted.
+    status, why = outcome.judge(0.101, Interval(0.041, 0.01, 0.09), same)
+    assert status == "inconclusive" and "more runs would tell" in why
+    assert outcome.judge(0.447, Interval(0.419, 0.4, 0.43), differs)[0] == "changes-results"
     base = outcome.timing([[92.0, 92.2, 91.9], [92.1, 92.3]])
     fixed = outcome.timing([[75.3, 75.2], [75.4, 75.3]])
-    assert base.median_ms == 92.1 and base.runs == 2 and base.steps == 5
-    assert outcome.realized(base, fixed) == pytest.approx((92.1 - 75.3) / 92.1, abs=1e-4)
+    # A side's time: the mean of its processes' medians, inside its interval.
+    assert base.median_ms == pytest.approx((92.0 + 92.2) / 2) and base.runs == 2 and base.steps == 5
+    assert base.low_ms <= base.median_ms <= base.high_ms
+    saved = outcome.realized([[92.0, 92.2, 91.9], [92.1, 92.3]], [[75.3, 75.2], [75.4, 75.3]])
+    assert saved.value == pytest.approx(1 - fixed.median_ms / base.median_ms, abs=1e-4)
+    assert saved.low <= saved.value <= saved.high
 
 
 def _file(entries):

@@ -1,0 +1,201 @@
+"""Step times as a measurement: steady state, intervals and statuses (pure: numpy, scipy).
+
+Built the way benchmark harnesses judge their samples (pyperf's worker processes and
+"not significant", Criterion's bootstrap intervals, ``adaptive_autorange``'s sampling until
+the spread is small):
+
+- **Steady state.** The leading steps of a series are dropped while they are a transient:
+  the truncation point minimizes the marginal standard error of what is left (MSER, White
+  1997: ``var(x[d:]) / (n - d)``, ``d`` at most half the series). The series is *settled* when
+  at least ``min_steps`` steps are left and the medians of their first and second halves
+  agree within ``tolerance`` (the median of a sliding window has stopped moving).
+- **One process**: the median of its steady steps, with a percentile bootstrap interval
+  (``scipy.stats.bootstrap``) over those steps.
+- **Several processes** (``verify``): each process's steady median; a side's time is their
+  mean. Processes of the same script differ by more than their steps do (a 6% gap between two
+  processes each steady within 1% was measured on an H100), so the interval resamples both
+  levels: the processes, then the steps inside each (a two-stage bootstrap; scipy's
+  ``bootstrap`` resamples independent observations only, not nested ones).
+- **A saving**: ``1 − fixed / baseline`` over the two sides' resamples; its interval decides
+  the status: ``verified`` when it lies at or above half the prediction, ``refuted`` when it
+  lies below half the prediction (or below zero: a slowdown), ``inconclusive`` when it
+  straddles. Every resample uses a fixed seed, so the same data give the same report.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+#: Two-sided confidence of every interval.
+CONFIDENCE = 0.95
+#: Bootstrap resamples: the interval's end points move by < 0.1% of a step between seeds.
+RESAMPLES = 2000
+#: Step series shorter than this are not truncated (too little to tell a transient from noise).
+MIN_TRUNCATE = 6
+#: A leading cut is kept only where it brings the variance of the mean to this share or less.
+MSER_GAIN = 0.5
+_SEED = 0
+
+Judgement = Literal["verified", "refuted", "inconclusive"]
+
+
+@dataclass(frozen=True)
+class Steady:
+    """The steady part of one process's step times."""
+
+    values: tuple[float, ...]  # the steady steps, in order
+    skipped: int  # leading steps dropped as a transient
+    settled: bool  # enough steady steps, and their window medians agree
+    median: float
+    low: float  # the median's interval
+    high: float
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2.0
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate with its two-sided interval."""
+
+    value: float
+    low: float
+    high: float
+
+    def covers(self, x: float) -> bool:
+        return self.low <= x <= self.high
+
+
+def truncation(values: Sequence[float]) -> int:
+    """How many leading steps are a transient (MSER: the cut that minimizes the standard error
+    of the mean of what remains, searched over the first half of the series)."""
+    x = np.asarray(values, dtype=float)
+    n = len(x)
+    if n < MIN_TRUNCATE:
+        return 0
+    scores = [float(x[d:].var()) / (n - d) for d in range(0, n // 2 + 1)]
+    cut = int(np.argmin(scores))  # the first minimum: a later cut must lower the error
+    # On stationary noise some cut always lowers the error a little; a transient lowers it by
+    # far more. Keep a cut only where it at least halves the variance of the mean.
+    return cut if scores[cut] <= MSER_GAIN * scores[0] else 0
+
+
+def settled(values: Sequence[float], *, min_steps: int, tolerance: float) -> bool:
+    """Whether ``values`` (already truncated) are steady: ``min_steps`` or more, and the medians
+    of their first and second halves within ``tolerance`` (relative) of each other."""
+    if len(values) < max(2, min_steps):
+        return False
+    half = len(values) // 2
+    first, second = float(np.median(values[:half])), float(np.median(values[half:]))
+    mid = float(np.median(values))
+    return mid > 0 and abs(second - first) / mid <= tolerance
+
+
+def settings() -> dict[str, Any]:
+    """The ``steady`` and ``verify`` sections of the shipped ``measurement.yaml``."""
+    from kerneltriage.resources import load_yaml
+
+    return dict(load_yaml("measurement.yaml"))
+
+
+def steady(
+    values: Sequence[float], *, min_steps: int | None = None, tolerance: float | None = None
+) -> Steady | None:
+    """The steady part of a series of step times (None for an empty one); ``min_steps`` and
+    ``tolerance`` default to ``measurement.yaml``'s."""
+    if min_steps is None or tolerance is None:
+        conf = settings()["steady"]
+        min_steps = int(conf["min_steps"]) if min_steps is None else min_steps
+        tolerance = float(conf["tolerance"]) if tolerance is None else tolerance
+    x = [float(v) for v in values if v is not None and math.isfinite(v)]
+    if not x:
+        return None
+    cut = truncation(x)
+    tail = x[cut:]
+    low, high = median_interval(tail)
+    return Steady(
+        values=tuple(tail),
+        skipped=cut,
+        settled=settled(tail, min_steps=min_steps, tolerance=tolerance),
+        median=float(np.median(tail)),
+        low=low,
+        high=high,
+    )
+
+
+def median_interval(values: Sequence[float]) -> tuple[float, float]:
+    """The percentile-bootstrap interval of the median of one process's steps."""
+    x = np.asarray(values, dtype=float)
+    if len(x) < 3 or float(x.max() - x.min()) == 0.0:
+        mid = float(np.median(x)) if len(x) else math.nan
+        return (float(x.min()), float(x.max())) if len(x) else (mid, mid)
+    from scipy.stats import bootstrap
+
+    res = bootstrap(
+        (x,),
+        np.median,
+        confidence_level=CONFIDENCE,
+        n_resamples=RESAMPLES,
+        method="percentile",
+        vectorized=True,
+        random_state=np.random.default_rng(_SEED),
+    )
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def _side_resamples(processes: Sequence[Sequence[float]], rng: np.random.Generator) -> np.ndarray:
+    """RESAMPLES draws of a side's time: processes resampled, then steps within each; a draw is
+    the mean of the drawn processes' medians."""
+    medians = np.empty((len(processes), RESAMPLES))
+    for p, steps in enumerate(processes):
+        x = np.asarray(steps, dtype=float)
+        draws = rng.integers(0, len(x), size=(RESAMPLES, len(x)))
+        medians[p] = np.median(x[draws], axis=1)
+    pick = rng.integers(0, len(processes), size=(RESAMPLES, len(processes)))
+    return np.take_along_axis(medians.T, pick, axis=1).mean(axis=1)
+
+
+def side_time(processes: Sequence[Sequence[float]]) -> Interval | None:
+    """A side's step time over its processes (each a list of steady steps), with its interval."""
+    runs = [list(p) for p in processes if len(p)]
+    if not runs:
+        return None
+    value = float(np.mean([np.median(r) for r in runs]))
+    draws = _side_resamples(runs, np.random.default_rng(_SEED))
+    lo, hi = np.quantile(draws, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
+    return Interval(value, float(lo), float(hi))
+
+
+def saving(baseline: Sequence[Sequence[float]], fixed: Sequence[Sequence[float]]) -> Interval | None:
+    """The share of the baseline's step time the fix saved, ``1 − fixed / baseline``, with the
+    interval of its two-stage bootstrap over both sides (processes and steps)."""
+    base = [list(p) for p in baseline if len(p)]
+    fix = [list(p) for p in fixed if len(p)]
+    if not base or not fix:
+        return None
+    b = float(np.mean([np.median(r) for r in base]))
+    f = float(np.mean([np.median(r) for r in fix]))
+    if b <= 0:
+        return None
+    rng = np.random.default_rng(_SEED)
+    draws = 1.0 - _side_resamples(fix, rng) / _side_resamples(base, rng)
+    lo, hi = np.quantile(draws, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
+    return Interval(1.0 - f / b, float(lo), float(hi))
+
+
+def judge(predicted: float | None, realized: Interval, refuted_below: float = 0.5) -> Judgement:
+    """The status a realized saving's interval gives against its prediction: ``refuted`` when it
+    lies entirely below ``refuted_below`` × the prediction or entirely below zero, ``verified``
+    when it lies entirely at or above that line (and above zero), else ``inconclusive``."""
+    line = refuted_below * predicted if predicted and predicted > 0 else 0.0
+    if realized.high < 0 or realized.high < line:
+        return "refuted"
+    if realized.low >= line and realized.low > 0:
+        return "verified"
+    return "inconclusive"

@@ -1,0 +1,139 @@
+"""verify's rounds on synthetic runs (no process is started: ``_run_one`` is replaced by a
+generator of step times): the warm-up process, more rounds while a status is inconclusive,
+the budget and the per-run limit, a shared fix judged once."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kerneltriage import api, rundir
+from kerneltriage.verify import trials
+from kerneltriage.verify.plan import Plan, Planned, Settings, make_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+NAIVE = ROOT / "examples" / "runs" / "gpt-naive-h200"
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(NAIVE, run, ignore=shutil.ignore_patterns("logs"))
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest.update(command=[sys.executable, "train.py"], cwd=str(tmp_path))
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    (tmp_path / "train.py").write_text("pass\n")
+    return run
+
+
+def planned(cid: str, predicted: float, apply: dict | None = None) -> Planned:
+    apply = apply or {"kind": "tf32", "id": cid}
+    return Planned(cid, f"candidate {cid}", "use-builtin", predicted, "r-" + cid, "fix", apply, None)
+
+
+class FakeRuns:
+    """Each label's process medians in order (a list per label); steps scatter 0.3% around them."""
+
+    def __init__(self, medians: dict[str, list[float]], seconds: dict[str, float] | None = None):
+        self.medians = {k: list(v) for k, v in medians.items()}
+        self.seconds = seconds or {}
+        self.calls: list[str] = []
+        self.rng = np.random.default_rng(0)
+        self.clock = 0.0  # each run takes its label's seconds (1 s unless given)
+
+    def __call__(self, command, cwd, env, settings, apply, prefix, timeout=None):
+        label = "baseline" if apply is None else apply["id"]
+        self.calls.append(Path(prefix).name)
+        took = self.seconds.get(label, 1.0)
+        self.clock += min(took, timeout or float("inf"))
+        if took > (timeout or float("inf")):
+            return {"status": "timed-out", "error": f"ran past its {timeout:.0f} s limit", "step_ms": []}
+        queue = self.medians[label]
+        mid = queue.pop(0) if len(queue) > 1 else queue[0]
+        steps = list(mid * (1 + self.rng.normal(0, 0.003, settings.steps)))
+        return {"status": "ok", "step_ms": steps, "losses": [{"step": 1, "value": 2.0}], "device": "cpu"}
+
+
+def verify(run: Path, monkeypatch, fake: FakeRuns, candidates: list[Planned], **settings) -> dict:
+    monkeypatch.setattr(trials, "_run_one", fake)
+    monkeypatch.setattr(trials.Trials, "elapsed", lambda self: fake.clock)
+    manifest = rundir.open_run(run).manifest
+    plan = Plan(str(run), list(manifest.command), Settings(steps=20, **settings), candidates, run_seconds=1.0)
+    data = trials.run_verify(plan, manifest)
+    return {c.id: c for c in data.candidates} | {"_file": data}
+
+
+def test_an_outlier_first_process_is_a_warm_up_run_and_decides_nothing(run, monkeypatch):
+    # T5-base: the first process ran at 205.75 ms, the others at 179; a compile fix at 178.4
+    # has no real effect and must not be verified against the outlier.
+    fake = FakeRuns({"baseline": [205.75, 179.06, 178.9, 179.1], "C1": [178.3, 178.5, 178.4]})
+    out = verify(run, monkeypatch, fake, [planned("C1", 0.063)], repeats=3, max_repeats=3)
+    assert fake.calls[0] == "warm-up.0"
+    assert out["_file"].warmup_run["median_ms"] == pytest.approx(205.75, rel=0.01)
+    assert out["C1"].baseline.runs == 3 and out["C1"].baseline.median_ms == pytest.approx(179.0, rel=0.002)
+    assert out["C1"].status == "refuted"
+
+
+def test_inconclusive_fixes_get_more_rounds_until_conclusive(run, monkeypatch):
+    base = [87.0, 89.57, 84.44, 86.0, 85.0, 87.0, 84.9, 86.1, 85.5]
+    fake = FakeRuns({"baseline": base, "C1": [80.5, 81.0, 79.0, 78.5, 80.0, 79.7, 79.2], "C2": [60.0]})
+    out = verify(
+        run, monkeypatch, fake, [planned("C1", 0.101), planned("C2", 0.25)], repeats=2, max_repeats=8
+    )
+    assert out["C2"].status == "verified" and out["C2"].fixed.runs == 2  # conclusive at once
+    assert out["C1"].status == "verified" and out["C1"].fixed.runs > 2  # more rounds decided it
+    assert out["C1"].realized_low <= out["C1"].realized_saving_share <= out["C1"].realized_high
+    assert out["_file"].complete
+
+
+def test_a_fix_past_its_run_limit_is_not_measured_while_the_others_are(run, monkeypatch):
+    fake = FakeRuns({"baseline": [50.0], "C1": [45.0], "C2": [40.0]}, seconds={"C1": 900.0})
+    out = verify(
+        run,
+        monkeypatch,
+        fake,
+        [
+            planned("C1", 0.1, {"kind": "compile-model", "mode": "max-autotune", "id": "C1"}),
+            planned("C2", 0.2),
+        ],
+        repeats=3,
+        max_repeats=3,
+        run_timeout_s=300.0,
+        budget_s=3600.0,
+    )
+    assert out["C1"].status == "not verified" and "not measured within the budget" in out["C1"].why
+    assert out["C2"].status == "verified" and out["C2"].fixed.runs == 3
+    assert sum(call.startswith("C1.") for call in fake.calls) == 1  # not run again after its timeout
+
+
+def test_the_budget_stops_new_rounds(run, monkeypatch):
+    fake = FakeRuns({"baseline": [50.0, 52.5] * 10, "C1": [48.5, 51.0] * 10}, seconds={"C1": 10.0})
+    out = verify(run, monkeypatch, fake, [planned("C1", 0.06)], repeats=2, max_repeats=10, budget_s=60.0)
+    assert out["C1"].status == "inconclusive"
+    # 1 s warm-up, then rounds of 11 s: five fit in 60 s, a sixth would end past it.
+    assert len([c for c in fake.calls if c.startswith("C1.")]) == 5 and fake.clock <= 60.0
+
+
+def test_a_shared_fix_is_judged_once_against_its_whole_prediction():
+    report = api.report(NAIVE)
+    manifest = rundir.open_run(NAIVE).manifest
+    candidates = copy.deepcopy(report.candidates[:2])
+    for c in candidates:  # one module-class compile covers both; each row carries the whole
+        c.recipe = {"id": "compile-module", "apply": {"kind": "compile-module", "classes": ["Block"]}}
+        c.attrs["fix_saving_share"] = 0.275
+    plan = make_plan(str(NAIVE), manifest, candidates, Settings(), ids=[c.id for c in candidates])
+    first, second = plan.candidates
+    assert second.run_as == first.id and first.predicted == second.predicted == pytest.approx(0.275)
+    assert "counted once" in first.notes[-1]
+    for c in candidates:  # two norm swaps: their own slices add
+        c.recipe = {"id": "builtin-norm", "apply": {"kind": "norm-swap", "classes": ["RMSNorm"]}}
+        c.attrs.pop("fix_saving_share")
+    plan = make_plan(str(NAIVE), manifest, candidates, Settings(), ids=[c.id for c in candidates])
+    total = sum(c.expected_saving_share for c in candidates)
+    assert plan.candidates[0].predicted == pytest.approx(total)

@@ -26,7 +26,7 @@ from kerneltriage.analysis.rules import Rules, load_rules
 from kerneltriage.errors import InputError, ToolError
 from kerneltriage.ingest.source import Profile as _Loaded
 from kerneltriage.ingest.source import load_profile
-from kerneltriage.parallel import only_rank, plan_ranks, rank_report, report_ranks
+from kerneltriage.parallel import only_rank, plan_ranks, rank_report, report_ranks, with_waits
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -169,10 +169,11 @@ class Profile:
         if rules is None:
             rules = self._report_rules(rules_file, min_headroom, min_share, max_shapes)
         marker = step_marker if step_marker is not None else self.step_marker
-        return {
+        reports = {
             rank: rank_report(self.loaded, rank, rules=rules, gpu=gpu, step_marker=marker, progress=progress)
             for rank in self.ranks
         }
+        return with_waits(reports, self.loaded.timelines, rules)
 
     def _report_rules(self, rules_file, min_headroom, min_share, max_shapes) -> Rules:
         overrides = {"min_headroom": min_headroom, "min_share": min_share, "max_shapes": max_shapes}

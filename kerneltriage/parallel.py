@@ -92,6 +92,7 @@ def rank_report(
         progress(f"analysing {Path(timeline.source).name}")
     # Counters are measured on one rank (the one ncu profiled); join them there only.
     counters = profile.counters if rank == profile.counters_rank else None
+    timing = rank_timing(profile, rank)
     result = triage(
         timeline,
         spec,
@@ -100,9 +101,12 @@ def rank_report(
         step_marker=step_marker,
         source=profile.source_info(),
         hot_kernels=profile.hot_kernels,
-        timing=profile.step_timing(rank),
+        timing=timing,
     )
     result.warnings = profile.warnings + result.warnings
+    if result.source.get("timing") is not None and timing:
+        # The plain steps themselves: the step time's interval (stragglers across ranks).
+        result.source["timing"]["plain_ms"] = list(timing.get("plain_ms") or [])
     if doubt:
         result.warnings.append(doubt)
     _verified(result, profile.source_info().get("path"))
@@ -112,6 +116,58 @@ def rank_report(
         result.source["gpu_unresolved"] = reason
         result.notes.insert(0, _no_gpu_note(reason))
     return result
+
+
+def rank_timing(profile: source.Profile, rank: int) -> dict[str, Any] | None:
+    """``rank``'s own plain steps, as ``Profile.step_timing`` gives the first rank's: the
+    manifest's ``phases.timeline.step_time`` for that rank, else its
+    ``phases.timeline.step_time_ranks`` entry, else (a run made before those) the
+    ``step_times`` of its status file ``logs/status.timeline.rank<r>.json``, whose clean steps
+    have no busy time (the GPU busy time is then the recorded steps'). None: no plain steps.
+
+    A rank's recorded steps are no measure of its step time: in DDP every rank finishes every
+    step together, and a rank waits in its all-reduce while another is being profiled."""
+    timing = profile.step_timing(rank)
+    if timing is not None or profile.manifest is None:
+        return timing
+    from kerneltriage import rundir
+
+    phase = profile.manifest.phases.timeline
+    if phase is None or (phase.step_time is not None and phase.step_time.rank == rank):
+        return None  # the first rank's own record said no
+    extra = (phase.model_extra or {}).get("step_time_ranks")
+    entry: Any = extra.get(str(rank)) if isinstance(extra, dict) else None
+    if entry is None and profile.run_dir is not None:
+        entry = _status_step_times(profile.run_dir, rank)
+    if not isinstance(entry, dict):
+        return None
+    try:
+        own = rundir.StepTime.model_validate({**entry, "rank": rank})
+    except ValueError:
+        return None
+    # As the first rank's: plain steps, and clean steps that ran (``Profile.step_timing``).
+    if not own.plain_median_ms or "clean_ms" not in own.model_fields_set:
+        return None
+    return own.to_json()
+
+
+def _status_step_times(run_dir: Path, rank: int) -> dict[str, Any] | None:
+    """The plain, clean and recorded steps' times in a rank's status file (None: none)."""
+    import json
+
+    from kerneltriage import rundir
+
+    path = Path(run_dir) / rundir.LOGS / f"status.timeline.rank{rank}.json"
+    try:
+        times = json.loads(path.read_text()).get("step_times") or {}
+    except (OSError, ValueError, AttributeError):
+        return None
+    keys = ("clock", "clean_profiler", "plain_ms", "clean_ms", "recorded_ms")
+    out = {k: times[k] for k in keys if times.get(k) is not None}
+    for key in ("plain", "clean", "recorded"):
+        if times.get(f"{key}_median_ms"):
+            out[f"{key}_median_ms"] = times[f"{key}_median_ms"]
+    return out
 
 
 def _verified(report: Report, path: Any) -> None:
@@ -167,7 +223,32 @@ def analyse_rank(task: RankTask) -> Report:
     timeline.rank = task.rank
     timeline.source = task.trace
     profile = replace(task.shell, timelines={task.rank: timeline})
-    return rank_report(profile, task.rank, rules=task.rules, gpu=task.gpu, step_marker=task.step_marker)
+    report = rank_report(profile, task.rank, rules=task.rules, gpu=task.gpu, step_marker=task.step_marker)
+    # The rank's collectives come back with its report (taken off again by ``report_ranks``):
+    # their wait for the other ranks is known only once every rank is read.
+    report.source[_COLLECTIVES] = _collectives(timeline, task.rules)
+    return report
+
+
+_COLLECTIVES = "_collectives"
+
+
+def with_waits(reports: dict[int, Report], timelines: dict[int, Any], rules: Rules) -> dict[int, Report]:
+    """Several ranks' reports with their communication split into wait and transfer
+    (``analysis.ranks.split_communication``), from the ranks' timelines."""
+    if len(reports) > 1:
+        from kerneltriage.analysis.ranks import split_communication
+
+        split_communication(
+            reports, {r: _collectives(timelines[r], rules) for r in reports if r in timelines}
+        )
+    return reports
+
+
+def _collectives(timeline: Any, rules: Rules) -> list[Any]:
+    from kerneltriage.analysis.ranks import COMMUNICATION, collectives
+
+    return collectives(timeline, lambda name: rules.classify(None, name) == COMMUNICATION)
 
 
 def plan_ranks(
@@ -222,11 +303,14 @@ def report_ranks(
         raise InputError(f"--workers must be at least 1, not {workers}")
     if shell is None:
         shell = plan_ranks(path, ncu=ncu, ranks=ranks, progress=say)
+    from kerneltriage.analysis.ranks import split_communication
+
     if shell.timelines:  # read already: a bare trace, or an export holding every rank
-        return {
+        reports = {
             r: rank_report(shell, r, rules=rules, gpu=gpu, step_marker=step_marker, progress=say)
             for r in sorted(shell.timelines)
         }
+        return with_waits(reports, shell.timelines, rules)
     files = {r: str(f) for r, f in sorted(shell.trace_files.items())}
     if not files:
         raise InputError("no rank to report on (an empty list of ranks?)", path=str(path))
@@ -248,10 +332,12 @@ def report_ranks(
         for r, f in files.items()
     ]
     out: dict[int, Report] = {}
+    comms: dict[int, list[Any]] = {}
 
     def reduce(report: Report) -> None:
         assert report.rank is not None  # the task's rank: analyse_rank sets it on the timeline
         rank = int(report.rank)
+        comms[rank] = report.source.pop(_COLLECTIVES, None) or []
         out[rank] = _as_planned(report, shell, str(path), files)
         say(f"{len(out)}/{n} ranks analysed (rank {rank}: {source._name(files[rank])})")
 
@@ -265,6 +351,8 @@ def report_ranks(
     else:
         say(f"analysing {n} ranks in {processes} processes")
         _run_processes(tasks, processes, reduce)
+    if len(out) > 1:
+        split_communication(out, comms)
     return {r: out[r] for r in sorted(out)}
 
 

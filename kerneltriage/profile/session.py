@@ -425,6 +425,7 @@ def _record_timeline(
     _check_plain_steps(first.get("phases") or [], warnings)
     clean = _clean_summary(out, first, plan, warnings)
     _step_time(first.get("step_times") or {}, plan, manifest, warnings, clean, rank=first.get("rank", 0))
+    _other_ranks_step_time(out, statuses, first, plan, phase, warnings)
     manifest.ranks = sorted(s.get("rank", 0) for s in statuses if s.get("trace")) or [0]
 
 
@@ -550,7 +551,58 @@ def _step_time(
     phase = _timeline(manifest)
     if plan.whole_run:
         return
-    clean = clean or {}
+    step = _step_record(times, clean or {}, rank)
+    plain, clean_ms = step["plain_median_ms"], step["clean_median_ms"]
+    phase.step_time = rundir.StepTime.model_validate(step)
+    if not plain:
+        if not plan.timing:
+            return  # --timing-steps 0: the recorded steps are timed, as asked
+        warnings.append(
+            f"the plain step time was not measured: the script ended before its {plan.timing} plain steps "
+            f"(it needs {plan.stop_after} steps); "
+            "step and idle time in the report are those of the recorded steps, profiler included"
+        )
+        return
+    if clean_ms and step["overhead"] is not None and step["overhead"] > OVERHEAD_WARN:
+        message = (
+            f"the clean timing steps (CUDA-only profiler) ran {step['overhead']:.0%} slower than plain steps "
+            f"({clean_ms:.2f} ms against {plain:.2f} ms): the report's step time is the plain steps', but its "
+            "GPU busy time is the kernels' in these steps, and idle time is their difference"
+        )
+        warnings.append(message)
+        manifest.warnings.append(message)
+
+
+def _other_ranks_step_time(
+    out: Path,
+    statuses: list[dict[str, Any]],
+    first: dict[str, Any],
+    plan: Plan,
+    phase: rundir.TimelinePhase,
+    warnings: list[str],
+) -> None:
+    """Every other rank's plain, clean and recorded steps, as the first rank's
+    (``phases.timeline.step_time_ranks``, rank -> ``StepTime``): each rank's report takes its
+    own plain steps. A rank's recorded steps are no measure of its step time: in DDP it waits
+    in its all-reduce while another rank is being profiled."""
+    if plan.whole_run:
+        return
+    by_rank: dict[str, Any] = {}
+    for status in statuses:
+        rank = status.get("rank", 0)
+        if status is first or not status.get("trace"):
+            continue
+        clean = _clean_summary(out, status, plan, warnings)
+        step = _step_record(status.get("step_times") or {}, clean, rank)
+        by_rank[str(rank)] = rundir.StepTime.model_validate(step).to_json()
+    if by_rank:
+        # An extra key of the open manifest model (older readers keep it as it is).
+        setattr(phase, "step_time_ranks", dict(sorted(by_rank.items(), key=lambda kv: int(kv[0]))))  # noqa: B010
+
+
+def _step_record(times: dict[str, Any], clean: dict[str, Any], rank: int) -> dict[str, Any]:
+    """One rank's ``StepTime`` mapping from its status file's ``step_times`` and its clean
+    steps' summary."""
     recorded, plain = times.get("recorded_median_ms"), times.get("plain_median_ms")
     clean_ms = times.get("clean_median_ms")
 
@@ -579,24 +631,7 @@ def _step_time(
     if clean.get("gpu_busy_share") is not None and clean_ms:
         step["gpu_busy_ms"] = round(clean["gpu_busy_share"] * clean_ms, 4)
         step.update({f"clean_{k}": v for k, v in clean.items()})
-    phase.step_time = rundir.StepTime.model_validate(step)
-    if not plain:
-        if not plan.timing:
-            return  # --timing-steps 0: the recorded steps are timed, as asked
-        warnings.append(
-            f"the plain step time was not measured: the script ended before its {plan.timing} plain steps "
-            f"(it needs {plan.stop_after} steps); "
-            "step and idle time in the report are those of the recorded steps, profiler included"
-        )
-        return
-    if clean_ms and step["overhead"] is not None and step["overhead"] > OVERHEAD_WARN:
-        message = (
-            f"the clean timing steps (CUDA-only profiler) ran {step['overhead']:.0%} slower than plain steps "
-            f"({clean_ms:.2f} ms against {plain:.2f} ms): the report's step time is the plain steps', but its "
-            "GPU busy time is the kernels' in these steps, and idle time is their difference"
-        )
-        warnings.append(message)
-        manifest.warnings.append(message)
+    return step
 
 
 def _spread(values: list[float]) -> float | None:

@@ -18,10 +18,10 @@ import io
 import json
 
 from kerneltriage.analysis.model import Report
-from kerneltriage.analysis.ranks import RankSummary
+from kerneltriage.analysis.ranks import RankRow, RankSummary
 from kerneltriage.report.render import csv_text, render
 from kerneltriage.report.shared import RANK_HEAD, name_widths, rank_rows, wrap_name
-from kerneltriage.report.text import pct
+from kerneltriage.report.text import ms, pct
 
 SCHEMA = "kerneltriage.report-ranks/1"
 
@@ -145,17 +145,19 @@ def render_ranks(
     summary: RankSummary, fmt: str, top: int = 10, *, color: bool | None = None, width: int | None = None
 ) -> str:
     """The summary across ranks: Markdown tables, or rich tables for the terminal."""
-    ranks = rank_rows(summary)
+    ranks = [row + _more_cells(r) for row, r in zip(rank_rows(summary), summary.ranks)]
     if fmt != "markdown":  # one line per rank in a terminal cell
         return _terminal(summary, ranks, candidate_rows(summary, top, "\n"), color, width)
     candidates = candidate_rows(summary, top)
     out = ["## Ranks", ""]
-    out += ["| " + " | ".join(RANK_HEAD) + " |", "|---:|---:|---:|---:|---:|"]
+    out += ["| " + " | ".join(RANK_HEAD + MORE_HEAD) + " |", "|" + "---:|" * len(RANK_HEAD + MORE_HEAD)]
     out += ["| " + " | ".join(row) + " |" for row in ranks]
     out += ["", "| " + " | ".join(CANDIDATE_HEAD) + " |", "|---|---|---:|---:|---:|---|---|"]
     out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in candidates]
     if summary.stragglers:
         out += ["", "Stragglers:"] + [f"- {s}" for s in summary.stragglers]
+    if summary.notes:
+        out += ["", "Waiting:"] + [f"- {n}" for n in summary.notes]
     if summary.warnings:
         out += ["", "Warnings:"] + [f"- {w}" for w in summary.warnings]
     out.append("")
@@ -176,7 +178,7 @@ def _terminal(
     console = _console(buffer, color, width)
     console.print(Text(f"kerneltriage report — {len(summary.ranks)} ranks", style="bold"))
     table = Table(title="Ranks", title_justify="left")
-    for col in RANK_HEAD:
+    for col in RANK_HEAD + MORE_HEAD:
         table.add_column(col, justify="right")
     for row in ranks:
         table.add_row(*row)
@@ -194,6 +196,23 @@ def _terminal(
         console.print(Text("Stragglers:", style="bold"))
         for s in summary.stragglers:
             console.print(f"  {s}")
+    if summary.notes:
+        console.print(Text("Waiting:", style="bold"))
+        for n in summary.notes:
+            console.print(f"  {n}")
     for w in summary.warnings:
         console.print(Text(f"warning: {w}", style="yellow"))
     return buffer.getvalue()
+
+
+#: Columns after ``RANK_HEAD``: the steps the step time is of, with its interval, and the
+#: communication's wait for other ranks and its transfer (blank where not known).
+MORE_HEAD = ("timed on (interval)", "comm. wait / transfer")
+
+
+def _more_cells(row: RankRow) -> list[str]:
+    timed = row.timed_on
+    if row.step_low_ms is not None and row.step_high_ms is not None and row.step_high_ms > row.step_low_ms:
+        timed += f" ({ms(row.step_low_ms)}–{ms(row.step_high_ms)})"
+    split = "" if row.wait_ms is None else f"{ms(row.wait_ms)} / {ms(row.transfer_ms or 0.0)}"
+    return [timed, split]

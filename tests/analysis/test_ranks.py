@@ -9,7 +9,7 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from kerneltriage.analysis.ranks import summarize
+from kerneltriage.analysis.ranks import communication_waits, slower_beyond_noise, summarize
 from kerneltriage.api import build_reports
 from kerneltriage.cli import main
 from tests.helpers import DATA, EXAMPLE_RUN
@@ -43,12 +43,126 @@ def test_summary_across_ranks(ddp):
     assert not s.stragglers
 
 
-def test_stragglers_are_flagged():
+def test_a_collective_waiting_for_its_peer_is_no_straggler():
+    # Rank 0's SendRecv kernels run 17.1 ms a step against rank 1's 8.1 ms: rank 0 starts them
+    # early and spins until rank 1 arrives. Matched across the ranks, that is wait, not work.
     reps = build_reports(DATA / "nsys" / "mfu_2gpu_before.sqlite", gpu="H100-SXM")
+    comm = {r: rep.source["communication"] for r, rep in reps.items()}
+    assert reps[0].communication_ms_per_step == pytest.approx(17.07, abs=0.05)
+    assert comm[0]["wait_ms_per_step"] == pytest.approx(11.33, abs=0.05)
+    assert comm[0]["transfer_ms_per_step"] == pytest.approx(comm[1]["transfer_ms_per_step"], rel=0.05)
+    assert comm[1]["arrived_last"] > comm[0]["arrived_last"]  # rank 1 is the one waited for
     s = summarize(reps)
-    comm = next(c for c in s.candidates if c.kind == "communication")
-    assert comm.skew > 1.25
-    assert any("rank 0" in line and comm.name in line for line in s.stragglers)
+    across = next(c for c in s.candidates if c.kind == "communication")
+    assert across.skew < 1.05  # the transfer, not the kernel time with its wait
+    assert not any(across.name in line for line in s.stragglers)
+    assert next((r.wait_ms, r.transfer_ms) for r in s.ranks) == pytest.approx((11.33, 5.74), abs=0.05)
+
+
+def test_collectives_are_matched_across_clock_offsets_and_shifts():
+    # Rank 1's clock runs 5 s ahead and its trace holds one collective more at the start.
+    a = [("nccl_AllReduce", 1000 + 100_000 * i, 1000 + 100_000 * i + 30_000) for i in range(5)]
+    b = [("nccl_AllReduce", 5e9 - 50_000, 5e9 - 40_000)] + [
+        ("nccl_AllReduce", int(5e9) + 21_000 + 100_000 * i, int(5e9) + 1000 + 100_000 * i + 30_000)
+        for i in range(5)
+    ]
+    waits = communication_waits({0: a, 1: [(n, int(s), int(e)) for n, s, e in b]})
+    assert waits[0].matched == waits[1].matched == 5
+    # Rank 0 started 20 µs before rank 1 each time: 20 of its 30 µs were wait.
+    assert waits[0].wait_fraction == pytest.approx(2 / 3)
+    assert waits[1].wait_ns == 0 and waits[1].last == 5
+
+
+def _report(rank, step_ms, plain_ms=None):
+    from types import SimpleNamespace
+
+    timing = {"plain_median_ms": step_ms, "plain_ms": plain_ms} if plain_ms else None
+    return SimpleNamespace(
+        rank=rank,
+        step_time_ms=step_ms,
+        gpu_busy_pct=90.0,
+        communication_ms_per_step=0.0,
+        exposed_communication_ms_per_step=0.0,
+        source={"timing": timing} if timing else {},
+        steps=3,
+        candidates=[],
+        thresholds=SimpleNamespace(min_share=0.03),
+    )
+
+
+def test_stragglers_are_judged_on_plain_steps_and_their_noise():
+    steady = [100.0, 100.2, 99.9, 100.1, 100.0]
+    slow = [v * 1.2 for v in steady]
+    s = summarize({0: _report(0, 100.0, steady), 1: _report(1, 100.0, steady), 2: _report(2, 120.0, slow)})
+    assert s.stragglers == [
+        "rank 2: step 120.00 ms vs 100.00 ms, the median of the other ranks (plain steps)"
+    ]
+    # 20% slower by its median, but its steps scatter across the others': noise, not a straggler.
+    noisy = [80.0, 150.0, 120.0, 90.0, 140.0]
+    s = summarize({0: _report(0, 100.0, steady), 1: _report(1, 100.0, steady), 2: _report(2, 120.0, noisy)})
+    assert s.stragglers == []
+    # A rank timed only on its recorded steps (with the wait for ranks being profiled) is not judged.
+    s = summarize({0: _report(0, 100.0, steady), 1: _report(1, 130.0)})
+    assert s.stragglers == [] and any("rank(s) 1 have no plain steps" in w for w in s.warnings)
+    assert [r.timed_on for r in s.ranks] == ["plain steps", "recorded steps"]
+
+
+def test_slower_beyond_noise():
+    assert slower_beyond_noise((120.0, 118.0, 122.0), (100.0, 99.0, 101.0))
+    assert not slower_beyond_noise((120.0, 100.5, 140.0), (100.0, 99.0, 101.0))  # intervals overlap
+    assert not slower_beyond_noise((105.0, 104.9, 105.1), (100.0, 99.9, 100.1))  # under 10%
+
+
+def _with_plain_steps(run, plain):
+    """The DDP run with plain steps in every rank's status file (``profile`` writes them)."""
+    for rank, values in plain.items():
+        path = run / "logs" / f"status.timeline.rank{rank}.json"
+        status = json.loads(path.read_text())
+        ordered = sorted(values)
+        status["step_times"] = {
+            "clock": "cuda events",
+            "clean_profiler": "cuda activity",
+            "plain_ms": values,
+            "plain_median_ms": ordered[len(ordered) // 2],
+            "clean_ms": [],
+            "recorded_ms": [],
+        }
+        path.write_text(json.dumps(status))
+
+
+def test_every_rank_takes_its_own_plain_steps(tmp_path, ddp):
+    # The recorded steps differ (50.93 and 52.68 ms: rank 1 waited on rank 0 while profiled);
+    # the plain steps, nothing installed, agree.
+    assert ddp[1].step_time_ms - ddp[0].step_time_ms > 1.5
+    run = tmp_path / "run"
+    shutil.copytree(DDP, run)
+    _with_plain_steps(run, {0: [53.1, 53.0, 53.2, 53.05, 53.1], 1: [53.1, 53.0, 53.15, 53.1, 53.05]})
+    reps = build_reports(run)
+    assert reps[0].step_time_ms == pytest.approx(53.1) and reps[1].step_time_ms == pytest.approx(53.1)
+    for rep in reps.values():
+        assert rep.source["timing"]["plain_ms"] and rep.source["timing"]["recorded_step_ms"] > 50
+        assert rep.idle_pct == pytest.approx(100.0 * (1 - rep.gpu_busy_ms / rep.step_time_ms))
+    s = summarize(reps)
+    assert [r.step_time_ms for r in s.ranks] == pytest.approx([53.1, 53.1])
+    assert {r.timed_on for r in s.ranks} == {"plain steps"} and not s.stragglers
+    # A rank whose plain steps are slower beyond their noise is one.
+    _with_plain_steps(run, {1: [63.1, 63.0, 63.15, 63.1, 63.05]})
+    s = summarize(build_reports(run))
+    assert s.stragglers == ["rank 1: step 63.10 ms vs 53.10 ms, the median of the other ranks (plain steps)"]
+
+
+def test_other_ranks_plain_steps_from_the_manifest(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(DDP, run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    timeline = manifest["phases"]["timeline"]
+    timeline["step_time"] = {"rank": 0, "plain_ms": [52.0, 52.2], "plain_median_ms": 52.1, "clean_ms": []}
+    timeline["step_time_ranks"] = {
+        "1": {"rank": 1, "plain_ms": [52.3, 52.1], "plain_median_ms": 52.2, "clean_ms": []}
+    }
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    reps = build_reports(run)
+    assert [reps[r].step_time_ms for r in (0, 1)] == pytest.approx([52.1, 52.2])
 
 
 def test_cli_json_for_several_ranks():

@@ -245,3 +245,85 @@ def test_shipped_run_is_unchanged_by_the_checks():
     report = kerneltriage.report(EXAMPLE_RUN)
     implausible = [w for w in report.warnings if "impossible" in w or "no GPU could hold" in w]
     assert implausible == []
+
+
+# --- steps and timestamps, judged relative to the trace ----------------------------------------
+
+
+def shift_every_timestamp(us: float):
+    def edit(data):
+        for e in data["traceEvents"]:
+            if isinstance(e, dict) and isinstance(e.get("ts"), (int, float)):
+                e["ts"] = e["ts"] + us
+
+    return edit
+
+
+def test_a_trace_shifted_to_negative_times_reports_as_before(tmp_path):
+    run = copy_run(tmp_path)
+    edit_trace(run, shift_every_timestamp(-1e13))
+    shifted, before = kerneltriage.report(run), kerneltriage.report(EXAMPLE_RUN)
+    summary = [
+        (
+            r.step_time_ms,
+            r.unattributed_share,
+            [(c.name, c.verdict, round(c.time_share, 6)) for c in r.candidates],
+        )
+        for r in (shifted, before)
+    ]
+    assert summary[0] == summary[1]
+    assert not any("no launch" in w for w in shifted.warnings)
+
+
+def profiler_steps(change):
+    def edit(data):
+        steps = [e for e in data["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep")]
+        change(data, steps)
+
+    return edit
+
+
+def same_start(data, steps):
+    start = min(e["ts"] for e in steps)
+    for e in steps:
+        e["ts"] = start
+
+
+def tiny_steps(count: int):
+    def change(data, steps):
+        first, start = steps[0], min(e["ts"] for e in steps)
+        data["traceEvents"] = [e for e in data["traceEvents"] if e not in steps]
+        data["traceEvents"] += [
+            dict(first, name=f"ProfilerStep#{i}", ts=start + i * 0.01, dur=0.01) for i in range(count)
+        ]
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("change", "text"),
+    [(same_start, "overlap the one before"), (tiny_steps(2000), "shorter than one kernel launch")],
+    ids=["overlapping", "10-ns"],
+)
+def test_impossible_steps_are_refused(tmp_path, change, text):
+    run = copy_run(tmp_path)
+    edit_trace(run, profiler_steps(change))
+    got = outcome(["report", run, "--format", "json"], text, [run])
+    assert got == expect(2, text)
+
+
+def test_step_checks_by_value():
+    from kerneltriage.analysis.attribution import Step
+    from kerneltriage.analysis.plausibility import check_steps
+    from kerneltriage.errors import TraceFormatError
+
+    ms = 1_000_000
+    check_steps(
+        [Step(i, f"s{i}", i * 50 * ms, (i + 1) * 50 * ms + 500) for i in range(4)], "s", "t"
+    )  # 0.5 µs
+    with pytest.raises(TraceFormatError, match="s2 starts 20 ms before s1 ends"):
+        check_steps(
+            [Step(0, "s0", 0, 50 * ms), Step(1, "s1", 50 * ms, 100 * ms), Step(2, "s2", 80 * ms, 130 * ms)],
+            "s",
+            "t",
+        )

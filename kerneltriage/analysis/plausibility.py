@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from kerneltriage.errors import TraceFormatError
@@ -26,6 +27,12 @@ MISSING_WARN = 0.2
 #: A step time below this share of its own kernels' busy time is contradicted by them (the
 #: recorded steps ran under the profiler, which slows the host, not the kernels, by this much).
 STEP_CONTRADICTED = 0.5
+#: Steps shorter than this (median) cannot hold one kernel launch: not a training loop's steps.
+MIN_STEP_NS = 1_000
+#: Steps overlapping by more than this share of the shorter one (and ``OVERLAP_TOLERANCE_NS``)
+#: are refused; clock rounding overlaps real ones by a microsecond at most.
+STEP_OVERLAP_SHARE = 0.01
+OVERLAP_TOLERANCE_NS = 10_000
 
 
 def check_launches(timeline: Timeline) -> list[str]:
@@ -104,6 +111,45 @@ def check_kernel_in_step(kernels: pd.DataFrame, walls_ns: Any) -> list[str]:
         f"step ({_human(widest)}): the steps' host ranges do not bound the GPU's work (nothing in a step "
         "waits for it), so shares of the step can exceed what the step shows"
     ]
+
+
+def check_steps(steps: list[Any], step_source: str, source: str) -> None:
+    """The steps' windows (``attribution.Step``: ``name``, ``start``, ``end`` in ns), judged
+    against each other, never as absolute times: steps shorter than a kernel launch, or steps
+    that begin before the previous one ends, are not a training loop's; refused by name."""
+    if not steps:
+        return
+    durations = np.array([s.end - s.start for s in steps], dtype=np.float64)
+    median = float(np.median(durations))
+    if len(steps) > 1 and median < MIN_STEP_NS:
+        raise TraceFormatError(
+            f"the {len(steps)} steps ({step_source}) last {median:.3g} ns each (median), shorter than "
+            f"one kernel launch ({MIN_STEP_NS / 1000:.0f} µs): these markers are not a training step's",
+            path=source,
+            hint="pass --step-marker to name the step ranges",
+        )
+    ordered = sorted(steps, key=lambda s: (s.start, s.end))
+    overlapping = 0
+    first: str | None = None
+    reach, holder = ordered[0].end, ordered[0]
+    for s in ordered[1:]:
+        overlap = reach - s.start
+        tolerance = max(
+            OVERLAP_TOLERANCE_NS, STEP_OVERLAP_SHARE * min(s.end - s.start, holder.end - holder.start)
+        )
+        if overlap > tolerance:
+            overlapping += 1
+            if first is None:
+                first = f"{s.name} starts {_human(float(overlap))} before {holder.name} ends"
+        if s.end > reach:
+            reach, holder = s.end, s
+    if overlapping:
+        raise TraceFormatError(
+            f"{overlapping} of the {len(steps)} steps ({step_source}) overlap the one before ({first}): "
+            "a step cannot begin before the previous one ends, so no time or share of a step can be trusted",
+            path=source,
+            hint="pass --step-marker to name the step ranges",
+        )
 
 
 def check_step_time(timing: dict[str, Any], busy_ms: float, source: str) -> None:

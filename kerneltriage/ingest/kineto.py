@@ -891,7 +891,22 @@ class _Builder:
         )
         rank = (meta.get("distributedInfo") or {}).get("rank")
         timeline.rank = rank
+        _from_zero(timeline)
         return timeline
+
+
+def _from_zero(timeline: Timeline) -> None:
+    """Timestamps are read relative to the trace: a trace whose clock is negative (a valid
+    trace shifted, or a clock of another origin) is moved to start at 0, since a negative
+    time means "no launch" to the attribution. Durations and order are unchanged."""
+    tables = [timeline.kernels, timeline.runtime, timeline.cpu, timeline.gpu_annotations]
+    starts = [int(t["start"].min()) for t in tables if len(t)]
+    if not starts or min(starts) >= 0:
+        return
+    offset = -min(starts)
+    for table in tables:
+        if len(table):
+            table["start"] = table["start"] + offset
 
 
 _NO_DIM = (-1, -1, -1)

@@ -14,6 +14,8 @@ that are not comparable are flagged.
 
 from __future__ import annotations
 
+import json
+import os
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -57,6 +59,10 @@ class Diff:
     # eager → torch.compile: each compiled kernel against the eager ops it replaced (None when
     # the run after has no compiled code)
     compiled: dict[str, Any] | None = None
+    # AFTER profiled with BEFORE's fixes applied (``profile --apply``): each fix's prediction and
+    # its realized saving alone (``verify`` on BEFORE) against what they realized together (the
+    # step time BEFORE → AFTER); None when AFTER carries no applied fixes.
+    ladder: dict[str, Any] | None = None
     schema: str = SCHEMA
 
     def to_json(self) -> dict[str, Any]:
@@ -139,6 +145,9 @@ def compare(before: Report, after: Report, names: tuple[str, str] = ("before", "
         if m.time_ms_per_step["after"] > (1 + _REGRESSION) * m.time_ms_per_step["before"]
         and m.time_ms_per_step["after"] - m.time_ms_per_step["before"] > 0.001 * step_b
     ]
+    steps = ladder(before, after, out, names)
+    if steps and steps["warning"]:
+        warnings.append(steps["warning"])
     kinds: dict[str, dict[str, float]] = defaultdict(lambda: {"before": 0.0, "after": 0.0})
     for side, rep in (("before", before), ("after", after)):
         for kind, ms in rep.kind_breakdown.items():
@@ -156,7 +165,79 @@ def compare(before: Report, after: Report, names: tuple[str, str] = ("before", "
         compiled=_compiled_section(before, after, out)
         if _compiled(after) and not _compiled(before)
         else None,
+        ladder=steps,
     )
+
+
+def ladder(
+    before: Report, after: Report, matches: list[Match], names: tuple[str, str] = ("before", "after")
+) -> dict[str, Any] | None:
+    """The fixes AFTER was profiled with (its manifest's ``applied_fixes``, in ``source``), each
+    with its prediction, its realized saving alone (``verify`` on BEFORE, where measured) and in
+    this pair (its matched candidates' time), against the combination: the step saving BEFORE →
+    AFTER. Fixes applied as one (identical ``apply`` mappings: ``verify`` measured them in one
+    run, against their combined prediction) count once in the sums. None without applied fixes."""
+    fixes = after.source.get("applied_fixes") or []
+    if not fixes:
+        return None
+    by_id = {c.id.upper(): c for c in before.candidates}
+    rows: list[dict[str, Any]] = []
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for f in fixes:
+        fid = str(f.get("id", ""))
+        c = by_id.get(fid.upper())
+        v = (c.verification if c is not None else None) or {}
+        realized = v.get("realized_saving_share")
+        if realized is None:
+            realized = f.get("realized_saving_share")
+        predicted = f.get("predicted_saving_share")
+        if predicted is None:
+            predicted = v.get("predicted_saving_share")
+        if predicted is None and c is not None:
+            predicted = c.expected_saving_share
+        pair = [m for m in matches if fid in m.ids["before"]]
+        apply = f.get("apply") or {}
+        row = {
+            "id": fid,
+            "name": c.name if c is not None else None,
+            "recipe_id": f.get("recipe_id"),
+            "kind": apply.get("kind"),
+            "status": v.get("status") or f.get("status"),
+            "predicted_saving_share": predicted,
+            "realized_saving_share": realized,
+            "pair_realized_saving_share": sum(m.realized_saving_share for m in pair) if pair else None,
+            "applied_with": [],
+        }
+        rows.append(row)
+        groups.setdefault(json.dumps(apply, sort_keys=True, default=str), []).append(row)
+    for members in groups.values():
+        for row in members:
+            row["applied_with"] = [r["id"] for r in members if r is not row]
+    firsts = [members[0] for members in groups.values()]
+    unmeasured = [r["id"] for r in firsts if r["realized_saving_share"] is None]
+    sum_realized = sum(r["realized_saving_share"] or 0.0 for r in firsts)
+    sum_predicted = sum(r["predicted_saving_share"] or 0.0 for r in firsts)
+    step_b, step_a = before.step_time_ms, after.step_time_ms
+    combined = (step_b - step_a) / step_b if step_b else 0.0
+    parent = after.source.get("parent_run")
+    here = before.source.get("path")
+    same = bool(parent and here) and os.path.abspath(str(parent)) == os.path.abspath(str(here))
+    return {
+        "fixes": rows,
+        "parent_run": parent,
+        "before_is_parent": same,
+        "combined_realized_saving_share": combined,
+        "sum_realized_saving_share": sum_realized,
+        "sum_predicted_saving_share": sum_predicted,
+        # Together minus the sum alone: negative when the fixes overlap (they take from the same
+        # time), positive when together they saved more than apart.
+        "interaction_share": combined - sum_realized if not unmeasured else None,
+        "unmeasured": unmeasured,
+        "warning": None
+        if same or not parent
+        else f"{names[1]} was profiled with the fixes of {parent}, not of {names[0]}: the fixes' predictions "
+        "and savings alone are that run's",
+    }
 
 
 def _compiled(report: Report) -> bool:

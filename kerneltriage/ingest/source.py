@@ -103,6 +103,9 @@ class Profile:
             if dynamo:
                 # Dynamo's own counts after the plain steps, before any profiler or hook ran.
                 info["dynamo"] = dynamo
+            if self.manifest.applied_fixes:  # profile --apply: the fixes, and the run before them
+                info["applied_fixes"] = [f.to_json() for f in self.manifest.applied_fixes]
+                info["parent_run"] = self.manifest.parent_run
         return info
 
 

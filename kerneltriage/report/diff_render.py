@@ -67,6 +67,51 @@ def _summary(d: Diff) -> list[str]:
     ]
 
 
+def ladder_fix_text(r: dict[str, Any]) -> str:
+    """One applied fix: its prediction, its saving alone (``verify`` on the run before) and in
+    this pair."""
+    alone = r["realized_saving_share"]
+    pair = r["pair_realized_saving_share"]
+    with_ = f"; applied as one with {', '.join(r['applied_with'])}" if r["applied_with"] else ""
+    return (
+        f"{r['id']} {r['name'] or ''} — {r['recipe_id'] or r['kind']} ({r['status'] or 'not verified'}): "
+        f"predicted {pct(r['predicted_saving_share'])}, alone "
+        + (f"{saving_text(alone)} (verify)" if alone is not None else "not measured")
+        + (f", its candidates in this pair {saving_text(pair)}" if pair is not None else "")
+        + with_
+    )
+
+
+def ladder_combined_text(d: Diff) -> str:
+    """The fixes together (the step time before → after) against the sum of their savings alone."""
+    lad = d.ladder or {}
+    s = d.step_time_ms
+    text = (
+        f"together: {saving_text(lad['combined_realized_saving_share'])} of the step "
+        f"({ms(s['before'])} → {ms(s['after'])}); alone they sum to {pct(lad['sum_realized_saving_share'])} "
+        f"(verify), predicted {pct(lad['sum_predicted_saving_share'])}"
+    )
+    inter = lad.get("interaction_share")
+    if inter is None:
+        return text + f"; not measured alone: {', '.join(lad['unmeasured'])}"
+    if inter <= -_SHOWN:
+        return text + f": they overlap, {pct(-inter)} of the step less together than the sum"
+    if inter >= _SHOWN:
+        return text + f": {pct(inter)} of the step more together than the sum"
+    return text + ": together as the sum"
+
+
+def ladder_lines(d: Diff, bullet: str) -> list[str]:
+    """The fixes ``profile --apply`` profiled the run after with, one by one, then together."""
+    lad = d.ladder
+    if not lad:
+        return []
+    out = ["", f"Fixes applied (profile --apply, from {lad['parent_run'] or 'the run before'}):"]
+    out += [f"{bullet}{ladder_fix_text(r)}" for r in lad["fixes"]]
+    out.append(f"{bullet}{ladder_combined_text(d)}")
+    return out
+
+
 def render_diff(d: Diff, fmt: str, top: int | None = None) -> str:
     matches = d.candidates[:top] if top else list(d.candidates)
     head, verified = _head(matches)
@@ -89,6 +134,7 @@ def render_diff(d: Diff, fmt: str, top: int | None = None) -> str:
             out += ["| " + " | ".join(_COMPILED_HEAD) + " |", "|" + "---|" * len(_COMPILED_HEAD)]
             out += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in _compiled_rows(d)]
             out += _compiled_lines(d, "- ")
+        out += ladder_lines(d, "- ")
         out += ["", "| kind | before | after |", "|---|---:|---:|"]
         out += [f"| {k} | {ms(v['before'])} | {ms(v['after'])} |" for k, v in d.kinds.items()]
         out += _lists(d, "- ")
@@ -179,6 +225,8 @@ def _terminal(d: Diff, rows: list[list[str]], head: list[str], width: int = 160)
     console = Console(file=buf, width=width, highlight=False, markup=False, no_color=True)
     console.print(f"kerneltriage diff: {d.before} → {d.after}")
     for line in _summary(d):
+        console.print(line)
+    for line in ladder_lines(d, "  "):
         console.print(line)
     table = Table(title="Predicted vs realized saving (shares of the step before)", title_justify="left")
     # Names wrap between words or at their joints, never mid-word (see report.shared).
@@ -325,5 +373,9 @@ def _page(d: Diff, matches: list[Match], rows: list[list[str]], head: list[str])
         "kinds": [(k, ms(v["before"]), ms(v["after"])) for k, v in d.kinds.items()],
         "new_hot_spots": [_hot_spot(h) for h in d.new_hot_spots],
         "regressions": [_regression(r) for r in d.regressions],
+        "ladder": [ladder_fix_text(r) for r in d.ladder["fixes"]] + [ladder_combined_text(d)]
+        if d.ladder
+        else [],
+        "ladder_parent": (d.ladder or {}).get("parent_run"),
     }
     return _environment().get_template("diff.html.j2").render(**context)

@@ -102,6 +102,19 @@ def _timing_line(t: dict) -> str:
     return " · ".join(parts)
 
 
+def applied_fixes_line(source: dict) -> str:
+    """``profile --apply``: the fixes the run was profiled with, and the run before them."""
+    fixes = ", ".join(
+        f"{f['id']} ({f.get('recipe_id') or (f.get('apply') or {}).get('kind')})"
+        for f in source["applied_fixes"]
+    )
+    parent = source.get("parent_run") or "the run before"
+    return (
+        f"Fixes applied: profiled with {fixes} (kerneltriage profile --apply); the run before them: {parent} "
+        f"(kerneltriage diff {parent} {source.get('path', 'RUN')})"
+    )
+
+
 def _header_lines(report: Report) -> list[str]:
     lines = [
         *gpu_lines(report),
@@ -109,6 +122,8 @@ def _header_lines(report: Report) -> list[str]:
         + (f" (spread {ms(report.step_spread_ms)})" if report.step_spread_ms is not None else "")
         + f" · GPU busy {report.gpu_busy_pct:.1f}% · idle {report.idle_pct:.1f}%",
     ]
+    if report.source.get("applied_fixes"):
+        lines.append(applied_fixes_line(report.source))
     if report.source.get("timing"):
         lines.append(_timing_line(report.source["timing"]))
     for extra in (idle_line(report), communication_line(report)):

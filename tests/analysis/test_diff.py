@@ -144,3 +144,125 @@ def test_ceilings_from_different_sources_are_flagged():
     assert rep.gpu.name == datasheet.gpu.name and rep.gpu.resolved_by == "calibration"
     d = compare(rep, datasheet)
     assert any("ceilings come from different sources" in w for w in d.warnings), d.warnings
+
+
+# --- the second rung: AFTER profiled with BEFORE's verified fixes (profile --apply) -----------
+
+
+def _ladder_pair(tmp_path):
+    """gpt-naive-h200 with a verify.json (C1 verified; C4 and C5 one norm swap, measured in one
+    run) → gpt-sdpa-h200 as if profiled with those fixes applied."""
+    import shutil
+
+    from kerneltriage import rundir
+    from kerneltriage.verify import record
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    shutil.copytree(RUNS / "gpt-naive-h200", first)
+    shutil.copytree(RUNS / "gpt-sdpa-h200", second)
+    norm = {"kind": "norm-swap", "classes": ["RMSNorm"]}
+    sdpa = {"kind": "hf-attention"}  # a stand-in: the pair's fix was pasted by hand
+    entries = [
+        ("C1", "sdpa-for-naive-attention", sdpa, 0.6525, 0.63),
+        ("C4", "builtin-norm", norm, 0.0583, 0.05),
+        ("C5", "builtin-norm", norm, 0.0583, 0.05),
+    ]
+    settings = {"repeats": 3, "warmup": 3, "steps": 10, "loss_steps": 3, "loss_rtol": 0.005, "seed": 0}
+    record.write(
+        first,
+        record.VerifyFile.model_validate(
+            {
+                "schema": record.SCHEMA,
+                "settings": settings,
+                "candidates": [
+                    {
+                        "id": cid,
+                        "recipe_id": rid,
+                        "how": f"runner: {apply['kind']}",
+                        "apply": apply,
+                        "predicted_saving_share": p,
+                        "realized_saving_share": r,
+                        "status": "verified",
+                    }
+                    for cid, rid, apply, p, r in entries
+                ],
+            }
+        ),
+    )
+    manifest = rundir.read_manifest(second)
+    manifest.applied_fixes = [
+        rundir.AppliedFix(
+            id=cid,
+            recipe_id=rid,
+            apply=apply,
+            predicted_saving_share=p,
+            realized_saving_share=r,
+            status="verified",
+        )
+        for cid, rid, apply, p, r in entries
+    ]
+    manifest.parent_run = str(first)
+    rundir.write_manifest(second, manifest)
+    return first, second
+
+
+def test_the_fixes_applied_after_are_set_against_their_savings_alone(tmp_path):
+    first, second = _ladder_pair(tmp_path)
+    d = compare(build_report(first), build_report(second), (str(first), str(second)))
+    lad = d.ladder
+    assert (
+        lad is not None
+        and lad["before_is_parent"]
+        and not any("profiled with the fixes" in w for w in d.warnings)
+    )
+    assert [r["id"] for r in lad["fixes"]] == ["C1", "C4", "C5"]
+    c1 = lad["fixes"][0]
+    assert (c1["predicted_saving_share"], c1["realized_saving_share"], c1["status"]) == (
+        0.6525,
+        0.63,
+        "verified",
+    )
+    assert c1["pair_realized_saving_share"] == pytest.approx(
+        next(m.realized_saving_share for m in d.candidates if "C1" in m.ids["before"])
+    )
+    assert lad["fixes"][1]["applied_with"] == ["C5"]
+    # One norm swap, measured once: it counts once in the sums.
+    assert lad["sum_realized_saving_share"] == pytest.approx(0.63 + 0.05)
+    assert lad["sum_predicted_saving_share"] == pytest.approx(0.6525 + 0.0583)
+    combined = (47.973764333333335 - 17.249647) / 47.973764333333335
+    assert (
+        lad["combined_realized_saving_share"] == pytest.approx(combined) == pytest.approx(d.step_saving_share)
+    )
+    assert lad["interaction_share"] == pytest.approx(combined - 0.68)  # they overlap: < 0
+
+
+def test_every_diff_format_shows_the_fixes_and_their_combination(tmp_path):
+    first, second = _ladder_pair(tmp_path)
+    runner = CliRunner()
+    term = runner.invoke(main, ["diff", str(first), str(second)])
+    assert term.exit_code == 0, term.output
+    assert "Fixes applied (profile --apply" in term.output
+    assert "C1 " in term.output and "alone 63.0% (verify)" in term.output
+    assert "alone they sum to 68.0% (verify), predicted 71.1%" in " ".join(term.output.split())
+    assert "they overlap, 4.0% of the step less together than the sum" in " ".join(term.output.split())
+    data = json.loads(runner.invoke(main, ["diff", str(first), str(second), "--format", "json"]).output)
+    assert data["ladder"]["sum_realized_saving_share"] == pytest.approx(0.68)
+    assert [r["id"] for r in data["ladder"]["fixes"]] == ["C1", "C4", "C5"]
+    md = runner.invoke(main, ["diff", str(first), str(second), "--format", "markdown"]).output
+    assert "- C4 " in md and "applied as one with C5" in md and "- together: 64.0% of the step" in md
+    page = tmp_path / "d.html"
+    runner.invoke(main, ["diff", str(first), str(second), "--format", "html", "-o", str(page)])
+    html = page.read_text()
+    assert 'id="ladder"' in html and "alone they sum to 68.0%" in html
+    # The second run's report says how it was profiled, and links the first.
+    report = runner.invoke(main, ["report", str(second), "--top", "1"]).output
+    assert "Fixes applied: profiled with C1 (sdpa-for-naive-attention), C4 (builtin-norm)" in report
+    assert f"the run before them: {first}" in " ".join(report.split())
+
+
+def test_a_diff_against_another_run_than_the_parent_is_flagged(tmp_path):
+    first, second = _ladder_pair(tmp_path)
+    d = compare(build_report(EXAMPLE_RUN), build_report(second), (str(EXAMPLE_RUN), str(second)))
+    assert d.ladder is not None and not d.ladder["before_is_parent"]
+    assert any(f"profiled with the fixes of {first}" in w for w in d.warnings)
+    assert compare(build_report(EXAMPLE_RUN), build_report(EXAMPLE_RUN)).ladder is None

@@ -67,7 +67,10 @@ def test_patch_swaps_in_place_and_reports(device):
     assert type(model[1]) is LayerNorm and model[1].bias is None
     assert type(model[4]) is LlamaRMSNorm and type(model[5]) is MyLayerNorm
     skipped = dict(report.skipped)
-    assert "is neither a torch.nn norm nor a known Hugging Face norm; left as is" in skipped["4"]
+    assert (
+        "is neither a torch.nn norm nor a known Hugging Face norm, and its math does not check out"
+        in skipped["4"]
+    )
     assert "subclasses a torch.nn norm" in skipped["5"]
     text = str(report)
     assert "swapped 4 norm module(s)" in text
@@ -185,7 +188,8 @@ def test_patch_leaves_unknown_hugging_face_norms_alone(device):
     assert name == "unknown"
     assert reason == (
         "transformers.models.cohere.modeling_cohere.CohereLayerNorm is not a class whose math the "
-        "kernels are known to match (kerneltriage/data/hf_norms.yaml lists those); left as is"
+        "kernels are known to match (kerneltriage/data/hf_norms.yaml lists those) and its math, checked on "
+        "a tiny CPU instance, matches none of them; left as is"
     )
     assert "unknown: transformers.models.cohere.modeling_cohere.CohereLayerNorm is not" in str(report)
 
@@ -206,3 +210,94 @@ def test_patch_checks_the_attributes_of_a_listed_class(device):
             "unlike the LlamaRMSNorm the kernels match",
         )
     ]
+
+
+# ---- norms recognized by their math ------------------------------------------------------------
+
+
+class ScriptRMSNorm(nn.Module):
+    """A training script's own RMSNorm (examples/train_gpt.py): Llama's math, eps under ``eps``."""
+
+    def __init__(self, d: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+class NoUpcastRMSNorm(ScriptRMSNorm):
+    """Statistics in the input's dtype: no kernel's math (bf16 inputs give other numbers)."""
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+@pytest.mark.parametrize(
+    "w_dtype,x_dtype",
+    [(torch.float32, torch.bfloat16), (torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16)],
+    ids=["fp32-weight-bf16-input", "fp32", "bf16"],
+)
+def test_t5_layer_norm_is_recognized_swapped_and_matches_eager(w_dtype, x_dtype, device):
+    """T5LayerNorm (no mean, no bias, fp32 variance, cast to the weight's dtype): listed in
+    hf_norms.yaml, its math checked on a tiny CPU instance, swapped for T5RMSNorm; outputs (dtype
+    and values) and gradients as eager T5's."""
+    from transformers.models.t5.modeling_t5 import T5LayerNorm
+
+    from kerneltriage.kernels.patch import T5RMSNorm, checked_semantics
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(48, 48), T5LayerNorm(48, eps=1e-6)).to(device)
+    with torch.no_grad():
+        model[1].weight.normal_(1.0, 0.3)
+    model[1].to(w_dtype)
+    assert checked_semantics(model[1]) == "t5"
+    x = torch.randn(4, 9, 48, device=device)
+
+    def step():
+        h = model[0](x).to(x_dtype)
+        y = model[1](h)
+        loss = y.float().square().mean()
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        model.zero_grad()
+        return y.detach(), loss.detach(), grads
+
+    y_eager, loss_eager, grads_eager = step()
+    weight = model[1].weight
+    report = patch(model)
+    assert [(n, new.rpartition(".")[2]) for n, _, new in report.swapped] == [("1", "T5RMSNorm")]
+    assert type(model[1]) is T5RMSNorm and model[1].weight is weight
+    y, loss, grads = step()
+    assert y.dtype == y_eager.dtype == (torch.float32 if w_dtype == torch.float32 else torch.bfloat16)
+    tol = 1e-5 if y.dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(y, y_eager, rtol=tol, atol=tol)
+    torch.testing.assert_close(loss, loss_eager, rtol=1e-4, atol=1e-5)
+    for name, g in grads_eager.items():
+        torch.testing.assert_close(
+            grads[name].float(), g.float(), rtol=5e-2 if tol > 1e-4 else 1e-4, atol=1e-3
+        )
+
+
+def test_a_script_norm_is_swapped_when_its_math_checks_out(device):
+    """A script's RMSNorm (not torch's, not transformers') is swapped for the drop-in whose math
+    its forward reproduces on a tiny CPU instance; one whose math differs is left alone."""
+    from kerneltriage.kernels.patch import checked_semantics
+
+    model = nn.ModuleDict({"same": ScriptRMSNorm(32, eps=1e-5), "other": NoUpcastRMSNorm(32)}).to(device)
+    with torch.no_grad():
+        model["same"].weight.normal_(1.0, 0.3)
+    assert checked_semantics(model["same"]) == "llama"
+    assert checked_semantics(model["other"]) is None
+    x = torch.randn(3, 5, 32, device=device, dtype=torch.bfloat16)
+    expected = model["same"](x)
+    report = patch(model, only=["ScriptRMSNorm", "NoUpcastRMSNorm"])
+    assert [n for n, _, _ in report.swapped] == ["same"]
+    assert type(model["same"]) is KTLlamaRMSNorm and model["same"].eps == 1e-5
+    assert type(model["other"]) is NoUpcastRMSNorm
+    assert "does not check out" in dict(report.skipped)["other"]
+    got = model["same"](x)
+    assert got.dtype == expected.dtype
+    torch.testing.assert_close(got, expected, rtol=1e-2, atol=1e-2)

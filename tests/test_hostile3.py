@@ -8,6 +8,7 @@ one-line error or a report, the text that names the problem, and inputs left as 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -327,3 +328,76 @@ def test_step_checks_by_value():
             "s",
             "t",
         )
+
+
+# --- ids, args, manifest timings, stray ranks ---------------------------------------------------
+
+
+def every_external_id(value: int):
+    def edit(data):
+        for e in data["traceEvents"]:
+            args = e.get("args") if isinstance(e, dict) else None
+            if isinstance(args, dict) and "External id" in args:
+                args["External id"] = value
+
+    return edit
+
+
+def test_colliding_external_ids_are_ignored_and_named(tmp_path):
+    run = copy_run(tmp_path)
+    edit_trace(run, every_external_id(1))
+    got = outcome(["report", run, "--format", "json"], "External id collisions", [run])
+    assert got == expect(0, "External id collisions")
+    collided, before = kerneltriage.report(run), kerneltriage.report(EXAMPLE_RUN)
+    # Placed by time instead, the candidates are the shipped run's, not one op holding the step.
+    assert [c.name for c in collided.candidates[:4]] == [c.name for c in before.candidates[:4]]
+    assert max(c.time_share for c in collided.candidates) < 0.7
+
+
+def null_args(data):
+    for e in data["traceEvents"]:
+        if e.get("cat") == "cpu_op":
+            e["args"] = None
+
+
+def test_ops_without_args_are_named(tmp_path):
+    run = copy_run(tmp_path)
+    edit_trace(run, null_args)
+    got = outcome(["report", run, "--format", "json"], "CPU op event(s) have no args", [run])
+    assert got == expect(0, "CPU op event(s) have no args")
+
+
+def test_the_shipped_traces_have_args_and_distinct_ids():
+    report = kerneltriage.report(EXAMPLE_RUN)
+    assert not [w for w in report.warnings if "no args" in w or "External id" in w]
+
+
+def plain_step(ms: float):
+    def edit(run: Path) -> None:
+        path = run / "manifest.json"
+        data = json.loads(path.read_text())
+        data["phases"]["timeline"]["step_time"] = {
+            "rank": 0,
+            "plain_median_ms": ms,
+            "plain_ms": [ms] * 5,
+            "clean_ms": [17.0] * 5,
+        }
+        path.write_text(json.dumps(data))
+
+    return edit
+
+
+def test_a_plain_step_far_longer_than_the_recorded_ones_is_refused(tmp_path):
+    run = copy_run(tmp_path)
+    plain_step(1e12)(run)
+    got = outcome(["report", run, "--format", "json"], "phases.timeline.step_time", [run])
+    assert got == expect(2, "phases.timeline.step_time")
+
+
+def test_a_stray_rank_trace_is_left_out_and_named(tmp_path):
+    run = copy_run(tmp_path)
+    shutil.copy(EXAMPLE_RUN.parent / "gpt-ddp-2gpu-h200" / "trace.rank1.json.gz", run / "trace.rank1.json.gz")
+    got = outcome(["report", run, "--format", "json"], "stray trace(s) trace.rank1.json.gz", [run])
+    assert got == expect(0, "stray trace(s) trace.rank1.json.gz")
+    assert list(kerneltriage.reports(run, workers=1)) == [0]
+    assert not any("are missing" in w for w in kerneltriage.report(run).warnings)

@@ -27,6 +27,9 @@ MISSING_WARN = 0.2
 #: A step time below this share of its own kernels' busy time is contradicted by them (the
 #: recorded steps ran under the profiler, which slows the host, not the kernels, by this much).
 STEP_CONTRADICTED = 0.5
+#: A plain step (no profiler) this many times longer than the recorded steps is not the same
+#: program's step.
+PLAIN_SLOWER = 10.0
 #: Steps shorter than this (median) cannot hold one kernel launch: not a training loop's steps.
 MIN_STEP_NS = 1_000
 #: Steps overlapping by more than this share of the shorter one (and ``OVERLAP_TOLERANCE_NS``)
@@ -152,13 +155,23 @@ def check_steps(steps: list[Any], step_source: str, source: str) -> None:
         )
 
 
-def check_step_time(timing: dict[str, Any], busy_ms: float, source: str) -> None:
-    """A step time from ``profile``'s plain steps that its own kernels contradict."""
+def check_step_time(
+    timing: dict[str, Any], busy_ms: float, source: str, recorded_ms: float | None = None
+) -> None:
+    """A step time from ``profile``'s plain steps that its own kernels contradict, or that is
+    far longer than the recorded steps (which ran under the profiler, so they are the slower)."""
     plain = float(timing["plain_median_ms"])
     if plain < STEP_CONTRADICTED * busy_ms:
         raise TraceFormatError(
             f"the manifest's step time ({plain:.4g} ms) is contradicted by the trace's own kernels "
             f"({busy_ms:.4g} ms of GPU work per step): phases.timeline.step_time is wrong",
+            path=source,
+        )
+    if recorded_ms is not None and recorded_ms > 0 and plain > PLAIN_SLOWER * recorded_ms:
+        raise TraceFormatError(
+            f"the manifest's step time ({plain:.4g} ms) is {plain / recorded_ms:.3g}× the recorded steps' "
+            f"({recorded_ms:.4g} ms), which ran under the profiler and so cannot be the faster: "
+            "phases.timeline.step_time is wrong",
             path=source,
         )
 

@@ -156,7 +156,7 @@ def _step_time(
     gaps = found.gaps
     busy_ms = found.busy_ns / n_steps / 1e6
     if timing:
-        plausibility.check_step_time(timing, busy_ms, timeline.source)
+        plausibility.check_step_time(timing, busy_ms, timeline.source, recorded_ms=step_ms)
         step_ms, busy_ms, gaps = _timed_as_run(timing, step_ms, busy_ms, gaps, source)
         spread_ms = spread(timing.get("plain_ms") or [])
     comm_ns, exposed_ns = communication_overlap(attr, lambda n: rules.classify(None, n) == "communication")

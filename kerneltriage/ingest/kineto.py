@@ -823,6 +823,9 @@ class _Builder:
     def _cpu(self, tagged: list[tuple[dict[str, Any], str]]) -> dict[str, Any]:
         rows = [e for e, _ in tagged]
         args, cols = self._common(rows)
+        # Kineto gives every op its args (its External id at least): none at all is a trace
+        # rewritten without them, not an op that recorded nothing.
+        self.skipped["no_args"] += sum(1 for e, cat in tagged if cat == "cpu_op" and not e.get("args"))
         cols.update(
             cat=[cat for _, cat in tagged],
             pid=_int_array([e.get("pid") for e in rows]),
@@ -873,7 +876,14 @@ class _Builder:
                 )
         if self.skipped.pop("legacy", 0):
             meta["kineto_legacy_categories"] = True  # the PyTorch version is below 1.10
+        no_args = self.skipped.pop("no_args", 0)
         warnings += [f"skipped {n} {_SKIPPED_TEXT[kind]}" for kind, n in self.skipped.items() if n]
+        if no_args:
+            warnings.append(
+                f"{no_args} CPU op event(s) have no args (null or missing: no External id, Input "
+                "Dims or sequence number): their shapes are unknown, their kernels are placed by "
+                "time and their backward work cannot be traced to its forward op"
+            )
         # The pieces' columns are let go table by table, column by column, as the tables are
         # built, so they and the tables are never all in memory at once.
         parts, self.parts = self.parts, {}
@@ -892,7 +902,42 @@ class _Builder:
         rank = (meta.get("distributedInfo") or {}).get("rank")
         timeline.rank = rank
         _from_zero(timeline)
+        _drop_colliding_ids(timeline)
         return timeline
+
+
+def _drop_colliding_ids(timeline: Timeline) -> None:
+    """Kineto gives every CPU op an External id of its own, and a launch its op's id. Ids that
+    several ops of different names share (a rewritten or merged trace) would put one op's
+    kernels on another: they are dropped (-1) from the ops and launches that hold them, so
+    the kernels are placed on the op that ran when they were launched, with a warning."""
+    cpu = timeline.cpu
+    if cpu.empty:
+        return
+    ops = cpu[(cpu["cat"] == "cpu_op") & (cpu["ext_id"] > 0)]
+    if len(ops) < 2:
+        return
+    shared = ops[ops.duplicated("ext_id", keep=False)]
+    if shared.empty:
+        return
+    names = shared.groupby("ext_id")["name"].nunique()
+    colliding = names[names > 1]
+    if colliding.empty:
+        return
+    ids = colliding.index.to_numpy()
+    worst = int(shared["ext_id"].value_counts().loc[ids].idxmax())
+    holders = shared.loc[shared["ext_id"] == worst, "name"].astype(str)
+    n_ops = int(shared["ext_id"].isin(ids).sum())
+    cpu.loc[cpu["ext_id"].isin(ids), "ext_id"] = -1
+    runtime = timeline.runtime
+    if len(runtime):
+        runtime.loc[runtime["ext_id"].isin(ids), "ext_id"] = -1
+    examples = ", ".join(sorted(set(holders))[:3])
+    timeline.warnings.append(
+        f"External id collisions: {len(ids)} id(s) shared by CPU ops of different names ({n_ops} ops; "
+        f"External id {worst} by {len(holders)} ops such as {examples}): those ids are ignored, and "
+        "their kernels are placed on the op running when they were launched"
+    )
 
 
 def _from_zero(timeline: Timeline) -> None:
@@ -924,7 +969,7 @@ _TABLE_OF = {
 }
 #: What a skipped event was (the warning names it): a table, an event of no known category,
 #: or a distinct op argument (Input Dims, Input type …) of the wrong shape.
-SKIPPED_KINDS = ("kernels", "cpu", "runtime", "gpu_ann", "other", "arguments", "shapes")
+SKIPPED_KINDS = ("kernels", "cpu", "runtime", "gpu_ann", "other", "arguments", "shapes", "no_args")
 _SKIPPED_TEXT = {
     "kernels": "malformed kernel event(s)",
     "cpu": "malformed CPU op event(s)",

@@ -164,6 +164,7 @@ def _load_run_dir(
     """A run directory: its manifest, the traces of ``ranks`` (all by default), its counters
     (or ``ncu``'s), its module signatures, and what the manifest says the report must repeat."""
     run = rundir.open_run(path)
+    stray = _drop_stray_traces(run)
     timelines = _run_timelines(run, ranks, say, read_traces)
     wanted = sorted(run.traces) if ranks is None else ranks
     # Every-launch captures join first (exact per launch), then one launch per configuration.
@@ -182,7 +183,25 @@ def _load_run_dir(
     if run.regions:
         profile.regions = read_regions(run.regions, profile.warnings)
     profile.warnings.extend(_run_warnings(run))
+    profile.warnings.extend(stray)
     return profile
+
+
+def _drop_stray_traces(run: rundir.RunDir) -> list[str]:
+    """Rank traces the manifest does not list (``ranks``): files of another run left beside
+    this one. They are left out, with a warning naming them; a manifest that lists no rank
+    present keeps them all (the run's own record is then wrong, and ``_run_warnings`` says so)."""
+    listed = set(run.manifest.ranks)
+    stray = sorted(r for r in run.traces if r not in listed)
+    if not listed or not stray or len(stray) == len(run.traces):
+        return []
+    names = ", ".join(run.traces[r].name for r in stray)
+    for r in stray:
+        del run.traces[r]
+    return [
+        f"stray trace(s) {names}: rank(s) {', '.join(map(str, stray))} are not among the ranks the "
+        f"manifest recorded ({', '.join(map(str, sorted(listed)))}); left out (from another run?)"
+    ]
 
 
 def _run_timelines(
@@ -232,8 +251,8 @@ def _run_warnings(run: rundir.RunDir) -> list[str]:
             f"{min(run.traces)} instead"
         )
     expected = run.manifest.ranks
-    if expected and sorted(run.traces) != sorted(expected):
-        absent = sorted(set(expected) - set(run.traces))
+    absent = sorted(set(expected) - set(run.traces)) if expected else []
+    if absent:
         out.append(
             f"the run recorded ranks {expected} but traces of rank(s) {absent} are missing; "
             "reporting the ranks present"

@@ -166,7 +166,9 @@ def select(candidates: list[Any], ids: list[str] | None, by_hand: str | None = N
     return [by_id[i.lower()] for i in wanted]
 
 
-def plan_candidate(candidate: Any, by_hand: list[str] | None = None, *, distributed: bool = False) -> Planned:
+def plan_candidate(
+    candidate: Any, by_hand: list[str] | None = None, *, refused: str | None = None
+) -> Planned:
     recipe = recipe_of(candidate)
     planned = Planned(
         id=candidate.id,
@@ -180,8 +182,8 @@ def plan_candidate(candidate: Any, by_hand: list[str] | None = None, *, distribu
         why_not=None,
         command=list(by_hand) if by_hand is not None else None,
     )
-    if distributed:
-        planned.why_not = "multi-process (torchrun) runs are not verified: run the script on one process"
+    if refused:  # a torchrun job this machine cannot run (``torchrun.refusal``)
+        planned.why_not = refused
     elif by_hand is not None:
         planned.apply = None  # the user's command carries the fix
     elif candidate.verdict == Verdict.SKIP:
@@ -243,14 +245,13 @@ def make_plan(
         raise InputError("--loss-rtol must be above 0")
     command = list(manifest.command)
     chosen = select(candidates, ids, by_hand[0] if by_hand else None)
-    planned = [
-        plan_candidate(c, by_hand[1] if by_hand else None, distributed=_is_torchrun(command)) for c in chosen
-    ]
+    refused, group_note = _torchrun(manifest)
+    planned = [plan_candidate(c, by_hand[1] if by_hand else None, refused=refused) for c in chosen]
     for c in planned:  # the hint names this run
         if c.why_not:
             c.why_not = c.why_not.replace("verify RUN ", f"verify {run} ")
     _share_identical_fixes(planned)
-    notes = []
+    notes = [group_note] if group_note else []
     if not chosen:
         notes.append("no candidate of this report is actionable: nothing to verify")
     return Plan(run, command, settings, planned, run_seconds(manifest, settings, step_ms), notes)
@@ -283,6 +284,20 @@ def _share_identical_fixes(planned: list[Planned]) -> None:
             c.predicted = combined
             c.whole = bool(wholes) or c.whole
             c.notes.append(f"one fix covers {ids}: run once, judged against {counted}")
+
+
+def _torchrun(manifest: Any) -> tuple[str | None, str | None]:
+    """A torchrun job's refusal here (one line) and its per-rank runs (``verify.torchrun``)."""
+    if not _is_torchrun(list(manifest.command)):
+        return None, None
+    from kerneltriage.errors import KernelTriageError
+    from kerneltriage.verify import torchrun
+
+    try:
+        command = torchrun.recorded(manifest)
+    except KernelTriageError as exc:
+        return f"the torchrun command cannot be re-run here: {exc}", None
+    return torchrun.refusal(command, manifest.gpu), torchrun.plan_note(command)
 
 
 def _is_torchrun(command: list[str]) -> bool:

@@ -26,7 +26,7 @@ import kerneltriage
 from kerneltriage import rundir
 from kerneltriage.errors import InputError, RunDirError, ToolError
 from kerneltriage.profile.command import Command, parse_command
-from kerneltriage.verify import outcome, record
+from kerneltriage.verify import outcome, record, torchrun
 from kerneltriage.verify.harness import CONFIG_ENV, MODULE
 from kerneltriage.verify.plan import Plan, Planned, Settings, make_plan
 
@@ -256,8 +256,11 @@ def _run_one(
     config_path = Path(f"{prefix}.config.json")
     with contextlib.suppress(FileNotFoundError):
         result_path.unlink()
+    group = torchrun.world_size(command)  # a torchrun job: every rank writes its own result
+    if group:
+        torchrun.clear(prefix, group)
     config = {
-        "result": str(result_path.resolve()),
+        "result": torchrun.result_pattern(prefix) if group else str(result_path.resolve()),
         "warmup": settings.warmup,
         "steps": settings.steps,
         "loss_steps": settings.loss_steps,
@@ -302,7 +305,11 @@ def _run_one(
     except FileNotFoundError:
         raise ToolError(f"cannot start {cmd[0]!r}: not found") from None
     try:
-        result = json.loads(result_path.read_text())
+        if group:
+            last = next((line for line in reversed(tail) if line.strip()), "")
+            result = torchrun.read_group(prefix, group, code, last)
+        else:
+            result = json.loads(result_path.read_text())
     except (OSError, ValueError):
         last = next((line for line in reversed(tail) if line.strip()), "")
         result = {

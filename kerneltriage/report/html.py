@@ -17,6 +17,7 @@ from kerneltriage.analysis.model import Candidate, Report
 from kerneltriage.analysis.ranks import RankSummary
 from kerneltriage.analysis.vocabulary import Verdict
 from kerneltriage.report.gpu_text import NO_CEILINGS, tflops_text, unresolved_text
+from kerneltriage.report.ladder_text import applied_fixes_line
 from kerneltriage.report.shared import RANK_HEAD, offers_scaffold, rank_rows, scaffold_command
 from kerneltriage.report.text import (
     bytes_,
@@ -249,6 +250,7 @@ def _header(report: Report) -> dict[str, Any]:
         **_gpu_header(report),
         "path": str(source.get("path", "")),
         "command": command,
+        "applied_fixes": applied_fixes_line(source) if source.get("applied_fixes") else None,
         "versions": source.get("versions") or {},
         "status": source.get("status"),
         "steps": f"{report.steps} ({report.step_source})",

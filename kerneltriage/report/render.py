@@ -14,6 +14,7 @@ from rich.text import Text
 from kerneltriage.analysis.model import Candidate, Report
 from kerneltriage.analysis.vocabulary import Verdict
 from kerneltriage.report.gpu_text import gpu_lines
+from kerneltriage.report.ladder_text import applied_fixes_line
 from kerneltriage.report.shared import name_widths, offers_scaffold, scaffold_command, wrap_name
 from kerneltriage.report.text import (
     communication_line,
@@ -100,19 +101,6 @@ def _timing_line(t: dict) -> str:
             f"({ms(t['recorded_median_ms'])}{cost('attribution_overhead')})"
         )
     return " · ".join(parts)
-
-
-def applied_fixes_line(source: dict) -> str:
-    """``profile --apply``: the fixes the run was profiled with, and the run before them."""
-    fixes = ", ".join(
-        f"{f['id']} ({f.get('recipe_id') or (f.get('apply') or {}).get('kind')})"
-        for f in source["applied_fixes"]
-    )
-    parent = source.get("parent_run") or "the run before"
-    return (
-        f"Fixes applied: profiled with {fixes} (kerneltriage profile --apply); the run before them: {parent} "
-        f"(kerneltriage diff {parent} {source.get('path', 'RUN')})"
-    )
 
 
 def _header_lines(report: Report) -> list[str]:

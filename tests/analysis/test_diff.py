@@ -258,6 +258,9 @@ def test_every_diff_format_shows_the_fixes_and_their_combination(tmp_path):
     report = runner.invoke(main, ["report", str(second), "--top", "1"]).output
     assert "Fixes applied: profiled with C1 (sdpa-for-naive-attention), C4 (builtin-norm)" in report
     assert f"the run before them: {first}" in " ".join(report.split())
+    page = tmp_path / "r.html"
+    runner.invoke(main, ["report", str(second), "--format", "html", "-o", str(page)])
+    assert "<dt>fixes applied</dt>" in page.read_text() and "C4 (builtin-norm)" in page.read_text()
 
 
 def test_a_diff_against_another_run_than_the_parent_is_flagged(tmp_path):

@@ -718,7 +718,25 @@ def profile(
     "--candidates", help="Comma-separated candidate ids (default: every actionable one), e.g. C1,C3."
 )
 @click.option(
-    "--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Runs of each side."
+    "--repeats",
+    type=click.IntRange(min=1),
+    help="Runs of each side before a status is judged, after one uncounted warm-up run [default: 3].",
+)
+@click.option(
+    "--max-repeats",
+    type=click.IntRange(min=1),
+    help="Runs of each side at most: a fix whose status is still inconclusive gets more runs [default: 10].",
+)
+@click.option(
+    "--budget",
+    type=click.FloatRange(min=0.0, min_open=True),
+    help="Minutes for all the runs: no round starts that would end past it [default: 20].",
+)
+@click.option(
+    "--run-timeout",
+    type=click.FloatRange(min=0.0, min_open=True),
+    help="Minutes one run may take (default: 4× its estimate, compilation included, 3 min at least); "
+    "a fix past it is reported as not measured within the budget, the others still run.",
 )
 @click.option(
     "--steps", type=click.IntRange(min=1), default=20, show_default=True, help="Timed steps per run."
@@ -738,13 +756,30 @@ def profile(
 @click.option(
     "--by-hand", "by_hand", metavar="ID", help="Verify candidate ID with your fixed command after --."
 )
-def verify(run, command, candidates, repeats, steps, warmup, loss_rtol, seed, plan_only, by_hand):
+def verify(
+    run,
+    command,
+    candidates,
+    repeats,
+    max_repeats,
+    budget,
+    run_timeout,
+    steps,
+    warmup,
+    loss_rtol,
+    seed,
+    plan_only,
+    by_hand,
+):
     """Measure each fix's saving: re-run the run's recorded command, baseline and fixed.
 
-    Fresh processes, no profiler: the baseline and each candidate's fix (applied by the runner
-    to the unchanged script) run interleaved, REPEATS times each. The first steps' losses are
-    compared. Results go to RUN/verify.json; `kerneltriage report RUN` then shows predicted
-    beside realized savings.
+    Fresh processes, no profiler: one warm-up run (not counted), then the baseline and each
+    candidate's fix (applied by the runner to the unchanged script), interleaved, REPEATS times
+    each. Each run's steps are cut to their steady state; the realized saving gets a 95%
+    interval over runs and steps: verified when it lies at or above half the prediction,
+    refuted below it, inconclusive when it straddles; an inconclusive fix gets more runs, up to
+    MAX-REPEATS, within the BUDGET. The first steps' losses are compared. Results go to
+    RUN/verify.json; `kerneltriage report RUN` then shows predicted beside realized savings.
 
     \b
     Examples:
@@ -763,14 +798,19 @@ def verify(run, command, candidates, repeats, steps, warmup, loss_rtol, seed, pl
         raise InputError(f"unexpected arguments {' '.join(command)!r}: a command goes with --by-hand ID")
     if by_hand and candidates:
         raise InputError("--by-hand verifies one candidate; leave out --candidates")
-    settings = Settings(
+    # Defaults not given come from the shipped measurement.yaml.
+    settings = Settings.defaults(
         repeats=repeats,
         warmup=max(warmup, 1),
         steps=steps,
         loss_steps=min(3, max(warmup, 1)),
         loss_rtol=loss_rtol,
         seed=seed,
+        max_repeats=max(max_repeats, repeats or 1) if max_repeats else None,
+        budget_s=budget * 60.0 if budget else None,
+        run_timeout_s=run_timeout * 60.0 if run_timeout else None,
     )
+    settings.max_repeats = max(settings.max_repeats, settings.repeats)
     ids = [c.strip() for c in candidates.split(",") if c.strip()] if candidates else None
     with _Progress(sys.stderr.isatty()) as progress:
         progress("reading the run's report")
@@ -792,10 +832,11 @@ def verify(run, command, candidates, repeats, steps, warmup, loss_rtol, seed, pl
 
 
 class _VerifyReporter:
-    """One line per run on stderr."""
+    """One line per run on stderr, with the time left."""
 
-    def run_started(self, label: str, index: int, total: int) -> None:
-        click.echo(f"[{index}/{total}] {label} …", err=True, nl=False)
+    def run_started(self, label: str, index: int, total: int, remaining: float | None = None) -> None:
+        left = f" (about {remaining / 60:.1f} min left)" if remaining is not None else ""
+        click.echo(f"[{index}/{total}]{left} {label} …", err=True, nl=False)
 
     def run_done(self, label: str, result: dict, seconds: float) -> None:
         import statistics

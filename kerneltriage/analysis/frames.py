@@ -66,8 +66,10 @@ CANDIDATE_COLUMNS = (
     "ops",
     "kernel_count",
     "top_kernel",
-    "verification_status",  # kerneltriage verify: verified | refuted | not verified | changes-results
+    "verification_status",  # kerneltriage verify: verified | refuted | inconclusive | not verified | changes-results
     "realized_saving_share",
+    "realized_low",  # the realized saving's 95% interval (runs and steps)
+    "realized_high",
     "realized_spread_ms",  # interquartile range of the fixed runs' steps
 )
 
@@ -202,6 +204,8 @@ def candidate_row(c: Any) -> dict[str, Any]:
         "top_kernel": top.name if top else None,
         "verification_status": v.get("status"),
         "realized_saving_share": v.get("realized_saving_share"),
+        "realized_low": v.get("realized_low"),
+        "realized_high": v.get("realized_high"),
         "realized_spread_ms": (v.get("fixed") or {}).get("spread_ms"),
     }
 
@@ -218,6 +222,8 @@ _FLOAT_COLUMNS = (
     "achieved_tflops",
     "measured_dram_bytes",
     "realized_saving_share",
+    "realized_low",
+    "realized_high",
     "realized_spread_ms",
 )
 

@@ -221,6 +221,13 @@ class Report:
     compiled: dict[str, Any] | None = None
     idle: Idle | None = None  # idle time by cause class (None: a report made before it)
     step_spread_ms: float | None = None  # interquartile range of the step times (None: one step)
+    # The step time's 95% interval (analysis/steady.py: the plain steps' steady median, or the
+    # recorded steps' mean), and the idle share's that follows from it (None: one step).
+    step_interval_ms: tuple[float, float] | None = None
+    idle_interval_pct: tuple[float, float] | None = None
+    # Plain steps cut as a warm-up transient, and whether the rest settled (None: not timed plain).
+    step_transient: int | None = None
+    step_settled: bool | None = None
     # Of ``unattributed_ms_per_step``: GPU work launched before the profiled window that runs
     # inside the steps (no op of the trace launched it).
     unattributed_before_window_ms: float = 0.0

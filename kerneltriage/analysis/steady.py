@@ -37,6 +37,9 @@ CONFIDENCE = 0.95
 RESAMPLES = 2000
 #: Step series shorter than this are not truncated (too little to tell a transient from noise).
 MIN_TRUNCATE = 6
+#: Above this many steps an interval comes from the large-sample formulas (order statistics for
+#: a median, the normal approximation for a mean) instead of resampling every step 2000 times.
+LARGE = 500
 #: A leading cut is kept only where it brings the variance of the mean to this share or less.
 MSER_GAIN = 0.5
 _SEED = 0
@@ -79,7 +82,14 @@ def truncation(values: Sequence[float]) -> int:
     n = len(x)
     if n < MIN_TRUNCATE:
         return 0
-    scores = [float(x[d:].var()) / (n - d) for d in range(0, n // 2 + 1)]
+    # The variance of every suffix from running sums: O(n), whatever the series' length.
+    centred = x - x.mean()
+    s1 = np.cumsum(centred[::-1])[::-1]
+    s2 = np.cumsum((centred**2)[::-1])[::-1]
+    d = np.arange(0, n // 2 + 1)
+    length = n - d
+    var = np.maximum(s2[d] / length - (s1[d] / length) ** 2, 0.0)
+    scores = var / length
     cut = int(np.argmin(scores))  # the first minimum: a later cut must lower the error
     # On stationary noise some cut always lowers the error a little; a transient lowers it by
     # far more. Keep a cut only where it at least halves the variance of the mean.
@@ -135,11 +145,43 @@ def median_interval(values: Sequence[float]) -> tuple[float, float]:
     if len(x) < 3 or float(x.max() - x.min()) == 0.0:
         mid = float(np.median(x)) if len(x) else math.nan
         return (float(x.min()), float(x.max())) if len(x) else (mid, mid)
+    if len(x) > LARGE:
+        # Distribution-free: the order statistics around n/2 that bracket the median.
+        from scipy.stats import binom
+
+        n, ordered = len(x), np.sort(x)
+        k = int(binom.ppf((1 - CONFIDENCE) / 2, n, 0.5))
+        return float(ordered[max(k - 1, 0)]), float(ordered[min(n - k, n - 1)])
     from scipy.stats import bootstrap
 
     res = bootstrap(
         (x,),
         np.median,
+        confidence_level=CONFIDENCE,
+        n_resamples=RESAMPLES,
+        method="percentile",
+        vectorized=True,
+        random_state=np.random.default_rng(_SEED),
+    )
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def mean_interval(values: Sequence[float]) -> tuple[float, float]:
+    """The percentile-bootstrap interval of the mean of a few steps (a trace's profiled steps,
+    whose step time is their mean)."""
+    x = np.asarray(values, dtype=float)
+    if len(x) < 3 or float(x.max() - x.min()) == 0.0:
+        return (float(x.min()), float(x.max())) if len(x) else (math.nan, math.nan)
+    if len(x) > LARGE:
+        from scipy.stats import norm
+
+        half = float(norm.ppf((1 + CONFIDENCE) / 2)) * float(x.std(ddof=1)) / math.sqrt(len(x))
+        return float(x.mean()) - half, float(x.mean()) + half
+    from scipy.stats import bootstrap
+
+    res = bootstrap(
+        (x,),
+        np.mean,
         confidence_level=CONFIDENCE,
         n_resamples=RESAMPLES,
         method="percentile",

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kerneltriage.analysis import plausibility
+from kerneltriage.analysis import plausibility, steady
 from kerneltriage.analysis.attribution import Attribution, attribute
 from kerneltriage.analysis.candidates import build_candidate
 from kerneltriage.analysis.compiled import compiled_graphs
@@ -135,6 +135,9 @@ class _StepTime:
     comm_ns: float
     exposed_ns: float
     idle: Idle
+    interval: tuple[float, float] | None = None  # the step time's 95% interval
+    transient: int | None = None  # plain steps cut as a warm-up transient
+    settled: bool | None = None
 
 
 def _step_time(
@@ -152,16 +155,47 @@ def _step_time(
     warnings += plausibility.check_kernel_in_step(attr.kernels, walls)
     step_ms = float(np.mean(walls)) / 1e6
     spread_ms = spread(np.asarray(walls) / 1e6)
+    interval = _interval(steady.mean_interval(np.asarray(walls) / 1e6)) if len(walls) >= 2 else None
+    transient = settled = None
     found = find_idle(attr, timeline, rules.thresholds.gap_us * 1000)
     gaps = found.gaps
     busy_ms = found.busy_ns / n_steps / 1e6
     if timing:
         plausibility.check_step_time(timing, busy_ms, timeline.source, recorded_ms=step_ms)
+        plain = steady.steady(timing.get("plain_ms") or [])
+        if plain is not None:
+            # The plain steps' steady state: a warm-up transient inside them is cut.
+            timing = {**timing, "plain_median_ms": plain.median}
+            interval = _interval((plain.low, plain.high)) if len(plain.values) >= 2 else None
+            transient = plain.skipped
+            # Too few plain steps to tell (fewer than the steady state needs): neither.
+            enough = len(plain.values) + plain.skipped >= int(steady.settings()["steady"]["min_steps"])
+            settled = plain.settled if enough else None
+            if enough:
+                _say_unsteady(plain, warnings)
         step_ms, busy_ms, gaps = _timed_as_run(timing, step_ms, busy_ms, gaps, source)
-        spread_ms = spread(timing.get("plain_ms") or [])
+        spread_ms = spread(list(plain.values) if plain is not None else timing.get("plain_ms") or [])
     comm_ns, exposed_ns = communication_overlap(attr, lambda n: rules.classify(None, n) == "communication")
     idle = idle_by_class(step_ms, busy_ms, spread_ms, gaps, exposed_ns / n_steps / 1e6, rules)
-    return _StepTime(n_steps, step_ms, spread_ms, busy_ms, gaps, comm_ns, exposed_ns, idle)
+    return _StepTime(
+        n_steps, step_ms, spread_ms, busy_ms, gaps, comm_ns, exposed_ns, idle, interval, transient, settled
+    )
+
+
+def _interval(bounds: tuple[float, float]) -> tuple[float, float]:
+    return (round(bounds[0], 4), round(bounds[1], 4))
+
+
+def _say_unsteady(plain: steady.Steady, warnings: list[str]) -> None:
+    """A plain-step series that never settled makes the step time uncertain: say so."""
+    if plain.settled or len(plain.values) + plain.skipped < steady.MIN_TRUNCATE:
+        return
+    warnings.append(
+        f"the plain steps never settled ({len(plain.values)} steady of {len(plain.values) + plain.skipped}, "
+        f"their halves' medians differ by more than the tolerance): the step time "
+        f"{plain.median:.2f} ms (95% interval {plain.low:.2f}–{plain.high:.2f}) may still be moving; "
+        "profile with more --timing-steps"
+    )
 
 
 def _candidates(
@@ -251,11 +285,24 @@ def _assemble_report(
         compiled=compiled,
         idle=steps.idle,
         step_spread_ms=steps.spread_ms,
+        step_interval_ms=steps.interval,
+        idle_interval_pct=_idle_interval(steps),
+        step_transient=steps.transient,
+        step_settled=steps.settled,
         unattributed_before_window_ms=early_ms,
         candidates=candidates,
         thresholds=rules.thresholds,
         warnings=warnings,
     )
+
+
+def _idle_interval(steps: _StepTime) -> tuple[float, float] | None:
+    """The idle share's interval: busy time over the step time's interval."""
+    if steps.interval is None:
+        return None
+    low, high = steps.interval
+    share = [max(0.0, 100.0 * (1.0 - steps.busy_ms / t)) if t > 0 else 0.0 for t in (low, high)]
+    return (round(share[0], 2), round(share[1], 2))
 
 
 def _kind_breakdown(

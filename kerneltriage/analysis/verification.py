@@ -20,6 +20,8 @@ _KEYS = (
     "recipe_id",
     "predicted_saving_share",
     "realized_saving_share",
+    "realized_low",
+    "realized_high",
     "baseline",
     "fixed",
     "loss_check",

@@ -24,10 +24,12 @@ from kerneltriage.report.text import (
     headroom_text,
     idle_line,
     idle_lines,
+    idle_text,
     ms,
     pct,
     roofline_line,
     saving_basis,
+    step_time_text,
     unattributed_text,
     verdict_text,
 )
@@ -106,9 +108,8 @@ def _timing_line(t: dict) -> str:
 def _header_lines(report: Report) -> list[str]:
     lines = [
         *gpu_lines(report),
-        f"Steps: {report.steps} ({report.step_source}) · step time {ms(report.step_time_ms)}"
-        + (f" (spread {ms(report.step_spread_ms)})" if report.step_spread_ms is not None else "")
-        + f" · GPU busy {report.gpu_busy_pct:.1f}% · idle {report.idle_pct:.1f}%",
+        f"Steps: {report.steps} ({report.step_source}) · step time {step_time_text(report)}"
+        + f" · GPU busy {report.gpu_busy_pct:.1f}% · idle {idle_text(report)}",
     ]
     if report.source.get("applied_fixes"):
         lines.append(applied_fixes_line(report.source))

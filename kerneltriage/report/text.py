@@ -50,6 +50,38 @@ def ms(x: float | None) -> str:
     return f"{x * 1000:.0f} µs"
 
 
+def ms_range(low: float, high: float) -> str:
+    """``47.96–47.98 ms``: one unit where both ends share it."""
+    a, b = ms(low), ms(high)
+    unit_a, unit_b = a.rsplit(" ", 1)[-1], b.rsplit(" ", 1)[-1]
+    return f"{a.rsplit(' ', 1)[0]}–{b}" if unit_a == unit_b else f"{a}–{b}"
+
+
+def step_time_text(report: Report) -> str:
+    """``47.97 ms (95% interval 47.96–47.98 ms, spread 10 µs)``: the step time with its interval,
+    the steps' spread, and the warm-up transient cut from the plain steps."""
+    parts = []
+    if report.step_interval_ms is not None:
+        parts.append(f"95% interval {ms_range(*report.step_interval_ms)}")
+    if report.step_spread_ms is not None:
+        parts.append(f"spread {ms(report.step_spread_ms)}")
+    if report.step_transient:
+        parts.append(f"{report.step_transient} warm-up steps cut")
+    if report.step_settled is False:
+        parts.append("not settled")
+    return ms(report.step_time_ms) + (f" ({', '.join(parts)})" if parts else "")
+
+
+def idle_text(report: Report) -> str:
+    """``idle 1.7%`` or ``idle 1.7% (1.6–1.8%)``."""
+    text = f"{report.idle_pct:.1f}%"
+    if report.idle_interval_pct is not None:
+        low, high = sorted(report.idle_interval_pct)
+        if round(high - low, 1) > 0:
+            text += f" ({low:.1f}–{high:.1f}%)"
+    return text
+
+
 def bytes_(x: float | None) -> str:
     if x is None:
         return "—"

@@ -192,3 +192,17 @@ def test_importing_kerneltriage_does_not_import_torch_for_apply():
     code = "import sys, kerneltriage; f = kerneltriage.apply; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_identical_fixes_install_once_swaps_before_compiles_and_flags_first():
+    from kerneltriage.profile.fix_install import grouped, label
+
+    fixes = [
+        {"id": "C6", "apply": {"kind": "compile-module", "classes": ["Block"], "mode": None}},
+        {"id": "C2", "apply": NORM},
+        {"id": "C9", "apply": {"kind": "tf32"}},
+        {"id": "C4", "apply": dict(NORM)},
+    ]
+    order = grouped(fixes)
+    assert [ids for ids, _ in order] == [["C9"], ["C2", "C4"], ["C6"]]
+    assert label(*order[1]) == "C2+C4 (norm-swap)"

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from kerneltriage.verify.apply import AT_FIRST_FORWARD, KINDS, Applied, ApplyFailed, install
+from kerneltriage.verify.apply import AT_FIRST_FORWARD, Applied, ApplyFailed, install
 
 #: The runner's exit code when a fix could not be applied (``session.py`` turns it into one line).
 EXIT_NOT_APPLIED = 87
@@ -32,7 +32,6 @@ ORDER = (
     "compile-module",
     "compile-model",
 )
-assert set(ORDER) == set(KINDS)
 
 
 @dataclass
@@ -65,9 +64,12 @@ def grouped(fixes: list[dict[str, Any]]) -> list[tuple[list[str], dict[str, Any]
         ids, _ = groups.setdefault(key(apply), ([], apply))
         ids.append(str(fix.get("id", "?")))
 
-    def rank(group: tuple[list[str], dict[str, Any]]) -> int:
+    def rank(group: tuple[list[str], dict[str, Any]]) -> float:
         kind = group[1].get("kind")
-        return ORDER.index(kind) if kind in ORDER else len(ORDER)
+        if kind in ORDER:
+            return ORDER.index(kind)
+        # A kind this order does not list: with its moment's kinds, before the compiles.
+        return ORDER.index("compile-module" if kind in AT_FIRST_FORWARD else "norm-swap") - 0.5
 
     return sorted(groups.values(), key=rank)  # stable: the given order within a kind
 

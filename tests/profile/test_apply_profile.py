@@ -171,3 +171,30 @@ def test_apply_without_verified_fixes_or_ids_is_refused(first, tmp_path):
 def test_apply_and_a_command_together_are_a_usage_error(first):
     result = CliRunner().invoke(main, ["profile", "--apply", str(first), "--", sys.executable, "x.py"])
     assert result.exit_code == 2 and "give no COMMAND" in result.output
+
+
+def test_a_fix_that_never_takes_effect_stops_profile_naming_it(first, tmp_path):
+    run = tmp_path / "nocompile"
+    run.mkdir()
+    (run / rundir.MANIFEST).write_text((first / rundir.MANIFEST).read_text())
+    write_verify(run, [_entry("C7", "verified", {"kind": "compile-mode", "mode": "max-autotune"}, 0.1, 0.1)])
+    result = CliRunner().invoke(
+        main,
+        [
+            "profile",
+            "-q",
+            "--cpu",
+            "--apply",
+            str(run),
+            "--out",
+            str(tmp_path / "o"),
+            "--warmup",
+            "1",
+            "--steps",
+            "2",
+        ],
+    )
+    assert result.exit_code != 0
+    errors = [line for line in result.output.splitlines() if "error" in line]
+    assert len(errors) == 1, result.output
+    assert "fix C7 (compile-mode) did not take effect: the script never called torch.compile" in errors[0]

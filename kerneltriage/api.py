@@ -373,11 +373,13 @@ def diff(
 
     from kerneltriage.analysis.diff import compare
 
+    rules = load_rules(rules_file)  # read once; what it warns about is said once, as report says it
     sides = [
-        report(path, rank=rank, ncu=ncu, rules_file=rules_file, gpu=gpu)
+        report(path, rank=rank, ncu=ncu, rules=rules, gpu=gpu)
         for path, ncu in ((before, ncu_before), (after, ncu_after))
     ]
     result = compare(sides[0], sides[1], (str(before), str(after)))
+    result.warnings = [*rules.warnings, *(w for w in result.warnings if w not in rules.warnings)]
     return Diff(**{f.name: getattr(result, f.name) for f in fields(_Diff)})
 
 

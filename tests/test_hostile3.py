@@ -401,3 +401,55 @@ def test_a_stray_rank_trace_is_left_out_and_named(tmp_path):
     assert got == expect(0, "stray trace(s) trace.rank1.json.gz")
     assert list(kerneltriage.reports(run, workers=1)) == [0]
     assert not any("are missing" in w for w in kerneltriage.report(run).warnings)
+
+
+# --- rules files: the same warnings everywhere, duplicated and misplaced keys named ------------
+
+
+def write_rules(tmp: Path, text: str) -> Path:
+    path = tmp / "rules.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (
+            "thresholds: {min_share: 0.05}\nthresholds: {min_share: 0.2}\n",
+            "key 'thresholds' is given twice (lines 1 and 2)",
+        ),
+        ("thresholds: {min_share: 0.05, min_share: 0.2}\n", "key 'min_share' is given twice (line 1)"),
+    ],
+    ids=["block", "flow"],
+)
+def test_a_duplicated_rules_key_is_refused_by_name(tmp_path, text, said):
+    path = write_rules(tmp_path, text)
+    got = outcome(["report", EXAMPLE_RUN, "--rules", path], said, [path], fmt_json=False)
+    assert got == expect(2, said)
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("ops: 5\n", "'ops'"),
+        ("op_classes: [{kind: gemm, opz: ['x']}]\n", "'op_classes[0].opz'"),
+        ("recommendations: {norm: {notes: x}}\n", "'recommendations.norm.notes'"),
+    ],
+    ids=["top-level", "in-a-list", "in-a-mapping"],
+)
+def test_unknown_rules_keys_are_named_at_any_depth(tmp_path, text, key):
+    from kerneltriage.analysis.rules import load_rules
+
+    warnings = load_rules(write_rules(tmp_path, text)).warnings
+    assert [w for w in warnings if f"unknown key {key} is ignored" in w], warnings
+
+
+def test_diff_says_what_report_says_about_a_rules_file(tmp_path):
+    path = write_rules(tmp_path, "ops: 5\n")
+    said = "unknown key 'ops' is ignored"
+    result = CliRunner().invoke(main, ["diff", str(EXAMPLE_RUN), str(EXAMPLE_RUN), "--rules", str(path)])
+    assert (result.exit_code, said in result.output) == (0, True), result.output[-2000:]
+    api = kerneltriage.diff(EXAMPLE_RUN, EXAMPLE_RUN, rules_file=path)
+    assert [w for w in api.warnings if said in w]
+    assert [w for w in kerneltriage.report(EXAMPLE_RUN, rules_file=path).warnings if said in w]

@@ -299,14 +299,49 @@ def unknown_key_warnings(data: dict[str, Any], where: str) -> list[str]:
     """One warning per top-level key of a rules file this version does not read, naming the
     closest known key (a typo such as ``threshold:`` for ``thresholds:``). Unknown keys stay
     allowed: a newer rules file may carry keys this version does not know."""
-    known = sorted(RULES_KEYS)
     out = []
-    for key in data:
-        if key in RULES_KEYS:
-            continue
-        close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.0)
+    for key, known in _unknown_keys(data, RulesFile, ""):
+        name = key.rsplit(".", 1)[-1].split("[")[0]
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.0)
         hint = f"the closest known key is {close[0]!r}" if close else f"known keys: {', '.join(known)}"
         out.append(f"rules file {where}: unknown key {key!r} is ignored ({hint})")
+    return out
+
+
+def _unknown_keys(data: Any, model: Any, path: str) -> list[tuple[str, list[str]]]:
+    """(dotted key, the keys known there) for each key of ``data`` that ``model`` (a rules
+    schema model) does not read, at any depth. ``thresholds`` is left to ``_thresholds``,
+    which refuses an unknown threshold."""
+    from typing import get_args, get_origin
+
+    from pydantic import BaseModel
+
+    if not isinstance(data, dict):
+        return []
+    fields_by_key = {f.alias or name: f for name, f in model.model_fields.items()}
+    known = sorted(fields_by_key)
+    out: list[tuple[str, list[str]]] = []
+
+    def is_model(kind: Any) -> bool:
+        return isinstance(kind, type) and issubclass(kind, BaseModel)
+
+    for key, value in data.items():
+        where = f"{path}{key}"
+        spec = fields_by_key.get(key)
+        if spec is None:
+            out.append((where, known))
+            continue
+        if key == "thresholds" and model is RulesFile:
+            continue
+        kind, args = spec.annotation, get_args(spec.annotation)
+        if is_model(kind):
+            out += _unknown_keys(value, kind, f"{where}.")
+        elif get_origin(kind) in (tuple, list) and args and is_model(args[0]) and isinstance(value, list):
+            for i, item in enumerate(value):
+                out += _unknown_keys(item, args[0], f"{where}[{i}].")
+        elif get_origin(kind) is dict and len(args) == 2 and is_model(args[1]) and isinstance(value, dict):
+            for name, item in value.items():
+                out += _unknown_keys(item, args[1], f"{where}.{name}.")
     return out
 
 
@@ -316,10 +351,31 @@ def default_thresholds() -> Thresholds:
     return _thresholds(_read_yaml(path).get("thresholds") or {}, str(path), set())
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that gives one key twice (YAML would keep the
+    last silently: a rules file that says two things about one key means neither for sure)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark)
+            except TypeError:  # an unhashable key: the base class says so
+                break
+            if first is not key_node.start_mark:
+                again = key_node.start_mark.line + 1
+                lines = f"lines {first.line + 1} and {again}" if again != first.line + 1 else f"line {again}"
+                raise RulesError(f"key {key!r} is given twice ({lines}); keep one")
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     text = read_text(path, "rules file", RulesError)  # a directory, a pipe, not UTF-8: refused
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeys)  # a SafeLoader
+    except RulesError as exc:
+        raise RulesError(exc.message, path=str(path)) from None
     except yaml.YAMLError as exc:
         raise RulesError(f"not valid YAML ({str(exc).splitlines()[0]})", path=str(path)) from None
     except RecursionError:

@@ -115,6 +115,7 @@ class TimelinePhase(_Part):
     dynamo: dict[StrictStr, Any] | None = None  # Dynamo's counts after the plain steps, at the end
     trace_fixup: dict[StrictStr, Any] | None = None
     step_time: StepTime | None = None
+    plain_extended: StrictInt | None = None  # plain steps added until the step times settled
 
 
 class NcuPhase(_Part):

@@ -40,6 +40,7 @@ so both phases run the same kernels.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import os
@@ -112,18 +113,25 @@ class Plan:
     steps: int
     timing: int
     whole_run: bool = False
+    # Plain steps, when more than ``timing``: the plain phase goes on until the step times
+    # settle (``Session._extend_plain``), so the later steps move with it.
+    plain: int | None = None
+
+    @property
+    def plain_count(self) -> int:
+        return max(self.plain or 0, self.timing) if self.timing else 0
 
     @property
     def plain_steps(self) -> range:
         """The steps timed with nothing installed."""
-        return range(self.warmup + 1, self.warmup + self.timing + 1)
+        return range(self.warmup + 1, self.warmup + self.plain_count + 1)
 
     @property
     def clean_steps(self) -> range:
         """The steps timed under the CUDA-only profiler."""
         if not self.timing:
             return range(0)
-        first = self.warmup + self.timing + 2
+        first = self.warmup + self.plain_count + 2
         return range(first, first + self.timing)
 
     @property
@@ -135,7 +143,7 @@ class Plan:
     @property
     def _shapes_step(self) -> int:
         """The shapes step of the stepped plan (a whole run has none)."""
-        return self.warmup + (2 * self.timing + 2 if self.timing else 1)
+        return self.warmup + (self.plain_count + self.timing + 2 if self.timing else 1)
 
     @property
     def first_recorded(self) -> int:
@@ -165,7 +173,7 @@ class Plan:
             return "warmup"
         if step in self.plain_steps:
             return "plain"
-        if self.timing and step == self.warmup + self.timing + 1:
+        if self.timing and step == self.warmup + self.plain_count + 1:
             return "clean-warmup"
         if step in self.clean_steps:
             return "clean"
@@ -188,7 +196,14 @@ class Session:
         self.warmup = int(config["warmup"])
         self.steps = int(config["steps"])
         self.whole_run = bool(config.get("whole_run"))
-        self.plan = Plan(self.warmup, self.steps, int(config.get("timing_steps", 0)), self.whole_run)
+        self.plan = Plan(
+            self.warmup,
+            self.steps,
+            int(config.get("timing_steps", 0)),
+            self.whole_run,
+            plain=int(config.get("plain_min") or 0) or None,
+        )
+        self.plain_extended = 0  # plain steps added because the times had not settled
         self.rank = rank()
         self.steps_seen = 0
         self.step_source: str | None = None
@@ -286,7 +301,9 @@ class Session:
                 self.prof = self._profiler(shapes=True, cpu_only=False, schedule=None, on_trace_ready=None)
                 self.prof.start()
             return
-        if plan.timing and seen == plan.warmup + plan.timing and self._cuda_clock:
+        if plan.timing and seen == plan.warmup + plan.plain_count and self._extend_plain():
+            return  # not settled yet: one more plain step
+        if plan.timing and seen == plan.warmup + plan.plain_count and self._cuda_clock:
             # The plain steps are timed; the first profiler of the process records the GPU's
             # activity only. Its first step is CUPTI's warm-up.
             self.dynamo_plain = _dynamo_facts()
@@ -298,7 +315,7 @@ class Session:
             )
             self.profilers_created += 1
             self.clean_prof.start()
-        elif plan.timing and seen == plan.warmup + plan.timing:
+        elif plan.timing and seen == plan.warmup + plan.plain_count:
             self.dynamo_plain = _dynamo_facts()  # no GPU: the clean steps run bare
         shapes_step = plan._shapes_step
         if seen == shapes_step - 1:
@@ -318,6 +335,41 @@ class Session:
                 shapes=False, cpu_only=False, schedule=schedule, on_trace_ready=self._export
             )
             self.prof.start()
+
+    def _extend_plain(self) -> bool:
+        """At the end of the last planned plain step: whether the plain phase goes on for one
+        more step, because the steps timed so far have not settled (``analysis/steady.py``) and
+        fewer than ``plain_max`` ran. Only steps whose end the GPU has reached are read (an
+        event's ``query``): nothing waits for the GPU here."""
+        plan = self.plan
+        most = int(self.config.get("plain_max") or 0)
+        if plan.plain_count >= most:
+            return False
+        times = self._finished_plain_times()
+        from kerneltriage.analysis import steady
+
+        found = steady.steady(times) if times else None
+        # Settled on the steps the GPU has finished (all but the last two or so in flight).
+        if found is not None and len(times) >= plan.plain_count - 2 and found.settled:
+            return False
+        self.plan = dataclasses.replace(plan, plain=plan.plain_count + 1)
+        self.plain_extended += 1
+        return True
+
+    def _finished_plain_times(self) -> list[float]:
+        """The plain steps' times the GPU has finished, in order (ms)."""
+        times: list[float] = []
+        for step in self.plan.plain_steps:
+            a, b = self.marks.get(step - 1), self.marks.get(step)
+            if a is None or b is None:
+                break
+            if self._cuda_clock:
+                if not b.query():
+                    break
+                times.append(float(a.elapsed_time(b)))
+            else:
+                times.append(1000.0 * (b - a))
+        return times
 
     def _release_profilers(self) -> None:
         """Drop a profiler once its trace is written, and collect. Stopping a profiler parses
@@ -632,6 +684,8 @@ class Session:
         }
         if self.mode == "timeline":
             data["phases"] = self.phase_log
+            data["plain_steps"] = self.plan.plain_count
+            data["plain_extended"] = self.plain_extended
             data["dynamo"] = {"plain": self.dynamo_plain, "end": _dynamo_facts()}
         if self.mode == "timeline" and self.torch is not None:
             try:

@@ -80,6 +80,10 @@ class Options:
     # recorded ones (``hooks.Plan``): the plain steps give the step time the report uses, the
     # clean steps the GPU's busy time.
     timing_steps: int = 5
+    # Plain steps: at least ``plain_min``, more until the step times settle, at most
+    # ``plain_max`` (None: measurement.yaml's). A script too short for them gets a fixed count.
+    plain_min: int | None = None
+    plain_max: int | None = None
     # Launches per step the every-launch ncu pass may profile (about 0.32 s each on an H200
     # with the roofline metric set: 256 launches ≈ 80 s).
     max_variable_launches: int = 256
@@ -308,7 +312,7 @@ def _rerun_fitted(
     fitted = _fitted_timing(options, runs.steps_seen) if ok else None
     if fitted is None:
         return options
-    needed = Plan(options.warmup, options.steps, options.timing_steps).stop_after
+    needed = _plan(options).stop_after
     message = (
         f"the script ran {runs.steps_seen} steps; --warmup {options.warmup}, {options.timing_steps} plain and "
         f"{options.timing_steps} clean timing steps and --steps {options.steps} need {needed}: "
@@ -321,7 +325,7 @@ def _rerun_fitted(
     )
     say.warn(message)
     warnings.append(message)
-    options = dataclasses.replace(options, timing_steps=fitted)
+    options = dataclasses.replace(options, timing_steps=fitted, plain_min=fitted, plain_max=fitted)
     manifest.schedule.timing_steps = fitted
     runs.seconds += _run_timeline_again(command, options, out, manifest, say, runs, "phase1-fit", False)
     runs.steps_seen = _steps_seen(runs.statuses)
@@ -409,9 +413,15 @@ def _record_timeline(
 ) -> None:
     """What the first rank's run says about its steps: where they came from, Dynamo's counts,
     the plain and clean steps' times."""
-    plan = Plan(options.warmup, options.steps, options.timing_steps, bool(manifest.schedule.whole_run))
     statuses = runs.statuses
     first = min(statuses, key=lambda s: s.get("rank", 0), default={})
+    # The plain steps the process ran: more than asked when their times took long to settle.
+    plan = dataclasses.replace(
+        _plan(options, bool(manifest.schedule.whole_run)), plain=first.get("plain_steps") or None
+    )
+    if first.get("plain_extended"):
+        phase = _timeline(manifest)
+        phase.plain_extended = int(first["plain_extended"])
     hooked_steps = 1 if plan.whole_run else max(1, plan.last_recorded - plan.hooks_from + 1)
     phase = _timeline(manifest)
     phase.steps_seen = runs.steps_seen
@@ -443,11 +453,32 @@ def _ncu(manifest: rundir.Manifest) -> rundir.NcuPhase:
     return manifest.phases.ncu
 
 
+def plain_bounds(options: Options, distributed: bool = False) -> tuple[int, int]:
+    """The fewest and most plain steps phase 1 times (measurement.yaml's ``plain_min`` and
+    ``plain_max`` unless given; never fewer than ``--timing-steps``). Ranks of one job must
+    stay in step, so a distributed job times a fixed count."""
+    if not options.timing_steps:
+        return 0, 0
+    from kerneltriage.analysis.steady import settings
+
+    conf = settings()["steady"]
+    least = max(options.timing_steps, options.plain_min or int(conf["plain_min"]))
+    most = max(least, options.plain_max or int(conf["plain_max"]))
+    return (least, least) if distributed else (least, most)
+
+
+def _plan(options: Options, whole_run: bool = False) -> Plan:
+    """Phase 1's plan as asked, with its fewest plain steps."""
+    return Plan(
+        options.warmup, options.steps, options.timing_steps, whole_run, plain=plain_bounds(options)[0] or None
+    )
+
+
 def _fitted_timing(options: Options, steps_seen: int) -> int | None:
     """The most timing steps a script of ``steps_seen`` steps leaves room for, when it ran at
     least the warm-up and recorded steps but too few for the asked timing steps (None: the
     asked plan fits, or the script is too short for any)."""
-    asked = Plan(options.warmup, options.steps, options.timing_steps)
+    asked = _plan(options)
     if not options.timing_steps or steps_seen >= asked.stop_after:
         return None
     if steps_seen < Plan(options.warmup, options.steps, 0).stop_after:
@@ -992,6 +1023,8 @@ def _write_config(out: Path, mode: str, options: Options, command: Command, *, w
         # Only phase 1 times plain steps; the others stop at the step they need.
         "timing_steps": options.timing_steps if mode == "timeline" else 0,
     }
+    if mode == "timeline":
+        config["plain_min"], config["plain_max"] = plain_bounds(options, bool(command.distributed))
     if options.applied_fixes:  # profile --apply: installed by runner.py before the script runs
         config["apply"] = [{"id": f["id"], "apply": f["apply"]} for f in options.applied_fixes]
     path = out / rundir.LOGS / f"config.{mode}.json"

@@ -17,6 +17,7 @@ performs. Pure Python: no torch.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import string
@@ -31,7 +32,7 @@ from kerneltriage.analysis.estimate import dtype_bytes, tensor_inputs
 from kerneltriage.errors import RulesError
 from kerneltriage.ingest.schemas import describe
 from kerneltriage.patterns import Pattern, compile_user_pattern
-from kerneltriage.resources import data_path
+from kerneltriage.resources import data_path, load_yaml
 
 SCHEMA = "kerneltriage.fixes/1"
 SCOPES = ("candidate", "module-class", "model", "loss", "optimizer", "process")
@@ -60,7 +61,9 @@ APPLY_KINDS: dict[str, tuple[str, ...]] = {
     "autocast": ("dtype",),
     "tf32": (),
     "channels-last": (),
+    "cudnn-benchmark": (),
     "fused-optimizer": (),
+    "ddp": ("gradient_as_bucket_view", "static_graph", "bucket_cap_mb"),
 }
 #: Candidate fields a recipe's ``when`` may test.
 WHEN_FIELDS = (
@@ -74,6 +77,8 @@ WHEN_FIELDS = (
     "variant",
     "compiled",
     "classes",
+    "norm_class",
+    "server",
 )
 #: Fields a template may name.
 FIELDS = frozenset(
@@ -103,6 +108,11 @@ FIELDS = frozenset(
         "kernels",
         "in_module",
         "fused_path_edit",
+        "pad_edit",
+        "norm_check",
+        "op_name",
+        "norm_function",
+        "norm_call",
     }
 )
 #: Liger-Kernel's boolean kernel switches of ``apply_liger_kernel_to_<arch>`` (liger-kernel
@@ -716,6 +726,8 @@ def candidate_fields(c: Any, params: dict[str, Any]) -> dict[str, Any]:
     enclosing = [m.partition(":")[2] for m in c.attrs.get("enclosing_modules") or []]
     classes = sorted({x for x in enclosing if x}) or ([cls] if cls and c.kind == "norm" else [])
     backend = re.search(r"SDPBackend\.(\w+)", c.builtin or "")
+    norm_class = _norm_class(cls)
+    norm_function = "layer_norm" if "layer_norm" in (c.builtin or "") else "rms_norm"
     causal = bool(params.get("causal"))
     ce = []
     if "ignore-index" in params and params["ignore-index"] != -100:
@@ -762,7 +774,46 @@ def candidate_fields(c: Any, params: dict[str, Any]) -> dict[str, Any]:
         "backend": backend[1] if backend else "",
         "kernels": f"{c.roofline.launches_per_step:.0f}",
         "fused_path_edit": str(c.attrs.get("fused_path_edit") or ""),
+        "pad_edit": str(c.attrs.get("pad_edit") or ""),
+        "norm_class": norm_class,
+        "norm_check": (
+            f"; {cls} is not a listed class: patch checks its math on a tiny CPU copy first and, if it differs, "
+            "leaves it and says why"
+            if norm_class == "checkable"
+            else ""
+        ),
+        "norm_function": norm_function,
+        "norm_call": (
+            f"{norm_function}(x, norm.weight, norm.bias, norm.eps)"
+            if norm_function == "layer_norm"
+            else f"{norm_function}(x, norm.weight, norm.eps)  # cast_before_weight= / weight_offset= as the norm's math"
+        ),
+        "server": str(bool(c.attrs.get("server"))),
+        "op_name": (c.ops[0] if getattr(c, "ops", None) else c.name).partition("(")[0],
     }
+
+
+#: Norm classes patch() swaps by name: torch.nn's own.
+_TORCH_NORMS = frozenset({"RMSNorm", "LayerNorm"})
+
+
+def _norm_class(cls: str) -> str:
+    """How ``patch()`` treats a norm module class: ``listed`` (torch's, or hf_norms.yaml's),
+    ``checkable`` (a *RMSNorm / *LayerNorm it swaps where its math checks out on a tiny CPU
+    copy), ``unknown`` (none of those: the fix is applied by hand)."""
+    if not cls:
+        return "unknown"
+    if cls in _TORCH_NORMS or cls in hf_norm_classes():
+        return "listed"
+    if cls.endswith(("RMSNorm", "LayerNorm")):
+        return "checkable"
+    return "unknown"
+
+
+@functools.cache
+def hf_norm_classes() -> frozenset[str]:
+    """The Hugging Face norm classes ``hf_norms.yaml`` lists with the math a drop-in matches."""
+    return frozenset((load_yaml("hf_norms.yaml") or {}).get("classes") or {})
 
 
 def _liger_switches(arch: str, kernel: str) -> str:

@@ -120,8 +120,23 @@ def decide(
     _fixes(candidates, rules, env or environment(gpu, None, None))
 
 
+#: Ops a serving engine records (SGLang's profiler ranges, vLLM's custom ops): the model is
+#: the engine's, not a ``model`` the user holds.
+_SERVER_OPS = re.compile(r"^(sglang\w*|sgl_kernel|vllm)::|\bsglang_profiler\b", re.IGNORECASE)
+
+
+def _server(candidates: list[Candidate]) -> bool:
+    """A serving engine's trace: its ops name SGLang or vLLM, and it runs no backward."""
+    if any(c.bwd_ms_per_step > 0 or c.kind == "optimizer" for c in candidates):
+        return False
+    return any(_SERVER_OPS.search(op) for c in candidates for op in c.ops)
+
+
 def _fixes(candidates: list[Candidate], rules: Rules, env: Environment) -> None:
     """The fix of every candidate, overlapping savings counted once, and the GEMM shape notes."""
+    if _server(candidates):
+        for c in candidates:
+            c.attrs["server"] = True
     for c in candidates:
         _fix(c, candidates, rules, env)
     combine_overlaps(candidates)
@@ -557,8 +572,125 @@ def _library_advice(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
             f"{layout / total:.0%} of its time is NCHW↔NHWC transposes: "
             "model.to(memory_format=torch.channels_last) (and the inputs) removes them"
         )
+        if c.verdict == Verdict.USE_BUILTIN and "cudnn.benchmark" in (c.builtin or ""):
+            # The transposes are the first thing to remove; the autotuner comes after.
+            c.builtin = "model.to(memory_format=torch.channels_last)"
+            advice.append("then torch.backends.cudnn.benchmark = True")
+    if c.kind == "convolution":
+        advice += _depthwise_advice(c, rules)
+    if c.kind == "gemm":
+        advice += _alignment_advice(c)
     if advice:
         c.note = "; ".join([c.note, *advice]) if c.note else "; ".join(advice)
+
+
+_ALIGN = re.compile(r"align(1|2)\b|_align(1|2)(?!\d)", re.IGNORECASE)
+
+
+def _alignment_advice(c: Candidate) -> list[str]:
+    """GEMM dimensions the tensor cores' aligned kernels cannot take: N or K not a multiple of
+    8 (16-bit operands, 16 bytes) or 4 (fp32 / TF32), or kernels named ``align1`` / ``align2``
+    (CUTLASS's unaligned variants). A library GEMM below its roof with such a dim gets
+    `use-builtin` with the padding as its fix (apply by hand), predicted as the aligned GEMM at
+    its ceiling."""
+    from kerneltriage.analysis.fixes import gemm_dims
+
+    total = sum(k.time_ms_per_step for k in c.kernels) or 1.0
+    unaligned = sum(k.time_ms_per_step for k in c.kernels if _ALIGN.search(k.full_name))
+    d = gemm_dims(c)
+    if d is None:
+        if unaligned >= 0.5 * total:
+            return [
+                f"{unaligned / total:.0%} of its time runs CUTLASS's unaligned (align1/align2) kernels: a GEMM "
+                "dimension is not a multiple of 8 (16-bit) or 4 (TF32); padding it to one runs the aligned kernels"
+            ]
+        return []
+    m, n, k, dtype = d
+    multiple = 8 if dtype_bytes(dtype) == 2 else 4
+    off = [(name, v) for name, v in (("K", k), ("N", n)) if v % multiple]
+    if not off and unaligned < 0.5 * total:
+        return []
+    if not off:
+        return [
+            f"{unaligned / total:.0%} of its time runs unaligned (align1/align2) kernels at M={m}, N={n}, K={k}"
+        ]
+    padded = {name: -(-v // multiple) * multiple for name, v in off}
+    what = ", ".join(f"{name}={v} → {padded[name]}" for name, v in off)
+    edits = []
+    for name, v in off:
+        if name == "K":
+            edits.append(
+                f"x = torch.nn.functional.pad(x, (0, {padded[name] - v}))  # K {v} → {padded[name]}, and the weight's "
+                f"in_features padded with zero columns to {padded[name]}"
+            )
+        else:
+            edits.append(
+                f"out_features {v} → {padded[name]} (zero rows in the weight), then y = y[..., :{v}]  # N {v} → {padded[name]}"
+            )
+    c.attrs["pad_edit"] = "\n".join(edits)
+    note = (
+        f"{what}: not a multiple of {multiple}, so cuBLAS/CUTLASS run their unaligned kernels; pad to a multiple of "
+        f"{multiple} (16 for the best tiles)"
+    )
+    if (
+        c.verdict == Verdict.COMPILE
+        and "max-autotune" in (c.builtin or "")
+        and c.headroom
+        and c.headroom > 1.0
+    ):
+        c.verdict, c.builtin = Verdict.USE_BUILTIN, f"pad {what}"
+    return [note]
+
+
+_CONV_OPS = re.compile(r"^aten::(conv\d?d|convolution|_convolution|cudnn_convolution)$")
+_BACKWARD_KERNEL = re.compile(r"dgrad|wgrad|backward|grad_weight|grad_input|bprop", re.IGNORECASE)
+
+
+def _depthwise(c: Candidate) -> tuple[int, list[int]] | None:
+    """(channels, kernel size) of a depthwise convolution (groups = input channels, one input
+    channel per filter), from its recorded op."""
+    for op in c.example:
+        if not _CONV_OPS.match(op.get("name", "")):
+            continue
+        dims = op.get("dims") or []
+        if len(dims) < 2 or len(dims[0]) < 3 or len(dims[1]) < 3:
+            continue
+        x, w = dims[0], dims[1]
+        if w[1] == 1 and w[0] == x[1] and x[1] > 1:
+            return int(x[1]), [int(d) for d in w[2:]]
+    return None
+
+
+def _depthwise_advice(c: Candidate, rules: Rules) -> list[str]:
+    """A depthwise convolution whose backward takes most of its time: cuDNN's and ATen's
+    depthwise backward kernels run far below the roof, and no library or compile covers it;
+    on a hot candidate below its roof it is a kernel to write (after the autotuner)."""
+    dw = _depthwise(c)
+    if dw is None:
+        return []
+    total = sum(k.time_ms_per_step for k in c.kernels) or 1.0
+    bwd = sum(
+        k.time_ms_per_step for k in c.kernels if _BACKWARD_KERNEL.search(k.full_name) or k.phase == "bwd"
+    )
+    channels, size = dw
+    what = f"depthwise {'×'.join(map(str, size))} convolution over {channels} channels"
+    if bwd < 0.5 * total:
+        return [f"{what}: torch.backends.cudnn.benchmark = True picks its fastest algorithm"]
+    if (
+        c.verdict == Verdict.USE_BUILTIN
+        and c.conditions["headroom"].passed
+        and c.conditions["stability"].passed
+    ):
+        c.verdict, c.reason, c.builtin = Verdict.WRITE, Reason.ALL_CONDITIONS, None
+        c.expected_saving_share = c.time_share * (bwd / total) * (1.0 - 1.0 / (c.headroom or 1.0))
+        c.attrs["saving_basis"] = (
+            f"share × {bwd / total:.0%} backward time × (1 − 1/headroom): the backward kernels, which a kernel of its own replaces"
+        )
+    return [
+        f"{what}, {bwd / total:.0%} of its time in its backward (dgrad/wgrad): cuDNN's depthwise backward runs far "
+        "below the roof and torch.compile leaves it to cuDNN; try torch.backends.cudnn.benchmark = True first, then "
+        "a kernel of its own for the backward (kerneltriage scaffold)"
+    ]
 
 
 def _tensor_core_gain(c: Candidate, gpu: GPUSpec, tensor: str, ratio: float) -> tuple[float, str]:
@@ -671,6 +803,8 @@ def _fix(c: Candidate, candidates: list[Candidate], rules: Rules, env: Environme
         c.note = "; ".join(
             x for x in (c.note, "the fix swaps the norm only: the residual add before it stays eager") if x
         )
+        # The verdict names what the fix pastes: the plain norm, not the fused add + norm.
+        c.builtin = (c.builtin or "").replace("fused_add_rms_norm", "rms_norm")
     apply = recipe.get("apply") or {}
     if apply.get("kind") == "compile-module":
         _compile_coverage(c, candidates, rules, apply.get("classes") or [], env)

@@ -1,0 +1,204 @@
+"""The recipes added for model families the shipped runs did not cover, end to end on CPU: the
+report's candidate gets the recipe (``verdict.decide`` with the shipped rules and fixes), its
+``apply`` mapping goes through verify's runner (``kerneltriage.verify.apply.install``) into a
+tiny model, and the model's loss and gradients stay those of eager."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+from kerneltriage.analysis.gpus import spec_for  # noqa: E402
+from kerneltriage.analysis.model import Candidate, KernelInfo, Roofline, Shapes  # noqa: E402
+from kerneltriage.analysis.rules import load_rules  # noqa: E402
+from kerneltriage.analysis.verdict import decide  # noqa: E402
+from kerneltriage.analysis.vocabulary import Verdict  # noqa: E402
+from kerneltriage.verify.apply import install  # noqa: E402
+
+RULES = load_rules()
+H100 = spec_for("H100-SXM", "test", "test")
+CUDNN_FPROP = (
+    "sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x64_warpgroupsize1x1x1"
+)
+TRANSPOSE = "void cudnn::ops::nchwToNhwcKernel<__nv_bfloat16, __nv_bfloat16, float, false, true, (cudnnKernelDataType_t)0>"
+
+
+def _candidate(
+    kind: str,
+    kernels: list[tuple[str, float]],
+    *,
+    module: str | None = None,
+    variant: str | None = None,
+    example: list[dict] | None = None,
+    headroom: float = 4.0,
+    ops: tuple[str, ...] = ("aten::conv2d",),
+) -> Candidate:
+    time_ms = sum(ms for _, ms in kernels)
+    roofline = Roofline(None, None, None, None, None, "memory", time_ms / headroom, "ncu", "bf16")
+    return Candidate(
+        id="",
+        name="subject",
+        kind=kind,
+        level="op",
+        variant=variant,
+        time_ms_per_step=time_ms,
+        time_share=0.2,
+        gpu_share=0.2,
+        fwd_ms_per_step=time_ms,
+        bwd_ms_per_step=0.0,
+        instances_per_step=1.0,
+        ops=list(ops),
+        module=module,
+        kernels=[KernelInfo(n, n, 1.0, ms, "fwd", True) for n, ms in kernels],
+        roofline=roofline,
+        headroom=headroom,
+        shapes=Shapes(1, 1.0, [], [{"shape": "0", "share": 1.0}]),
+        conditions={},
+        example=example or [],
+    )
+
+
+def _judged(c: Candidate) -> Candidate:
+    other = _candidate("communication", [("ncclKernel_AllReduce", 25.0)], ops=("nccl:all_reduce",))
+    other.time_share = 0.5
+    decide([c, other], RULES, H100)
+    return c
+
+
+class ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.dw = nn.Conv2d(8, 8, 7, padding=3, groups=8)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.head(self.dw(torch.relu(self.conv(x))).mean((2, 3)))
+
+
+def _loss_and_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor):
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    return loss.detach(), grads
+
+
+def _eager_then_fixed(apply: dict):
+    torch.manual_seed(0)
+    x, y = torch.randn(4, 3, 12, 12), torch.randint(0, 2, (4,))
+    model = ConvNet()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    eager = _loss_and_grads(model, x, y)
+    applied = install(apply)
+    try:
+        fixed_model = ConvNet()
+        fixed_model.load_state_dict(state)
+        fixed = _loss_and_grads(fixed_model, x, y)
+        return applied, fixed_model, eager, fixed
+    finally:
+        applied.remove()
+
+
+def _same(eager, fixed):
+    torch.testing.assert_close(fixed[0], eager[0], rtol=1e-5, atol=1e-6)
+    for name, g in eager[1].items():
+        torch.testing.assert_close(fixed[1][name], g, rtol=1e-4, atol=1e-5)
+
+
+def test_a_convolution_below_its_roof_gets_cudnn_benchmark_not_compile():
+    c = _judged(_candidate("convolution", [(CUDNN_FPROP, 8.0)]))
+    assert c.verdict == Verdict.USE_BUILTIN and c.recipe["id"] == "cudnn-benchmark"
+    assert "torch.compile" not in (c.fix or "")
+    assert c.fix.startswith("torch.backends.cudnn.benchmark = True")
+    before = torch.backends.cudnn.benchmark
+    applied, _, eager, fixed = _eager_then_fixed(c.recipe["apply"])
+    assert applied.done and applied.problem is None
+    assert torch.backends.cudnn.benchmark == before  # undone
+    _same(eager, fixed)
+
+
+def test_layout_transposes_around_a_convolution_get_channels_last():
+    c = _judged(_candidate("convolution", [(CUDNN_FPROP, 6.0), (TRANSPOSE, 2.0)]))
+    assert c.verdict == Verdict.USE_BUILTIN and c.recipe["id"] == "channels-last"
+    assert "channels_last" in c.fix and "then torch.backends.cudnn.benchmark = True" in c.note
+    applied, model, eager, fixed = _eager_then_fixed(c.recipe["apply"])
+    assert applied.done
+    assert model.conv.weight.is_contiguous(memory_format=torch.channels_last)
+    _same(eager, fixed)
+
+
+def test_a_depthwise_convolution_slow_in_its_backward_is_a_kernel_to_write():
+    # ConvNeXt's 7×7 depthwise convolution: 80% of its time in dgrad/wgrad.
+    op = {
+        "name": "aten::conv2d",
+        "dims": [[64, 96, 56, 56], [96, 1, 7, 7], [96], [], [], [], []],
+        "types": ["c10::BFloat16"] * 3 + ["ScalarList"] * 3 + ["Int"],
+        "concrete": ["", "", "", "[1, 1]", "[3, 3]", "[1, 1]", "96"],
+    }
+    c = _judged(
+        _candidate(
+            "convolution",
+            [
+                ("conv_depthwise2d_forward_kernel", 2.0),
+                ("conv_depthwise2d_backward_kernel", 3.0),
+                ("conv_depthwise2d_grad_weight_kernel", 5.0),
+            ],
+            example=[op],
+        )
+    )
+    assert c.verdict == Verdict.WRITE and c.fix is None
+    assert "depthwise 7×7 convolution over 96 channels, 80% of its time in its backward" in c.note
+    assert "torch.backends.cudnn.benchmark = True first" in c.note
+    assert c.expected_saving_share == pytest.approx(0.2 * 0.8 * (1 - 1 / 4.0), rel=1e-3)
+
+
+def test_t5_layer_norm_candidate_is_swapped_by_the_runner_and_keeps_the_loss():
+    """T5LayerNorm: the report offers patch(model), and verify's runner applies it to T5's
+    own class (no longer "not a class whose math the kernels are known to match")."""
+    from transformers.models.t5.modeling_t5 import T5LayerNorm
+
+    from kerneltriage.kernels.patch import T5RMSNorm
+
+    norm_ops = ("aten::to", "aten::pow", "aten::mean", "aten::add", "aten::rsqrt", "aten::mul", "aten::mul")
+    c = _judged(
+        _candidate(
+            "norm",
+            [("vectorized_elementwise_kernel", 4.0)],
+            module="encoder.block.*.layer.*.layer_norm (T5LayerNorm)",
+            variant="rmsnorm",
+            ops=norm_ops,
+        )
+    )
+    assert c.verdict == Verdict.USE_BUILTIN and c.recipe["id"] == "builtin-norm"
+    assert c.recipe["apply"] == {"kind": "norm-swap", "classes": ["T5LayerNorm"]}
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(32, 32)
+            self.layer_norm = T5LayerNorm(32, eps=1e-6)
+            self.head = nn.Linear(32, 3)
+
+        def forward(self, x):
+            return self.head(self.layer_norm(self.fc(x)))
+
+    torch.manual_seed(0)
+    x, y = torch.randn(6, 32), torch.randint(0, 3, (6,))
+    model = Tiny()
+    with torch.no_grad():
+        model.layer_norm.weight.normal_(1.0, 0.3)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    eager = _loss_and_grads(model, x, y)
+    applied = install(c.recipe["apply"])
+    try:
+        fixed_model = Tiny()
+        fixed_model.load_state_dict(state)
+        fixed = _loss_and_grads(fixed_model, x, y)
+    finally:
+        applied.remove()
+    assert applied.done and applied.details["swapped"] == 1
+    assert type(fixed_model.layer_norm) is T5RMSNorm
+    _same(eager, fixed)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from kerneltriage.analysis import plausibility
 from kerneltriage.analysis.gpus import (
     GPUSpec,
     implausible_calibration,
@@ -109,6 +110,10 @@ def rank_report(
         result.source["timing"]["plain_ms"] = list(timing.get("plain_ms") or [])
     if doubt:
         result.warnings.append(doubt)
+    elif not isinstance(gpu, GPUSpec) and profile.manifest is not None:
+        unusable = plausibility.unusable_calibration(profile.manifest.calibration)
+        if unusable:
+            result.warnings.append(unusable)
     _verified(result, profile.source_info().get("path"))
     if spec is None:
         # No ceilings: the report still gives shares, idle time, kinds, shapes and a ranking.

@@ -453,3 +453,49 @@ def test_diff_says_what_report_says_about_a_rules_file(tmp_path):
     api = kerneltriage.diff(EXAMPLE_RUN, EXAMPLE_RUN, rules_file=path)
     assert [w for w in api.warnings if said in w]
     assert [w for w in kerneltriage.report(EXAMPLE_RUN, rules_file=path).warnings if said in w]
+
+
+# --- calibration, scaffold, memory ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"hbm_gbs": 0}, "hbm_gbs 0"),
+        ({"peak_tflops": {"bf16": -3.0}}, "peak_tflops.bf16 -3.0"),
+    ],
+    ids=["zero", "negative"],
+)
+def test_calibration_values_that_are_no_rate_are_named(tmp_path, change, said):
+    run = copy_run(tmp_path)
+    path = run / "manifest.json"
+    data = json.loads(path.read_text())
+    data["calibration"].update(change)
+    path.write_text(json.dumps(data))
+    warned = [w for w in kerneltriage.report(run).warnings if "calibration" in w]
+    assert [w for w in warned if said in w and "not a positive rate" in w], warned
+
+
+def test_the_shipped_calibration_is_not_warned_about():
+    assert not [w for w in kerneltriage.report(EXAMPLE_RUN).warnings if "calibration" in w]
+
+
+@pytest.mark.parametrize("dtype", ["", " "], ids=["empty", "blank"])
+def test_scaffold_refuses_an_empty_dtype(tmp_path, dtype):
+    args = ["scaffold", "--kind", "rmsnorm", "--shape", "16x4096", "--dtype", dtype, "--out", tmp_path / "k"]
+    got = outcome(args, "--dtype", [], fmt_json=False)
+    assert got == expect(2, "--dtype")
+    assert not (tmp_path / "k").exists()
+
+
+def test_a_parse_out_of_memory_is_not_called_invalid_json():
+    import orjson
+
+    from kerneltriage.ingest.kineto import _json_error
+
+    memory = _json_error(
+        orjson.JSONDecodeError("Not enough memory to allocate buffer for parsing", "", 0), "t"
+    )
+    invalid = _json_error(orjson.JSONDecodeError("unexpected character", "x", 0), "t")
+    assert ("out of memory" in str(memory), "not valid JSON" in str(memory)) == (True, False)
+    assert "not valid JSON" in str(invalid)

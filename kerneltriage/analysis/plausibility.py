@@ -11,6 +11,7 @@ or, where no honest report can follow, a ``TraceFormatError`` (exit code 2) nami
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -174,6 +175,35 @@ def check_step_time(
             "phases.timeline.step_time is wrong",
             path=source,
         )
+
+
+def unusable_calibration(calibration: dict[str, Any] | None) -> str | None:
+    """The measurements of a run's calibration that cannot be ceilings (zero, negative, not a
+    finite number), named with their values; None when there are none. They are ignored (the
+    datasheet's ceiling stands in), and the report says so."""
+    if not isinstance(calibration, dict):
+        return None
+    given = [("hbm_gbs", calibration.get("hbm_gbs"))]
+    peaks = calibration.get("peak_tflops")
+    if isinstance(peaks, dict):
+        given += [(f"peak_tflops.{k}", v) for k, v in peaks.items()]
+    bad = [
+        f"{name} {value!r}"
+        for name, value in given
+        if value is not None
+        and not (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and value > 0
+        )
+    ]
+    if not bad:
+        return None
+    return (
+        f"the run's calibration gives {', '.join(bad)}: not a positive rate, so ignored "
+        "(the datasheet ceiling stands in)"
+    )
 
 
 def _host_span(timeline: Timeline) -> float:

@@ -91,7 +91,7 @@ def read_trace(
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
         raise TraceFormatError(f"compressed data is truncated or corrupt ({exc})", path=str(path)) from None
     except orjson.JSONDecodeError as exc:
-        raise TraceFormatError(f"not valid JSON ({exc})", path=str(path)) from None
+        raise _json_error(exc, str(path)) from None
     except OSError as exc:
         from kerneltriage.inputs import os_reason
 
@@ -107,8 +107,20 @@ def read_trace_bytes(data: bytes, name: str = "<bytes>") -> Timeline:
         exc.path = exc.path or name
         raise
     except orjson.JSONDecodeError as exc:
-        raise TraceFormatError(f"not valid JSON ({exc})", path=name) from None
+        raise _json_error(exc, name) from None
     return builder.build(name, meta)
+
+
+def _json_error(exc: orjson.JSONDecodeError, path: str) -> TraceFormatError:
+    """The parser's error in words: a parse that ran out of memory is not invalid JSON."""
+    if "memory" in str(exc).lower():
+        return TraceFormatError(
+            "out of memory while parsing (the JSON may be valid; a part of it, such as a long "
+            "run of padding, is larger than the memory this process may use)",
+            path=path,
+            hint="strip the padding, or run with more memory",
+        )
+    return TraceFormatError(f"not valid JSON ({exc})", path=path)
 
 
 def _workers(path: Path, requested: int | None) -> int:

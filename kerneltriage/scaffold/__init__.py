@@ -166,7 +166,7 @@ def plan_kind(
     if not shapes:
         raise InputError("--kind needs at least one --shape")
     dims = [parse_shape(s) for s in shapes]
-    dtype_name = parse_dtype(dtype or "bf16")
+    dtype_name = parse_dtype("bf16" if dtype is None else dtype)  # an empty --dtype is refused
     family = for_kind(kind_l)
     if family is None:
         raise InputError(f"unknown --kind {comment_text(kind, 40)!r}; expected one of {kinds_text()}")

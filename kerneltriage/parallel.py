@@ -247,7 +247,17 @@ def with_waits(reports: dict[int, Report], timelines: dict[int, Any], rules: Rul
         split_communication(
             reports, {r: _collectives(timelines[r], rules) for r in reports if r in timelines}
         )
+        _communication_fixes(reports, rules)
     return reports
+
+
+def _communication_fixes(reports: dict[int, Report], rules: Rules) -> None:
+    """DDP's settings on the ranks whose communication is exposed, once their wait for the
+    other ranks is known (``analysis.ranks.communication_fix``)."""
+    from kerneltriage.analysis.ranks import communication_fix
+
+    for report in reports.values():
+        communication_fix(report, rules.recipes)
 
 
 def _collectives(timeline: Any, rules: Rules) -> list[Any]:
@@ -358,6 +368,7 @@ def report_ranks(
         _run_processes(tasks, processes, reduce)
     if len(out) > 1:
         split_communication(out, comms)
+        _communication_fixes(out, rules)
     return {r: out[r] for r in sorted(out)}
 
 

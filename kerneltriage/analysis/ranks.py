@@ -390,3 +390,56 @@ def split_communication(reports: dict[int, Report], per_rank: dict[int, list[Col
             "arrived_last": split.last,
             "how": "collectives matched across ranks; wait = time before the last rank's kernel started",
         }
+
+
+# --- DDP's settings where its communication is exposed -----------------------------------------
+
+#: What ``communication_fix`` names as the built-in: DistributedDataParallel's own settings.
+DDP_BUILTIN = "torch.nn.parallel.DistributedDataParallel(gradient_as_bucket_view=True, static_graph=True)"
+_ALL_REDUCE = ("allreduce", "all_reduce")
+
+
+def communication_fix(report: Report, recipes: Sequence[Any]) -> None:
+    """DDP's settings (fixes.yaml's ``ddp-exposed-communication``) on the all-reduce of a rank
+    whose exposed communication, less the wait for other ranks where that is known, is at least
+    ``min_share`` of its step. The verdict stays ``skip`` (communication): the fix line and the
+    note say what to set and how much of the step is exposed."""
+    from kerneltriage.analysis.fixes import choose, environment
+
+    step = report.step_time_ms
+    split = report.source.get("communication") or {}
+    wait = float(split.get("wait_ms_per_step") or 0.0)
+    comm = report.communication_ms_per_step
+    transfer_share = 1.0 - wait / comm if comm > 0 else 1.0
+    exposed = report.exposed_communication_ms_per_step * transfer_share
+    if step <= 0 or exposed < report.thresholds.min_share * step:
+        return
+    reduces = [
+        c
+        for c in report.candidates
+        if c.kind == COMMUNICATION and any(k in c.name.lower().replace("-", "_") for k in _ALL_REDUCE)
+    ]
+    if not reduces or _has_fix(reduces):
+        return
+    c = max(reduces, key=lambda x: x.time_ms_per_step)
+    before = c.builtin
+    c.builtin = DDP_BUILTIN
+    recipe = choose(c, tuple(recipes), environment(report.gpu, report.source, None), {})
+    if recipe is None or recipe.get("blocked"):
+        c.builtin = before
+        return
+    c.fix = recipe.pop("text")
+    for key in ("needs", "declined", "fuses_residual_add"):
+        recipe.pop(key, None)
+    c.recipe = recipe
+    waited = f", after {wait:.2f} ms of waiting for other ranks is taken out" if wait > 0 else ""
+    note = (
+        f"communication exposed {exposed:.2f} ms per step ({exposed / step:.1%} of the step{waited}): "
+        "DDP's gradient_as_bucket_view, static_graph and bucket_cap_mb decide how much of the all-reduce "
+        "the backward hides"
+    )
+    c.note = "; ".join(x for x in (c.note, note) if x)
+
+
+def _has_fix(candidates: Sequence[Candidate]) -> bool:
+    return any(c.fix for c in candidates)

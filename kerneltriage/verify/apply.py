@@ -34,7 +34,11 @@ KINDS = (
     "tf32",
     "channels-last",
     "fused-optimizer",
+    "ddp",
 )
+#: DistributedDataParallel's constructor settings a ``ddp`` fix may set (where the report finds
+#: its communication exposed): every DDP the script builds gets them.
+DDP_SETTINGS = ("gradient_as_bucket_view", "static_graph", "bucket_cap_mb")
 #: Kinds that act at the first forward (the others act before the script runs).
 AT_FIRST_FORWARD = (
     "norm-swap",
@@ -81,6 +85,8 @@ class Applied:
             return "the script never called torch.compile, so there was no mode to change"
         if self.kind == "fused-optimizer":
             return f"the script built no torch.optim {'/'.join(_OPTIMIZERS)} optimizer"
+        if self.kind == "ddp":
+            return "the script built no torch.nn.parallel.DistributedDataParallel"
         return "the fix was not applied"
 
     def remove(self) -> None:
@@ -102,7 +108,45 @@ def check(apply: Any) -> str | None:
         return f"apply kind {kind!r} lacks {', '.join(missing)}"
     if kind == "autocast" and str(apply["dtype"]).replace("torch.", "") not in ("bfloat16", "float16"):
         return f"autocast dtype {apply['dtype']!r} is neither bfloat16 nor float16"
+    if kind == "ddp":
+        return _check_ddp(apply)
     return None
+
+
+def _check_ddp(apply: dict[str, Any]) -> str | None:
+    settings = {k: v for k, v in apply.items() if k != "kind"}
+    unknown = [k for k in settings if k not in DDP_SETTINGS]
+    if unknown or not any(v is not None for v in settings.values()):
+        return f"apply kind 'ddp' takes {', '.join(DDP_SETTINGS)}" + (
+            f", not {', '.join(unknown)}" if unknown else ""
+        )
+    cap = settings.get("bucket_cap_mb")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap <= 0):
+        return f"apply kind 'ddp': bucket_cap_mb must be a number of MB above 0, not {cap!r}"
+    return None
+
+
+def _ddp(torch, applied: Applied, fields: dict[str, Any]) -> None:
+    """Every ``DistributedDataParallel`` the script builds gets ``fields`` as constructor
+    arguments (over the script's own): its buckets as views of the gradients, a static graph,
+    another bucket size. A field set to None (null) leaves the script's own value."""
+    cls = torch.nn.parallel.DistributedDataParallel
+    original = cls.__dict__["__init__"]
+    settings = {k: v for k, v in fields.items() if v is not None}
+    applied.details["wrapped"] = 0
+    applied.details["settings"] = settings
+
+    def init(self, *args, **kwargs):
+        kwargs.update(settings)
+        applied.details["wrapped"] += 1
+        applied.done = True
+        original(self, *args, **kwargs)
+
+    cls.__init__ = init
+    applied._undo.append(functools.partial(setattr, cls, "__init__", original))
+
+
+_INSTALLERS_DDP = {"ddp": _ddp}
 
 
 def install(apply: dict[str, Any]) -> Applied:
@@ -115,7 +159,7 @@ def install(apply: dict[str, Any]) -> Applied:
     kind = apply["kind"]
     fields = {k: v for k, v in apply.items() if k != "kind"}
     applied = Applied(kind, fields)
-    _INSTALLERS[kind](torch, applied, fields)
+    {**_INSTALLERS, **_INSTALLERS_DDP}[kind](torch, applied, fields)
     return applied
 
 

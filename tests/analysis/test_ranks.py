@@ -9,7 +9,7 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from kerneltriage.analysis.ranks import communication_waits, slower_beyond_noise, summarize
+from kerneltriage.analysis.ranks import communication_fix, communication_waits, slower_beyond_noise, summarize
 from kerneltriage.api import build_reports
 from kerneltriage.cli import main
 from tests.helpers import DATA, EXAMPLE_RUN
@@ -197,3 +197,34 @@ def test_ranks_with_different_step_counts_are_flagged(ddp):
     uneven = {0: ddp[0], 1: dataclasses.replace(ddp[1], steps=ddp[1].steps - 1)}
     assert any("different numbers of steps" in w for w in summarize(uneven).warnings)
     assert not any("different numbers of steps" in w for w in summarize(ddp).warnings)
+
+
+def _ddp_recipe():
+    """fixes.yaml's DDP recipe alone (parsed as the shipped file parses it)."""
+    import yaml
+
+    from kerneltriage.analysis.fixes import fixes_path, parse_recipes
+
+    entries = yaml.safe_load(fixes_path().read_text())["recipes"]
+    return parse_recipes([e for e in entries if e["id"] == "ddp-exposed-communication"], "fixes.yaml")
+
+
+def test_exposed_communication_gets_ddps_settings(ddp):
+    rep = dataclasses.replace(ddp[0], candidates=[dataclasses.replace(c) for c in ddp[0].candidates])
+    rep.source = dict(rep.source)
+    communication_fix(rep, _ddp_recipe())  # 0.83 of 50.93 ms exposed: under min_share, no fix
+    assert not any(c.fix for c in rep.candidates if c.kind == "communication")
+    rep.exposed_communication_ms_per_step = 3.0
+    rep.source["communication"] = {"wait_ms_per_step": 0.5, "transfer_ms_per_step": 3.0}
+    communication_fix(rep, _ddp_recipe())
+    (c,) = [c for c in rep.candidates if c.kind == "communication"]
+    assert c.verdict == "skip" and c.recipe["id"] == "ddp-exposed-communication"
+    assert "gradient_as_bucket_view=True, static_graph=True" in c.fix and "bucket_cap_mb=" in c.fix
+    assert c.recipe["apply"] == {
+        "kind": "ddp",
+        "gradient_as_bucket_view": True,
+        "static_graph": True,
+        "bucket_cap_mb": None,
+    }
+    # 3.0 ms exposed less the 0.5 / 3.52 of the collectives' time spent waiting for rank 1.
+    assert "communication exposed 2.57 ms per step (5.1% of the step" in c.note

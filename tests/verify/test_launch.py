@@ -127,3 +127,34 @@ def test_world_size_of_commands():
     assert torchrun.world_size(parse_command([*TORCHRUN, str(SCRIPT)])) == 2
     manifest = SimpleNamespace(command=[*TORCHRUN, "ddp_train.py"], cwd=str(SCRIPT.parent))
     assert torchrun.recorded(manifest).target == ["ddp_train.py"]
+
+
+def test_the_ddp_fix_sets_every_ddps_settings(tmp_path):
+    import torch
+    import torch.distributed as dist
+
+    from kerneltriage.verify.apply import check, install
+
+    assert (
+        check({"kind": "ddp", "gradient_as_bucket_view": True, "static_graph": True, "bucket_cap_mb": None})
+        is None
+    )
+    assert "bucket_cap_mb must be a number" in check({"kind": "ddp", "bucket_cap_mb": -1})
+    assert "not find_unused" in check({"kind": "ddp", "find_unused": True})
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        applied = install(
+            {"kind": "ddp", "gradient_as_bucket_view": True, "static_graph": True, "bucket_cap_mb": None}
+        )
+        assert applied.problem == "the script built no torch.nn.parallel.DistributedDataParallel"
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4), static_graph=False)
+        assert model.gradient_as_bucket_view and model.static_graph  # over the script's own False
+        assert applied.done and applied.details == {
+            "wrapped": 1,
+            "settings": {"gradient_as_bucket_view": True, "static_graph": True},
+        }
+        applied.remove()
+        plain = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+        assert not plain.gradient_as_bucket_view and applied.details["wrapped"] == 1
+    finally:
+        dist.destroy_process_group()

@@ -182,9 +182,7 @@ def plan_candidate(
         why_not=None,
         command=list(by_hand) if by_hand is not None else None,
     )
-    if refused:  # a torchrun job this machine cannot run (``torchrun.refusal``)
-        planned.why_not = refused
-    elif by_hand is not None:
+    if by_hand is not None:
         planned.apply = None  # the user's command carries the fix
     elif candidate.verdict == Verdict.SKIP:
         planned.why_not = "its verdict is skip: there is no fix to verify"
@@ -212,6 +210,8 @@ def plan_candidate(
                 "run (counted in the estimate); a run past --run-timeout is reported as not measured "
                 "within the budget while the other fixes still run"
             )
+    if refused and not planned.why_not:  # a torchrun job this machine cannot run (``torchrun.refusal``)
+        planned.why_not = refused
     return planned
 
 

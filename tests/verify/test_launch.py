@@ -80,9 +80,12 @@ def test_the_plan_of_a_torchrun_run_lists_its_per_rank_runs(tmp_path, monkeypatc
     assert "one process group of 2 ranks (ranks 0, 1)" in note
     assert "--nproc-per-node 2 -m kerneltriage.verify.harness examples/train_gpt.py --ddp" in note
     assert "<label>.<n>.rank<r>.result.json" in note
-    # Profiled on two H200s; this machine has none: refused in one line, nothing else said.
-    c1 = plan.candidates[0]
-    assert not c1.verifiable and c1.why_not.startswith("the torchrun job starts 2 processes")
+    # Profiled on two H200s; this machine has none: the fixes the runner applies are refused in
+    # one line; a fix it cannot apply keeps its own reason.
+    by_id = {c.id: c for c in plan.candidates}
+    assert by_id["C5"].apply and not by_id["C5"].verifiable
+    assert by_id["C5"].why_not.startswith("the torchrun job starts 2 processes, one GPU each")
+    assert by_id["C1"].why_not.startswith("the script's own attention code must be edited")
     monkeypatch.setattr(torchrun, "_gpus", lambda: 2)
     plan, _manifest = load_plan(run, settings)
     assert not any("torchrun job starts" in (c.why_not or "") for c in plan.candidates)

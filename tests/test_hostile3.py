@@ -499,3 +499,38 @@ def test_a_parse_out_of_memory_is_not_called_invalid_json():
     invalid = _json_error(orjson.JSONDecodeError("unexpected character", "x", 0), "t")
     assert ("out of memory" in str(memory), "not valid JSON" in str(memory)) == (True, False)
     assert "not valid JSON" in str(invalid)
+
+
+def linear_k_times(factor: int):
+    """Every linear's inner dimension (1024) recorded ``factor`` times larger: tensors a GPU
+    could hold, FLOPs no GPU could do in the measured time."""
+
+    def edit(data):
+        for e in data["traceEvents"]:
+            if e.get("cat") == "cpu_op" and e.get("name") == "aten::linear":
+                dims = (e.get("args") or {}).get("Input Dims")
+                if dims and dims[0] and dims[0][-1] == 1024:
+                    e["args"]["Input Dims"] = [[x * factor if x == 1024 else x for x in d] for d in dims]
+
+    return edit
+
+
+def test_rates_above_the_gpu_are_warned_and_their_rows_marked_in_every_format(tmp_path):
+    run = copy_run(tmp_path)
+    edit_trace(run, linear_k_times(1000))
+    got = outcome(["report", run, "--format", "json"], "run faster than H200's datasheet allows", [run])
+    assert got == expect(0, "run faster than H200's datasheet allows")
+    report = kerneltriage.report(run)
+    marked = [c for c in report.candidates if c.note.startswith("implausible: achieved_tflops")]
+    assert marked and all(c.name.startswith("aten::linear") for c in marked)
+    assert all(
+        (c.verdict, c.reason, c.expected_saving_share) == ("skip", "estimate-failed", 0.0) for c in marked
+    )
+    for fmt in ("terminal", "markdown", "csv", "html", "json"):
+        rows = []
+        for source in (run, EXAMPLE_RUN):
+            out = tmp_path / f"report.{fmt}"
+            result = CliRunner().invoke(main, ["report", str(source), "--format", fmt, "-o", str(out)])
+            assert result.exit_code == 0, result.output
+            rows.append("estimate-failed" in out.read_text())
+        assert rows == [True, False], fmt

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kerneltriage.analysis.vocabulary import Reason, Verdict
 from kerneltriage.errors import TraceFormatError
 from kerneltriage.ingest.tables import Timeline
 
@@ -31,6 +32,11 @@ STEP_CONTRADICTED = 0.5
 #: A plain step (no profiler) this many times longer than the recorded steps is not the same
 #: program's step.
 PLAIN_SLOWER = 10.0
+#: A candidate's achieved rate above its GPU's fastest datasheet peak times this (FLOPs) or its
+#: memory bandwidth times ``BYTES_MARGIN`` (bytes: caches serve several times faster than DRAM,
+#: and estimated bytes count each tensor once) is impossible.
+RATE_MARGIN = 2.0
+BYTES_MARGIN = 10.0
 #: Steps shorter than this (median) cannot hold one kernel launch: not a training loop's steps.
 MIN_STEP_NS = 1_000
 #: Steps overlapping by more than this share of the shorter one (and ``OVERLAP_TOLERANCE_NS``)
@@ -175,6 +181,43 @@ def check_step_time(
             "phases.timeline.step_time is wrong",
             path=source,
         )
+
+
+def check_rates(candidates: list[Any], gpu: Any) -> list[str]:
+    """Candidates whose achieved rate (their FLOPs or bytes over their measured time) is above
+    what the GPU can do: the GPU's fastest datasheet peak × ``RATE_MARGIN`` (bytes: × ``BYTES_MARGIN``,
+    since a cache serves faster than memory), or, with no GPU known, what no GPU reaches.
+    Their FLOPs or bytes (from recorded shapes, or counters) cannot be right: each such row is
+    skipped (``estimate-failed``) with a note that says why, and one warning names every one
+    with the field and the value."""
+    if gpu is not None:
+        flop_limit = max(gpu.peak_tflops.values(), default=0.0) * RATE_MARGIN
+        byte_limit = float(gpu.peak_bandwidth_gbs) * BYTES_MARGIN
+        basis = f"{gpu.key}'s datasheet"
+    else:
+        flop_limit, byte_limit, basis = 1e6, 1e6, "any GPU"  # TFLOP/s, GB/s: what none reaches
+    found = []
+    for c in candidates:
+        r = c.roofline
+        said = []
+        if flop_limit > 0 and r.achieved_tflops is not None and r.achieved_tflops > flop_limit:
+            said.append(f"achieved_tflops {r.achieved_tflops:.3g} TFLOP/s (over {flop_limit:.4g})")
+        if byte_limit > 0 and r.achieved_gbs is not None and r.achieved_gbs > byte_limit:
+            said.append(f"achieved_gbs {r.achieved_gbs:.3g} GB/s (over {byte_limit:.4g})")
+        if not said:
+            continue
+        # No verdict is built on numbers that cannot be right (as for a failed estimate).
+        c.verdict, c.reason = Verdict.SKIP, Reason.ESTIMATE_FAILED
+        c.expected_saving_share = 0.0
+        c.note = f"implausible: {' and '.join(said)}, more than {basis} allows; its FLOPs/bytes ({r.source}) cannot be right"
+        found.append(f"{c.id} ({c.name[:60]}): {' and '.join(said)}")
+    if not found:
+        return []
+    return [
+        f"{len(found)} candidate(s) run faster than {basis} allows, so their FLOPs or bytes (from the "
+        f"recorded shapes or counters) cannot be right; their rows say 'implausible': {'; '.join(found[:3])}"
+        + (f"; and {len(found) - 3} more" if len(found) > 3 else "")
+    ]
 
 
 def unusable_calibration(calibration: dict[str, Any] | None) -> str | None:

@@ -78,6 +78,7 @@ def triage(
     candidates, gpu = _candidates(timeline, attr, in_step, join, counters, gpu, rules, steps, warnings)
     env = environment(gpu, source, timeline.meta)
     decide(candidates, rules, gpu, env)
+    warnings += plausibility.check_rates(candidates, gpu)  # after the verdicts' own notes
     compiled = _compiled(timeline, attr, rules, steps, source)
     compiled_graph_advice(compiled, rules, env)
     candidates.sort(

@@ -232,10 +232,20 @@ def analyse_rank(task: RankTask) -> Report:
     # The rank's collectives come back with its report (taken off again by ``report_ranks``):
     # their wait for the other ranks is known only once every rank is read.
     report.source[_COLLECTIVES] = _collectives(timeline, task.rules)
+    _last_collective(report, timeline, task.rules)
     return report
 
 
 _COLLECTIVES = "_collectives"
+
+
+def _last_collective(report: Report, timeline: Any, rules: Rules) -> None:
+    """The exposed time of each step's last collective, on the report (``source``)."""
+    from kerneltriage.analysis.ranks import COMMUNICATION, last_collective
+
+    last = last_collective(timeline, lambda name: rules.classify(None, name) == COMMUNICATION)
+    if last is not None:
+        report.source["last_collective"] = last
 
 
 def with_waits(reports: dict[int, Report], timelines: dict[int, Any], rules: Rules) -> dict[int, Report]:
@@ -247,6 +257,9 @@ def with_waits(reports: dict[int, Report], timelines: dict[int, Any], rules: Rul
         split_communication(
             reports, {r: _collectives(timelines[r], rules) for r in reports if r in timelines}
         )
+        for r, report in reports.items():
+            if r in timelines:
+                _last_collective(report, timelines[r], rules)
         _communication_fixes(reports, rules)
     return reports
 

@@ -438,7 +438,50 @@ def communication_fix(report: Report, recipes: Sequence[Any]) -> None:
         "DDP's gradient_as_bucket_view, static_graph and bucket_cap_mb decide how much of the all-reduce "
         "the backward hides"
     )
+    last = report.source.get("last_collective") or {}
+    if last.get("exposed_ms"):
+        note += (
+            f"; the step's last collective (of {last['collectives_per_step']}) is exposed "
+            f"{last['exposed_ms']:.2f} ms: in DDP the last bucket, the gradients the backward computes "
+            "last (the first layers' and the embedding's); smaller buckets start it earlier"
+        )
     c.note = "; ".join(x for x in (c.note, note) if x)
+
+
+def last_collective(timeline: Timeline, is_comm: Callable[[str], bool]) -> dict[str, Any] | None:
+    """The exposed time of each step's last collective (not overlapped by any compute kernel),
+    averaged over the ``ProfilerStep#`` steps of the trace: in DDP the last bucket's all-reduce,
+    which holds the gradients the backward computes last (the first layers', the embedding's).
+    None without step ranges or collectives."""
+    from kerneltriage.analysis.idle import union
+
+    cpu, k = timeline.cpu, timeline.kernels
+    if cpu.empty or k.empty:
+        return None
+    steps = cpu[cpu["name"].astype(str).str.startswith("ProfilerStep#")]
+    k = k[k["kind"] == "kernel"]
+    comm = k["name"].astype(str).map(is_comm).to_numpy(dtype=bool)
+    if steps.empty or not comm.any():
+        return None
+    starts = k["start"].to_numpy().astype(np.int64)
+    ends = starts + k["dur"].to_numpy().astype(np.int64)
+    compute = union(starts[~comm], ends[~comm])
+    c_starts, c_ends = starts[comm], ends[comm]
+    bounds = sorted(int(x) for x in steps["start"].to_numpy())
+    exposed, counts = [], []
+    for lo, hi in zip(bounds, [*bounds[1:], None]):
+        # A step's collectives: launched on the GPU from its start to the next step's start.
+        inside = (c_starts >= lo) & ((c_starts < hi) if hi is not None else True)
+        if not inside.any():
+            continue
+        last = int(np.argmax(np.where(inside, c_starts, -1)))
+        s, e = int(c_starts[last]), int(c_ends[last])
+        covered = sum(max(0, min(e, ce) - max(s, cs)) for cs, ce in compute if ce > s and cs < e)
+        exposed.append(e - s - covered)
+        counts.append(int(inside.sum()))
+    if not exposed:
+        return None
+    return {"exposed_ms": float(np.mean(exposed)) / 1e6, "collectives_per_step": int(np.median(counts))}
 
 
 def _has_fix(candidates: Sequence[Candidate]) -> bool:

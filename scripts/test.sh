@@ -7,11 +7,35 @@
 #   scripts/test.sh --lint …          # first ruff check, ruff format --check, mypy and the
 #                                     # manual's site with mkdocs build --strict (CI)
 #
-# Other arguments go to pytest. Needs Python >= 3.10 (a virtual environment is best); on
-# Debian/Ubuntu it installs Chromium (screenshot tests) with apt when it is missing.
+# Other arguments go to pytest. It installs into the active virtual environment, else into
+# .venv in the checkout (made with python3 -m venv on first use): never into the system's
+# Python. Needs Python >= 3.10; on Debian/Ubuntu it installs Chromium (screenshot tests) with
+# apt when it is missing. Tests that read the corpus of third-party traces
+# ($KERNELTRIAGE_CORPUS, else ../shared beside the checkout) are skipped, with the reason, when
+# it is absent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON="${PYTHON:-python3}"
+
+if [ -n "${VIRTUAL_ENV:-}" ]; then
+  PYTHON="$VIRTUAL_ENV/bin/python"
+else
+  if [ ! -x .venv/bin/python ]; then
+    echo "scripts/test.sh: no active virtual environment: making one in .venv" >&2
+    python3 -m venv .venv || {
+      echo "scripts/test.sh: python3 -m venv failed (Debian/Ubuntu: apt install python3-venv)" >&2
+      exit 2
+    }
+  fi
+  PYTHON=.venv/bin/python
+fi
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
+  echo "scripts/test.sh: $PYTHON is not a virtual environment's Python; activate one or unset VIRTUAL_ENV" >&2
+  exit 2
+fi
+if [ "${1:-}" = "--print-python" ]; then  # which Python it would use, for checking this logic
+  echo "$PYTHON"
+  exit 0
+fi
 
 lint=0
 if [ "${1:-}" = "--lint" ]; then

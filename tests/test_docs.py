@@ -5,7 +5,10 @@ stays a short tour. (`scripts/test.sh --lint`, as CI runs it, also builds the si
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,3 +84,154 @@ def test_the_readme_is_a_short_tour():
     text = "\n".join(lines)
     assert "pip install . && kerneltriage report examples/runs/gpt-naive-h200" in text
     assert "scripts/test.sh" in text
+
+
+# --- samples of the tool's output: scripts/docs_samples.py -----------------------------------
+
+
+def _docs_samples():
+    spec = importlib.util.spec_from_file_location("docs_samples", ROOT / "scripts" / "docs_samples.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+SAMPLES = _docs_samples()
+
+
+def test_the_pages_have_samples_of_every_command_they_show():
+    found = SAMPLES.samples()
+    commands = {" ".join(s.command[:2]) for s in found}
+    assert {
+        "kerneltriage report",
+        "kerneltriage diff",
+        "verify-results examples/runs/gemma2-h100",
+    } <= commands
+    assert {s.page.name for s in found} >= {"README.md", "examples.md"}
+    # No fenced block of a page looks like the tool's output without being a marked sample.
+    for page in PAGES:
+        text = SAMPLES.SAMPLE.sub("", page.read_text())
+        for block in re.findall(r"^```\n(.*?)^```", text, re.M | re.S):
+            assert not re.search(r"^(Steps: |step time: |┏)", block, re.M), f"{page.name}: an unmarked sample"
+
+
+@pytest.mark.parametrize(
+    "sample", SAMPLES.samples(), ids=lambda s: f"{s.page.relative_to(ROOT)}: {' '.join(s.command[:4])}"
+)
+def test_every_sample_is_what_the_tool_prints_today(sample, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert sample.body == SAMPLES.render(sample), (
+        f"{sample.page.name}: the sample of `{sample.spec}` is stale: run python scripts/docs_samples.py"
+    )
+
+
+OUTPUT = """\
+kerneltriage report run
+GPU: X — ceilings 1 GB/s (measured: bandwidth,
+bf16; raised)
+Steps: 3 · step time 4 ms
+Candidates
+┏━━━━┳━━━━━┓
+┃  # ┃ id  ┃
+┡━━━━╇━━━━━┩
+│  1 │ C1  │
+│    │     │
+│  2 │ C2  │
+│  3 │ C3  │
+└────┴─────┘
+Time per kind
+┏━━━━┳━━━━━┓
+┃ k  ┃ ms  ┃
+┡━━━━╇━━━━━┩
+│ a  │ 1   │
+└────┴─────┘
+
+C1  one → use-builtin: x
+  ✓  headroom   9× (needs ≥ 2×)
+  roofline   1 MB and 2 GFLOP, ceiling 3 µs [fused
+estimate]; today
+  saving     up to 5%
+
+C2  two → skip
+  ✓  headroom   1×
+
+warning: one
+that wraps
+"""
+
+
+def test_abridging_leaves_out_what_the_options_name_and_marks_it():
+    abridge = SAMPLES.abridge
+    assert abridge(OUTPUT, []) == OUTPUT
+    out = abridge(
+        OUTPUT,
+        [("short", "GPU"), ("rows", "1"), ("details", "C1"), ("drop", "roofline"), ("warnings", "drop")],
+    ).splitlines()
+    assert out[1] == "GPU: X — ceilings 1 GB/s (measured: bandwidth, …" and out[2].startswith("Steps: ")
+    # one row (with its wrapped line) of each table, then "…" in place of the rest and the border
+    assert out[out.index("│  1 │ C1  │") + 1 : out.index("│  1 │ C1  │") + 3] == ["│    │     │", "…"]
+    assert "│  2 │ C2  │" not in out and out.count("└────┴─────┘") == 1  # the one-row table is whole
+    # C1 without its roofline line (and that line's wrapped rest); C2 and the warning left out
+    assert "  ✓  headroom   9× (needs ≥ 2×)" in out and not any(
+        "roofline" in s or "estimate]" in s for s in out
+    )
+    assert "C2  two → skip" not in out and not any("warning" in s or "wraps" in s for s in out)
+    assert out[-1] == "…" and out.count("…") == 3
+    dropped = abridge(OUTPUT, [("drop-table", "Time per kind")]).splitlines()
+    assert "Time per kind" not in dropped and "│ a  │ 1   │" not in dropped and "…" in dropped
+    assert abridge(OUTPUT, [("from", "Steps:")]).splitlines()[:2] == ["…", "Steps: 3 · step time 4 ms"]
+    with pytest.raises(ValueError, match="unknown sample option"):
+        _ = SAMPLES.Sample(ROOT / "x.md", "kerneltriage report x | colour=red", "").options
+
+
+# --- the vocabulary: every verdict and reason the report can print is documented --------------
+
+
+def _documented(page: Path) -> set[str]:
+    """The code spans of a page, a template's fields written without their format spec."""
+    return {re.sub(r"\{(\w+)[^}]*\}", r"{\1}", span[1:-1]) for span in CODE_SPAN.findall(page.read_text())}
+
+
+def test_every_verdict_and_reason_is_documented():
+    from kerneltriage.analysis.vocabulary import Reason, Verdict
+
+    documented = _documented(ROOT / "docs" / "how-it-decides.md")
+    missing = [
+        f"{m.__class__.__name__}.{m.name}: {m.value}"
+        for m in (*Verdict, *Reason)
+        if re.sub(r"\{(\w+)[^}]*\}", r"{\1}", m.value) not in documented
+    ]
+    assert not missing, f"not in docs/how-it-decides.md's tables: {missing}"
+
+
+# --- docs/layout.md names every module, and only modules that exist -----------------------------
+
+
+def test_the_layout_page_follows_the_tree():
+    text = (ROOT / "docs" / "layout.md").read_text()
+    tree = FENCE.search(text).group(0)
+    package = ROOT / "kerneltriage"
+    # Every module of the package and of its subpackages (not of their subfolders, such as
+    # kernels/norms/ or scaffold/families/, named as folders), and every subpackage.
+    modules = [p for p in package.glob("*.py")] + [p for p in package.glob("*/*.py")]
+    missing = [
+        str(p.relative_to(ROOT))
+        for p in modules
+        if p.name != "__init__.py"
+        and "/data/" not in str(p)
+        and not re.search(rf"\b{re.escape(p.name)}\b", tree)
+    ]
+    folders = [p for p in package.glob("*/") if (p / "__init__.py").exists() or p.name == "data"]
+    missing += [str(p.relative_to(ROOT)) for p in folders if f"{p.name}/" not in tree]
+    assert not missing, f"docs/layout.md does not name: {missing}"
+    # Every file it names exists somewhere in the repository.
+    names = set(re.findall(r"\b([\w]+\.(?:py|yaml|sh))\b", tree))
+    files = {
+        name
+        for top in ("kerneltriage", "examples", "benchmarks", "scripts", "tests", "docs")
+        for _, dirs, names in os.walk(ROOT / top)
+        if not dirs.__setitem__(slice(None), [d for d in dirs if not d.startswith(".")])
+        for name in names
+    } | {p.name for p in ROOT.iterdir()}
+    assert not names - files, f"docs/layout.md names files that are gone: {sorted(names - files)}"

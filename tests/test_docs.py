@@ -235,3 +235,16 @@ def test_the_layout_page_follows_the_tree():
         for name in names
     } | {p.name for p in ROOT.iterdir()}
     assert not names - files, f"docs/layout.md names files that are gone: {sorted(names - files)}"
+
+
+def test_the_shipped_data_cites_only_files_a_user_has():
+    """The ceilings' sources are printed in reports: a file they cite must be in the repository
+    (not in the corpus or other folders beside the checkout)."""
+    data = ROOT / "kerneltriage" / "data"
+    cited = []
+    for path in [*data.glob("*.yaml"), *data.glob("rules/*.yaml")]:
+        text = path.read_text()
+        assert not re.search(r"\bshared/|ANCHORS", text), path.name
+        cited += re.findall(r"(?<![\w/.])((?:benchmarks|docs|tests|examples|scripts)/[\w./-]+\.\w+)", text)
+    assert cited, "the data cites the files its figures come from"
+    assert not [c for c in cited if not (ROOT / c).exists()]

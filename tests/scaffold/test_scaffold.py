@@ -395,3 +395,14 @@ def test_no_path_escapes_out(tmp_path):
         scaffold_kind("gelu", ["8x8"], "fp32", out, force=True)
     assert outside.read_text() == "keep"
     assert sorted(p.name for p in out.iterdir()) == ["kernel.py"]  # nothing written at all
+
+
+def test_readme_saving_agrees_with_the_verdict_note(report, tmp_path):
+    """A skip below its ceiling (low-headroom) counts no saving, and its note says what fixing it
+    could take: the README gives that same figure, and says the report does not count it."""
+    cand = next(c for c in report.candidates if c.reason == "low-headroom")
+    up_to = re.search(r"up to (\d+\.\d)% of the step", cand.note).group(1)
+    readme = (scaffold_candidate(RUN, cand.id, tmp_path / "c", report=report).out / "README.md").read_text()
+    saving = re.search(r"Expected saving if the kernel reaches its ceiling: (.*)\n", readme).group(1)
+    assert saving.startswith(f"up to {up_to}% of step time") and "0.0%" not in saving
+    assert "does not count" in saving and "low-headroom" in saving

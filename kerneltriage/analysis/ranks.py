@@ -390,6 +390,20 @@ def split_communication(reports: dict[int, Report], per_rank: dict[int, list[Col
             "arrived_last": split.last,
             "how": "collectives matched across ranks; wait = time before the last rank's kernel started",
         }
+        if split.wait_fraction < WAIT_NOTE_SHARE:
+            continue
+        for c in rep.candidates:
+            if c.kind == COMMUNICATION and c.time_ms_per_step > 0:
+                note = (
+                    f"about {split.wait_fraction:.0%} of its kernel time ({c.time_ms_per_step * split.wait_fraction:.2f} "
+                    "ms per step) is waiting for other ranks to start the same collective (matched across ranks, "
+                    "in the recorded steps); the rest is transfer"
+                )
+                c.note = "; ".join(x for x in (c.note, note) if x)
+
+
+#: A rank's collectives that wait this share of their time or more say so on their candidates.
+WAIT_NOTE_SHARE = 0.2
 
 
 # --- DDP's settings where its communication is exposed -----------------------------------------

@@ -52,6 +52,10 @@ def test_a_collective_waiting_for_its_peer_is_no_straggler():
     assert comm[0]["wait_ms_per_step"] == pytest.approx(11.33, abs=0.05)
     assert comm[0]["transfer_ms_per_step"] == pytest.approx(comm[1]["transfer_ms_per_step"], rel=0.05)
     assert comm[1]["arrived_last"] > comm[0]["arrived_last"]  # rank 1 is the one waited for
+    (send,) = [c for c in reps[0].candidates if c.kind == "communication"]
+    assert "about 66% of its kernel time (11.33 ms per step) is waiting for other ranks" in send.note
+    (other,) = [c for c in reps[1].candidates if c.kind == "communication"]
+    assert "about 27% of its kernel time (2.21 ms per step)" in other.note
     s = summarize(reps)
     across = next(c for c in s.candidates if c.kind == "communication")
     assert across.skew < 1.05  # the transfer, not the kernel time with its wait

@@ -789,7 +789,9 @@ def candidate_fields(c: Any, params: dict[str, Any]) -> dict[str, Any]:
             else f"{norm_function}(x, norm.weight, norm.eps)  # cast_before_weight= / weight_offset= as the norm's math"
         ),
         "server": str(bool(c.attrs.get("server"))),
-        "op_name": (c.ops[0] if getattr(c, "ops", None) else c.name).partition("(")[0],
+        "op_name": str((getattr(c, "ops", None) or [getattr(c, "name", "") or "the op"])[0]).partition("(")[
+            0
+        ],
     }
 
 

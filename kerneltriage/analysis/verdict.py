@@ -606,7 +606,9 @@ def _alignment_advice(c: Candidate) -> list[str]:
             ]
         return []
     m, n, k, dtype = d
-    multiple = 8 if dtype_bytes(dtype) == 2 else 4
+    # The unit it runs on (under autocast an fp32 op's GEMM runs bf16): 16 bytes of operands.
+    unit = c.roofline.precision or ("bf16" if dtype_bytes(dtype) == 2 else "fp32")
+    multiple = 4 if unit in ("fp32", "tf32") else 8
     off = [(name, v) for name, v in (("K", k), ("N", n)) if v % multiple]
     if not off and unaligned < 0.5 * total:
         return []
@@ -627,10 +629,14 @@ def _alignment_advice(c: Candidate) -> list[str]:
             edits.append(
                 f"out_features {v} → {padded[name]} (zero rows in the weight), then y = y[..., :{v}]  # N {v} → {padded[name]}"
             )
+            if re.search(r"lm_head|decoder|embed", c.module or ""):
+                edits.append(
+                    "# a Hugging Face model's vocabulary: model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64)"
+                )
     c.attrs["pad_edit"] = "\n".join(edits)
     note = (
         f"{what}: not a multiple of {multiple}, so cuBLAS/CUTLASS run their unaligned kernels; pad to a multiple of "
-        f"{multiple} (16 for the best tiles)"
+        f"{multiple} (of 64 to fill whole tiles)"
     )
     if (
         c.verdict == Verdict.COMPILE
@@ -639,6 +645,7 @@ def _alignment_advice(c: Candidate) -> list[str]:
         and c.headroom > 1.0
     ):
         c.verdict, c.builtin = Verdict.USE_BUILTIN, f"pad {what}"
+        c.note = "the library GEMM runs below its roof at this shape"
     return [note]
 
 

@@ -3,7 +3,7 @@
 The kinds and what each does are the contract's table (``design``: fix recipes). Two moments:
 
 - *before the script runs*: ``liger``, ``compile-mode``, ``sdpa-backend``, ``tf32``,
-  ``fused-optimizer`` change a library or torch's global state;
+  ``cudnn-benchmark``, ``fused-optimizer`` change a library or torch's global state;
 - *at the first forward*: a global module forward pre-hook treats the first module that runs
   as the root, changes ``root.modules()`` and removes itself. Children run after the root's
   pre-hook, so they already take the new forward (``norm-swap``, ``compile-module``,
@@ -33,6 +33,7 @@ KINDS = (
     "autocast",
     "tf32",
     "channels-last",
+    "cudnn-benchmark",
     "fused-optimizer",
     "ddp",
 )
@@ -412,6 +413,17 @@ def _tf32(torch, applied: Applied, fields: dict[str, Any]) -> None:
     applied._undo.append(undo)
 
 
+def _cudnn_benchmark(torch, applied: Applied, fields: dict[str, Any]) -> None:
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    applied.done = True
+
+    def undo():
+        torch.backends.cudnn.benchmark = before
+
+    applied._undo.append(undo)
+
+
 def _fused_optimizer(torch, applied: Applied, fields: dict[str, Any]) -> None:
     applied.details["optimizers"] = []
     for name in _OPTIMIZERS:
@@ -444,5 +456,6 @@ _INSTALLERS: dict[str, Callable[[Any, Applied, dict[str, Any]], None]] = {
     "autocast": _autocast,
     "tf32": _tf32,
     "channels-last": _channels_last,
+    "cudnn-benchmark": _cudnn_benchmark,
     "fused-optimizer": _fused_optimizer,
 }

@@ -98,7 +98,10 @@ def test_terminal_summary_is_rich_tables(summary, reports):
 def test_markdown_has_tables_and_a_section_per_rank(summary, reports):
     text = render(summary, reports, "markdown")
     assert text.startswith(f"# kerneltriage report: `{DDP}` (2 ranks)")
-    assert "| rank | step time | GPU busy | communication | exposed communication |\n|---:|" in text
+    head = "| rank | step time | GPU busy | communication | exposed communication | timed on (interval) | comm. wait / transfer |"
+    assert head + "\n|---:|---:|---:|---:|---:|---:|---:|\n" in text
+    # The shipped run has no plain steps; its collectives are matched across the two ranks.
+    assert "| recorded steps | 1.36 ms / 2.15 ms |" in text
     assert text.index("## Ranks") < text.index("# Rank 0") < text.index("# Rank 1")
     assert f"- start: `kerneltriage scaffold {REF} C1 --rank 0`" in text
 

@@ -12,6 +12,7 @@ import functools
 import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -47,11 +48,12 @@ TENSOR_PRECISION = {
     "c10::Float8_e5m2": "fp8",
 }
 # Backward ÷ forward work. GEMM: dX and dW are each one GEMM of the forward's size.
+# Convolution: dgrad and wgrad are each one convolution of the forward's FLOPs.
 # Attention: dV, dP, dS·K, dSᵀ·Q plus the recomputed QKᵀ: 2.5× the forward FLOPs (the
 # FlashAttention count); it reads q, k, v, o, dO and writes dq, dk, dv: about 2× the bytes.
 # Row-wise and elementwise ops read the saved input and dY and write dX: 1.5× the bytes.
-BWD_FLOPS = {"gemm": 2.0, "attention": 2.5}
-BWD_BYTES = {"gemm": 2.0, "attention": 2.0}
+BWD_FLOPS = {"gemm": 2.0, "attention": 2.5, "convolution": 2.0}
+BWD_BYTES = {"gemm": 2.0, "attention": 2.0, "convolution": 2.0}
 BWD_DEFAULT = 1.5
 
 
@@ -359,6 +361,8 @@ def op_work(kind: str, name: str, dims, types, concrete, compute_type: str | Non
         return sdpa_work(dims, types, concrete, name)
     if kind == "embedding":
         return embedding_work(dims, types)
+    if kind == "convolution":
+        return conv_work(name, dims, types, concrete, compute_type)
     if kind == "optimizer":
         return optimizer_work(name, dims, types)
     if kind in ("elementwise", "reduction", "norm", "softmax", "cross-entropy"):
@@ -366,6 +370,52 @@ def op_work(kind: str, name: str, dims, types, concrete, compute_type: str | Non
             return None  # an attention op classed by its kernels: no elementwise model applies
         return simple_work(kind, dims, types, name)
     return None
+
+
+_CONV_OPS = re.compile(r"^aten::(conv[123]d|convolution|_convolution|cudnn_convolution)$")
+
+
+def _int_list(value: Any, n: int) -> list[int] | None:
+    """``"[2, 2]"`` or ``"2"`` as ``n`` ints (a recorded stride, padding or dilation)."""
+    found = re.findall(r"-?\d+", str(value or ""))
+    if not found:
+        return None
+    ints = [int(x) for x in found]
+    return ints if len(ints) == n else (ints * n)[:n] if len(ints) == 1 else None
+
+
+def conv_work(name: str, dims, types, concrete, compute_type: str | None) -> Work | None:
+    """Forward work of a convolution from its recorded input and weight (N, C, *spatial) and
+    (K, C/groups, *kernel), with its stride, padding, dilation and groups where recorded
+    (aten::conv2d(input, weight, bias, stride, padding, dilation, groups); the defaults 1, 0,
+    1, 1 otherwise): 2·N·K·(C/groups)·∏kernel·∏output FLOPs; input, weight and output bytes."""
+    if not _CONV_OPS.match(name):
+        return None
+    tensors = tensor_inputs(dims, types)
+    if len(tensors) < 2:
+        return None
+    (x, xt), (w, _) = tensors[:2]
+    if len(x) < 3 or len(w) != len(x) or len(x) > 5:
+        return None
+    spatial = len(x) - 2
+    conc = list(concrete or [])
+    if name in ("aten::convolution", "aten::_convolution") and len(conc) > 6 and _flag(conc, 6):
+        return None  # a transposed convolution: another output size
+    stride = _int_list(conc[3] if len(conc) > 3 else None, spatial) or [1] * spatial
+    padding = _int_list(conc[4] if len(conc) > 4 else None, spatial) or [0] * spatial
+    dilation = _int_list(conc[5] if len(conc) > 5 else None, spatial) or [1] * spatial
+    out = []
+    for i in range(spatial):
+        size = (x[2 + i] + 2 * padding[i] - dilation[i] * (w[2 + i] - 1) - 1) // max(1, stride[i]) + 1
+        if size <= 0:
+            return None
+        out.append(size)
+    n, k, c_per_group = x[0], w[0], w[1]
+    flops = 2.0 * n * k * c_per_group * numel(w[2:]) * numel(out)
+    es = dtype_bytes(compute_type or xt, 2)
+    bytes_ = es * (numel(x) + numel(w) + n * k * numel(out))
+    precision = TENSOR_PRECISION.get(compute_type or xt, "bf16")
+    return Work(flops, bytes_, precision)
 
 
 def embedding_work(dims, types) -> Work | None:

@@ -150,3 +150,30 @@ def test_the_runs_elementwise_and_embedding_ops_move_their_tensors_once(gpt_ops)
     w = estimate.op_work("embedding", emb.name, emb.dims, emb.types, emb.concrete, None)
     tokens = 4 * 2048
     assert w.flops == 0.0 and w.bytes == 2 * tokens * 1024 * 4 + tokens * 8  # fp32 rows, int64 ids
+
+
+def test_convolution_work_from_its_recorded_shapes():
+    from kerneltriage.analysis.estimate import conv_work, op_work
+
+    # ResNet-50's 1×1 convolution (V100 trace, fp32): 2·N·K·C·H·W FLOPs, input + weight + output bytes.
+    dims = [[32, 256, 14, 14], [1024, 256, 1, 1], [], [], [], [], []]
+    types = ["float", "float", "", "ScalarList", "ScalarList", "ScalarList", "Int"]
+    concrete = ["", "", "", "[1, 1]", "[0, 0]", "[1, 1]", "1"]
+    w = op_work("convolution", "aten::conv2d", dims, types, concrete, None)
+    assert w.flops == 2 * 32 * 1024 * 256 * 14 * 14
+    assert w.bytes == 4 * (32 * 256 * 14 * 14 + 1024 * 256 + 32 * 1024 * 14 * 14) and w.precision == "fp32"
+    # ConvNeXt's 7×7 depthwise convolution: one input channel per filter, padding 3, stride 1.
+    dw = conv_work(
+        "aten::conv2d",
+        [[64, 96, 56, 56], [96, 1, 7, 7], [96]],
+        ["c10::BFloat16"] * 3,
+        ["", "", "", "[1, 1]", "[3, 3]", "[1, 1]", "96"],
+        None,
+    )
+    assert dw.flops == 2 * 64 * 96 * 1 * 49 * 56 * 56 and dw.precision == "bf16"
+    # Stride 2 without padding: the output is (56 − 3) // 2 + 1 = 27 wide.
+    s2 = conv_work(
+        "aten::conv2d", [[1, 8, 56, 56], [16, 8, 3, 3]], ["float"] * 2, ["", "", "", "[2, 2]", "[0, 0]"], None
+    )
+    assert s2.flops == 2 * 16 * 8 * 9 * 27 * 27
+    assert conv_work("aten::conv2d", [[1, 8, 56, 56]], ["float"], [], None) is None

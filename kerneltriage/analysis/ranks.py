@@ -210,8 +210,10 @@ def _rank_row(rank: int, rep: Report) -> RankRow:
     )
     if timing.get("plain_median_ms"):
         row.timed_on = "plain steps"
-        low, high = step_interval(timing.get("plain_ms") or [rep.step_time_ms], rep.step_time_ms)
-        row.step_low_ms, row.step_high_ms = low, high
+        interval = rep.step_interval_ms or step_interval(
+            timing.get("plain_ms") or [rep.step_time_ms], rep.step_time_ms
+        )
+        row.step_low_ms, row.step_high_ms = float(interval[0]), float(interval[1])
     return row
 
 
@@ -226,24 +228,16 @@ def _transfer_fraction(row: RankRow) -> float | None:
 
 
 def step_interval(values: Sequence[float], median: float | None = None) -> tuple[float, float]:
-    """The interval of a rank's median step: ``analysis.steady``'s bootstrap interval where that
-    module is present, else the median ± 2 robust standard errors (1.253 × 1.4826 × MAD / √n).
-    One step: no interval (the value itself)."""
+    """The interval of a rank's median step from its plain steps (``analysis.steady``'s bootstrap
+    interval of the median); one step: no interval (the value itself). The report's own
+    ``step_interval_ms`` (the steady plain steps') is used first where it has one."""
+    from kerneltriage.analysis.steady import median_interval
+
     x = [float(v) for v in values if v is not None and math.isfinite(v)]
     mid = float(np.median(x)) if x else float(median or 0.0)
     if len(x) < 2:
         return mid, mid
-    try:
-        from importlib import import_module
-
-        interval: Callable[[Sequence[float]], tuple[float, float]] = import_module(
-            "kerneltriage.analysis.steady"
-        ).median_interval
-    except (ImportError, AttributeError):
-        mad = float(np.median(np.abs(np.asarray(x) - mid)))
-        half = 2.0 * 1.253 * 1.4826 * mad / math.sqrt(len(x))
-        return mid - half, mid + half
-    low, high = interval(x)
+    low, high = median_interval(x)
     return float(low), float(high)
 
 

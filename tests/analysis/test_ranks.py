@@ -91,6 +91,7 @@ def _report(rank, step_ms, plain_ms=None):
         steps=3,
         candidates=[],
         thresholds=SimpleNamespace(min_share=0.03),
+        step_interval_ms=None,
     )
 
 

@@ -14,6 +14,17 @@ def tflops_text(value: float) -> str:
     return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
 
 
+def precision_label(gpu: GPUSpec, precision: str) -> str:
+    """A ceiling's name as a reader takes it: fp16 runs on two kinds of unit, so its two rates
+    read ``fp16 vector`` and ``fp16 tensor`` (not ``fp16`` beside ``fp16_tensor``, which reads
+    as if fp16 itself were several times slower than bf16)."""
+    if precision.endswith("_tensor"):
+        return f"{precision.removesuffix('_tensor')} tensor"
+    if f"{precision}_tensor" in gpu.ceiling_tflops:
+        return f"{precision} vector"
+    return precision
+
+
 def header_precisions(gpu: GPUSpec) -> list[str]:
     """The compute ceilings a header shows: the bf16 tensor rate (fp16's where the GPU has no
     bf16 entry) and fp32."""
@@ -30,7 +41,11 @@ def ceilings_text(gpu: GPUSpec) -> str:
     ceilings = gpu.ceiling_tflops
     values = f"{gpu.ceiling_bandwidth_gbs:.0f} GB/s"
     if shown:
-        values += ", " + ", ".join(f"{tflops_text(ceilings[p])} {p}" for p in shown) + " TFLOP/s"
+        values += (
+            ", "
+            + ", ".join(f"{tflops_text(ceilings[p])} {precision_label(gpu, p)}" for p in shown)
+            + " TFLOP/s"
+        )
     if gpu.is_measured:
         return f"ceilings {values} ({gpu.source})"
     a = gpu.achievable

@@ -16,7 +16,7 @@ from typing import Any
 from kerneltriage.analysis.model import Candidate, Report
 from kerneltriage.analysis.ranks import RankSummary
 from kerneltriage.analysis.vocabulary import Verdict
-from kerneltriage.report.gpu_text import NO_CEILINGS, tflops_text, unresolved_text
+from kerneltriage.report.gpu_text import NO_CEILINGS, precision_label, tflops_text, unresolved_text
 from kerneltriage.report.ladder_text import applied_fixes_line
 from kerneltriage.report.shared import RANK_HEAD, offers_scaffold, rank_rows, scaffold_command
 from kerneltriage.report.text import (
@@ -215,7 +215,7 @@ def _gpu_header(report: Report) -> dict[str, Any]:
         datasheet = f"{gpu.peak_tflops[p]:g} TFLOP/s" if p in gpu.peak_tflops else "none"
         ceilings.append(
             {
-                "name": p,
+                "name": precision_label(gpu, p),
                 "value": f"{tflops_text(v)} TFLOP/s",
                 "used": p in used,
                 "how": how(p in gpu.measured_tflops, datasheet, gpu.fraction(p)),

@@ -581,7 +581,7 @@ def _draw_roofs(
         zorder=1,
         solid_capstyle="round",
     )
-    for i, (precision, peak) in enumerate(data.roofs.items()):
+    for i, peak in enumerate(data.roofs.values()):
         ridge = peak / bw
         ax.plot(
             [ridge, x_hi],
@@ -590,16 +590,6 @@ def _draw_roofs(
             lw=2.0 if i == 0 else 1.4,
             ls="-" if i == 0 else (0, (5, 3)),
             zorder=1,
-        )
-        ax.annotate(
-            f"{precision} ceiling {peak:,.4g} TFLOP/s",
-            (x_hi, peak),
-            xytext=(-6, 3),
-            textcoords="offset points",
-            ha="right",
-            va="bottom",
-            color=_ROOF,
-            fontsize=9,
         )
 
 
@@ -650,6 +640,7 @@ def _place_labels(
         return float(total)
 
     if data.bandwidth_tbs is not None and top_ridge is not None:
+        texts += _compute_roof_labels(ax, data, data.bandwidth_tbs, renderer, cost)
         texts.append(_memory_roof_label(ax, data.bandwidth_tbs, top_ridge, renderer, cost))
     _place_id_labels(ax, labelled, renderer, cost, texts, to_px)
 
@@ -668,6 +659,46 @@ def _overlap_area(a: Any, b: Any) -> Any:
     w = np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0])
     h = np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1])
     return np.clip(w, 0, None) * np.clip(h, 0, None)
+
+
+def _compute_roof_labels(ax: Any, data: RooflineData, bw: float, renderer: Any, cost: Any) -> list[Any]:
+    """Each compute roof's label, along its roof (the right end first, then starting or ending
+    at points along it; above the line, else below) where it covers the fewest points, arrows
+    and labels placed before it, and stays right of its ridge; returns their boxes."""
+    x_lo, x_hi = ax.get_xlim()
+    boxes: list[Any] = []
+    for precision, peak in data.roofs.items():
+        start = max(peak / bw, x_lo) * 1.2
+        left_edge = ax.transData.transform((start, peak))[0]
+        best = None
+        along = [start * (x_hi / start) ** frac for frac in (0.0, 0.15, 0.3, 0.45, 0.6, 0.75, 0.9)]
+        places = [(x_hi, -6, "right"), *((x, 4, "left") for x in along), *((x, -4, "right") for x in along)]
+        for x, dx, ha in places:
+            for dy, va in ((3, "bottom"), (-3, "top")):
+                label = ax.annotate(
+                    f"{precision} ceiling {peak:,.4g} TFLOP/s",
+                    (x, peak),
+                    xytext=(dx, dy),
+                    textcoords="offset points",
+                    ha=ha,
+                    va=va,
+                    color=_ROOF,
+                    fontsize=9,
+                    zorder=6,  # over an arrow that must cross it, on a backdrop that keeps it legible
+                    bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.75},
+                )
+                box = label.get_window_extent(renderer).padded(1.5)
+                label.remove()
+                score = cost(box) + 4 * max(0.0, left_edge - box.x0) * box.height  # off its roof
+                if boxes:  # the roof labels placed before it
+                    score += 100 * float(_overlap_area(_extents([box]), _extents(boxes)).sum())
+                if best is None or score < best[0] - 1.0:
+                    best = (score, label, box)
+        assert best is not None
+        ax.add_artist(best[1])
+        best[1].set_gid(f"kt-roof-label-{precision}")
+        boxes.append(best[2])
+    return boxes
 
 
 def _memory_roof_label(ax: Any, bw: float, top_ridge: float, renderer: Any, cost: Any) -> Any:

@@ -15,7 +15,7 @@ from kerneltriage.analysis.rules import load_rules
 from kerneltriage.analysis.triage import idle_by_class
 from kerneltriage.cli import main
 from kerneltriage.report import render
-from kerneltriage.report.gpu_text import tflops_text
+from kerneltriage.report.gpu_text import precision_label, tflops_text
 from kerneltriage.report.html import breakable, html
 from kerneltriage.report.text import headroom_text, ms, pct
 
@@ -173,7 +173,15 @@ def test_header(report, page):
     # The ceilings the report used (measured, else datasheet × achievable), not the datasheet's.
     assert f"memory {gpu.ceiling_bandwidth_gbs:,.0f} GB/s" in header
     for precision, ceiling in gpu.ceiling_tflops.items():
-        assert f"{precision} {tflops_text(ceiling)} TFLOP/s" in header
+        assert f"{precision_label(gpu, precision)} {tflops_text(ceiling)} TFLOP/s" in header
+    # fp16 has two rates, named by their units: its CUDA-core rate is not fp16 itself being slow
+    fp16 = gpu.ceiling_tflops
+    assert f">fp16 vector {tflops_text(fp16['fp16'])} TFLOP/s<" in header
+    assert f">fp16 tensor {tflops_text(fp16['fp16_tensor'])} TFLOP/s<" in header
+    assert (
+        ">fp16 " + tflops_text(fp16["fp16"]) not in header
+        and "fp16_tensor" not in header.split("ceilings from")[0]
+    )
     for name, version in report.source["versions"].items():
         assert f'{name} <span class="mono">{escape(version)}</span>' in header
     assert " ".join(report.source["command"]) in header

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from matplotlib.text import Text
+from matplotlib.transforms import Bbox
 
 from kerneltriage.cli import main
 from kerneltriage.errors import InputError
@@ -308,3 +309,36 @@ def test_cli_plot_pdf_is_an_input_error(tmp_path):
     assert "kerneltriage: error:" in result.output and ".png or .svg" in result.output
     assert "Traceback" not in result.output
     assert not out.exists()
+
+
+def test_roof_labels_stay_clear_of_points_and_above_arrows():
+    """Gemma2 on an H100: GEMMs sit at the bf16 roof's right end and the attention's arrow rises
+    through the fp16 and fp32 roofs. Each roof label goes where no point covers it, and an
+    arrow that must cross one passes behind it."""
+    import kerneltriage
+
+    fig = plots.roofline_figure(kerneltriage.report(ROOT / "examples" / "runs" / "gemma2-h100"))
+    renderer = fig.canvas.get_renderer()
+    labels = by_gid(fig, "kt-roof-label-")
+    assert set(labels) == {"bf16", "fp16", "fp32"}
+    points = {}
+    for gid, p in by_gid(fig, "kt-point-").items():  # each marker's box: its centre ± its radius
+        (x, y), r = p.get_offset_transform().transform(p.get_offsets())[0], p.get_sizes()[0] ** 0.5 / 2
+        r *= fig.dpi / 72
+        points[gid] = Bbox.from_extents(x - r, y - r, x + r, y + r)
+    arrows = by_gid(fig, "kt-arrow-")
+    for precision, label in labels.items():
+        box = text_box(label, renderer)
+        # at most the rim of a point under a corner, and the label drawn over it
+        covered = sum(
+            max(0.0, min(box.x1, p.x1) - max(box.x0, p.x0)) * max(0.0, min(box.y1, p.y1) - max(box.y0, p.y0))
+            for p in points.values()
+        )
+        assert covered < 0.03 * box.width * box.height, precision
+        for artist in [*arrows.values(), *by_gid(fig, "kt-point-").values()]:
+            assert label.get_zorder() > artist.get_zorder()
+        assert label.get_bbox_patch() is not None  # the backdrop that keeps it legible
+    # the fp16 and fp32 labels no longer lie across the attention's arrow
+    c1 = arrows["C1"].get_window_extent(renderer)
+    for precision in ("fp16", "fp32"):
+        assert not text_box(labels[precision], renderer).overlaps(c1), precision

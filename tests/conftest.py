@@ -262,6 +262,7 @@ SLOW = (
     "tests/analysis/test_fix_scope.py::test_compiling_the_attention_module_counts_the_eager_softmax_chain",
     "tests/analysis/test_triage.py::test_attention_fused_ceiling_is_traceable_to_shapes",
     "tests/test_docs.py::test_every_sample_is_what_the_tool_prints_today",  # a report each, 10 s
+    "tests/test_corpus_skip.py",  # pytest in a subprocess
 )
 
 

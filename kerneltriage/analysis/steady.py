@@ -139,7 +139,7 @@ def steady(
     )
 
 
-def median_interval(values: Sequence[float]) -> tuple[float, float]:
+def median_interval(values: Sequence[float] | np.ndarray) -> tuple[float, float]:
     """The percentile-bootstrap interval of the median of one process's steps."""
     x = np.asarray(values, dtype=float)
     if len(x) < 3 or float(x.max() - x.min()) == 0.0:
@@ -166,7 +166,7 @@ def median_interval(values: Sequence[float]) -> tuple[float, float]:
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
-def mean_interval(values: Sequence[float]) -> tuple[float, float]:
+def mean_interval(values: Sequence[float] | np.ndarray) -> tuple[float, float]:
     """The percentile-bootstrap interval of the mean of a few steps (a trace's profiled steps,
     whose step time is their mean)."""
     x = np.asarray(values, dtype=float)

@@ -26,6 +26,8 @@ _KEYS = (
     "fixed",
     "loss_check",
     "partial",
+    "run_as",
+    "shared_with",
 )
 
 
@@ -69,10 +71,16 @@ def attach(report: Report, data: dict[str, Any]) -> Report:
 
 
 def saving(c) -> float:
-    """The saving a candidate is ranked by: realized when its fix was verified, else predicted."""
+    """The saving a candidate is ranked by: realized when its fix was verified, else predicted.
+    A fix several candidates share is counted once, on the row it ran under: the others rank by
+    their own predicted slice."""
     v = c.verification or {}
+    if v.get("run_as"):
+        return c.expected_saving_share
     if v.get("status") == "verified" and v.get("realized_saving_share") is not None:
         return float(v["realized_saving_share"])
+    if v.get("shared_with") and v.get("predicted_saving_share") is not None:
+        return max(c.expected_saving_share, float(v["predicted_saving_share"]))
     return c.expected_saving_share
 
 

@@ -346,11 +346,15 @@ class Session:
         if plan.plain_count >= most:
             return False
         times = self._finished_plain_times()
+        # numpy only (torch loaded it): no interval here, so no scipy in the user's process.
         from kerneltriage.analysis import steady
 
-        found = steady.steady(times) if times else None
+        conf = steady.settings()["steady"]
+        tail = times[steady.truncation(times) :]
         # Settled on the steps the GPU has finished (all but the last two or so in flight).
-        if found is not None and len(times) >= plan.plain_count - 2 and found.settled:
+        if len(times) >= plan.plain_count - 2 and steady.settled(
+            tail, min_steps=int(conf["min_steps"]), tolerance=float(conf["tolerance"])
+        ):
             return False
         self.plan = dataclasses.replace(plan, plain=plan.plain_count + 1)
         self.plain_extended += 1

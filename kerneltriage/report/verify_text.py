@@ -47,6 +47,8 @@ def realized_cell(v: dict[str, Any] | None) -> str:
         return ""
     status = v.get("status", "not verified")
     share = v.get("realized_saving_share")
+    if v.get("run_as"):  # one fix shared: its numbers are on the row it ran under
+        return f"{MARKS.get(status, '?')} in {v['run_as']}'s fix"
     if share is None or status == "not verified":
         return f"{MARKS.get(status, '?')} {LABELS.get(status, status)}"
     text = pct(share).replace("-", "−")
@@ -63,6 +65,10 @@ def verification_line(v: dict[str, Any] | None) -> str:
         return ""
     status = v.get("status", "not verified")
     parts = [f"{MARKS.get(status, '?')} {LABELS.get(status, status)}"]
+    if v.get("run_as"):
+        parts.append(f"one fix with {v['run_as']}, measured and judged once there")
+    elif v.get("shared_with"):
+        parts.append(f"one fix for this and {', '.join(v['shared_with'])}, judged once")
     if v.get("predicted_saving_share") is not None:
         parts.append(f"predicted {pct(v['predicted_saving_share'])}")
     if v.get("realized_saving_share") is not None:
@@ -104,6 +110,9 @@ def result_lines(data: Any) -> list[str]:
     for c in data.candidates:
         realized = pct(c.realized_saving_share) + _interval(c)
         runs = f"{c.fixed.runs}" if c.fixed else "—"
+        if c.run_as:
+            lines.append(f"{c.id:<5} {c.status:<16} {'':>9} {'in ' + c.run_as + chr(39) + 's fix':>24}")
+            continue
         lines.append(
             f"{c.id:<5} {c.status:<16} {pct(c.predicted_saving_share):>9} {realized:>24}  "
             f"{_ms(c.baseline):>26}  {_ms(c.fixed):>26}  {runs:>4}  "

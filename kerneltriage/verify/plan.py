@@ -45,7 +45,7 @@ class Settings:
     def defaults(cls, **given: Any) -> Settings:
         """Settings with ``measurement.yaml``'s defaults for what is not given (None)."""
         conf = _measurement()
-        base = {
+        base: dict[str, Any] = {
             "repeats": int(conf["min_repeats"]),
             "max_repeats": int(conf["max_repeats"]),
             "budget_s": float(conf["budget_seconds"]),
@@ -371,7 +371,9 @@ def describe(plan: Plan) -> list[str]:
 
 def _default_timeout() -> str:
     conf = _measurement()
-    return f"{conf['run_timeout_factor']:g}× its estimate ({_duration(float(conf['run_timeout_min']))} at least)"
+    return (
+        f"{conf['run_timeout_factor']:g}× its estimate ({_duration(float(conf['run_timeout_min']))} at least)"
+    )
 
 
 def _duration(seconds: float) -> str:

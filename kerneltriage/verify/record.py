@@ -88,6 +88,10 @@ class CandidateResult(_Model):
     why: str = ""
     partial: bool = False
     applied: dict[str, Any] | None = None
+    # One fix several candidates share: it ran once, under ``run_as``'s id (None: this one's),
+    # and is judged once against the fix's own prediction; ``shared_with``: the others.
+    run_as: str | None = None
+    shared_with: list[str] = []
 
 
 class Settings(_Model):

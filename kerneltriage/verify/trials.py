@@ -417,6 +417,8 @@ def _entry(
         predicted_saving_share=c.predicted,
         status="not verified",
         why=c.why_not or "",
+        run_as=c.run_as,
+        shared_with=list(c.shared_with),
     )
     if not c.verifiable:
         return entry

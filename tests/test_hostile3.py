@@ -534,3 +534,18 @@ def test_rates_above_the_gpu_are_warned_and_their_rows_marked_in_every_format(tm
             assert result.exit_code == 0, result.output
             rows.append("estimate-failed" in out.read_text())
         assert rows == [True, False], fmt
+
+
+@pytest.mark.parametrize("us", [1e12, -1e12], ids=["days-after", "days-before"])
+def test_a_kernel_timed_far_outside_the_recording_is_dropped_by_name(tmp_path, us):
+    def edit(data):
+        kernels = [e for e in data["traceEvents"] if e.get("cat") == "kernel"]
+        kernels[len(kernels) // 2]["ts"] += us
+
+    run = copy_run(tmp_path)
+    edit_trace(run, edit)
+    got = outcome(["report", run, "--format", "json"], "timed far outside the recording", [run])
+    assert got == expect(0, "timed far outside the recording")
+    assert kerneltriage.report(run).step_time_ms == pytest.approx(
+        kerneltriage.report(EXAMPLE_RUN).step_time_ms, rel=0.01
+    )

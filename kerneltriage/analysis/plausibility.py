@@ -11,6 +11,7 @@ or, where no honest report can follow, a ``TraceFormatError`` (exit code 2) nami
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from typing import Any
@@ -37,12 +38,52 @@ PLAIN_SLOWER = 10.0
 #: and estimated bytes count each tensor once) is impossible.
 RATE_MARGIN = 2.0
 BYTES_MARGIN = 10.0
+#: GPU activities further than this multiple of the host's recorded span (and at least
+#: ``OUTSIDE_MIN_NS``) from it carry corrupt timestamps (a GPU runs behind its host by a queue
+#: of launches, seconds at most).
+OUTSIDE_TOLERANCE = 1.0
+OUTSIDE_MIN_NS = 60 * 10**9
 #: Steps shorter than this (median) cannot hold one kernel launch: not a training loop's steps.
 MIN_STEP_NS = 1_000
 #: Steps overlapping by more than this share of the shorter one (and ``OVERLAP_TOLERANCE_NS``)
 #: are refused; clock rounding overlaps real ones by a microsecond at most.
 STEP_OVERLAP_SHARE = 0.01
 OVERLAP_TOLERANCE_NS = 10_000
+
+
+def drop_kernels_outside(timeline: Timeline) -> Timeline:
+    """``timeline`` without GPU activities that lie far outside the host's recording (more than
+    ``OUTSIDE_TOLERANCE`` × its span, and ``OUTSIDE_MIN_NS``, before its first host event or
+    after its last): the profiler records the GPU only around the host's window, so such a
+    timestamp is corrupt. Judged relative to the trace; a warning names the first one."""
+    kernels = timeline.kernels
+    starts, ends = [], []
+    for table in (timeline.cpu, timeline.runtime):
+        if not table.empty:
+            starts.append(int(table["start"].min()))
+            ends.append(int((table["start"] + table["dur"].clip(lower=0)).max()))
+    if kernels.empty or not starts:
+        return timeline
+    first, last = min(starts), max(ends)
+    slack = max(OUTSIDE_MIN_NS, OUTSIDE_TOLERANCE * (last - first))
+    k_start = kernels["start"].to_numpy()
+    k_end = k_start + kernels["dur"].clip(lower=0).to_numpy()
+    outside = (k_end < first - slack) | (k_start > last + slack)
+    if not outside.any():
+        return timeline
+    i = int(np.flatnonzero(outside)[0])
+    where = k_start[i] - last if k_start[i] > last else first - k_end[i]
+    side = "after the last" if k_start[i] > last else "before the first"
+    warning = (
+        f"dropped {int(outside.sum())} GPU activities timed far outside the recording (kernel "
+        f"{str(kernels['name'].iloc[i])[:60]!r} starts {_human(float(where))} {side} host event of a "
+        f"{_human(float(last - first))} recording): corrupt timestamps"
+    )
+    return dataclasses.replace(
+        timeline,
+        kernels=kernels[~outside].reset_index(drop=True),
+        warnings=[*timeline.warnings, warning],
+    )
 
 
 def check_launches(timeline: Timeline) -> list[str]:

@@ -66,6 +66,7 @@ def triage(
     """
     require_gpu_activity(timeline)
     timeline = clean_timeline(timeline)  # duplicated events dropped, with a warning
+    timeline = plausibility.drop_kernels_outside(timeline)  # corrupt timestamps, with a warning
     attr = attribute(timeline, step_marker)
     plausibility.check_steps(attr.steps, attr.step_source, timeline.source)
     in_step = _in_step_kernels(attr, timeline)

@@ -248,3 +248,21 @@ def test_the_shipped_data_cites_only_files_a_user_has():
         cited += re.findall(r"(?<![\w/.])((?:benchmarks|docs|tests|examples|scripts)/[\w./-]+\.\w+)", text)
     assert cited, "the data cites the files its figures come from"
     assert not [c for c in cited if not (ROOT / c).exists()]
+
+
+def test_every_column_of_the_python_api_tables_is_documented():
+    from kerneltriage.analysis import frames
+
+    spans = _documented(ROOT / "docs" / "python-api.md")  # `a`, `b` or `a, b, c`
+    documented = spans | {part.strip() for span in spans for part in span.split(",")}
+    tables = {
+        "Report.to_frame()": frames.CANDIDATE_COLUMNS,
+        "Profile.kernels": frames.KERNEL_COLUMNS,
+        "Profile.ops": frames.OP_COLUMNS,
+        "Report.gaps_frame()": frames.GAP_COLUMNS,
+        "Diff.to_frame()": frames.DIFF_COLUMNS,
+        "ranks": frames.RANK_COLUMNS,
+        "rank_candidates": frames.RANK_CANDIDATE_COLUMNS,
+    }
+    missing = {table: [c for c in columns if c not in documented] for table, columns in tables.items()}
+    assert not any(missing.values()), f"not in docs/python-api.md: {missing}"

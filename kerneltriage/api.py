@@ -224,7 +224,7 @@ def reports(
     this process) or on Dask (``scheduler``: an address, or ``local``); see
     ``kerneltriage.parallel``. ``rules``: ready rules (then ``rules_file`` and the thresholds
     are not read)."""
-    check_options(ranks=ranks)
+    check_options(ranks=ranks, workers=workers)
     rules = _checked_rules(rules, rules_file, gpu, step_marker, min_headroom, min_share, max_shapes)
     return report_ranks(
         path,
@@ -313,6 +313,7 @@ def check_options(
     max_shapes: Any = None,
     rank: Any = None,
     ranks: Any = None,
+    workers: Any = None,
 ) -> None:
     """The checks the command line's flags get, for keyword arguments: an ``InputError`` before
     any work. Thresholds are checked by the rules (``load_rules``), as a rules file's are."""
@@ -336,6 +337,8 @@ def check_options(
         bad = [r for r in listed if not _is_rank(r)]
         if bad:
             raise InputError(f"ranks must be whole numbers ≥ 0, got {bad[0]!r} ({type(bad[0]).__name__})")
+    if workers is not None and not (_is_rank(workers) and workers >= 1):
+        raise InputError(f"workers must be a whole number ≥ 1, got {workers!r} ({type(workers).__name__})")
 
 
 def _is_rank(value: Any) -> bool:

@@ -64,8 +64,10 @@ def test_module_label_ignores_missing_modules():
         ({"ranks": ["0"]}, "whole numbers"),
         ({"ranks": [-1]}, "whole numbers"),
         ({"ranks": 0}, "a list"),
+        ({"workers": "2"}, "workers must be a whole number"),
+        ({"workers": 2.0}, "workers must be a whole number"),
     ],
-    ids=["empty", "string", "negative", "not-a-list"],
+    ids=["empty", "string", "negative", "not-a-list", "workers-string", "workers-float"],
 )
 def test_reports_with_bad_ranks_is_input_error(kwargs, text):
     with pytest.raises(InputError, match=text):

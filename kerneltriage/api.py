@@ -411,7 +411,7 @@ def export_tables(
     import pandas as pd
 
     from kerneltriage.analysis.ranks import summarize
-    from kerneltriage.outputs import atomic_path
+    from kerneltriage.outputs import atomic_path, refuse_read_only
 
     check_export_format(fmt)
     if not reports_by_rank:
@@ -446,6 +446,8 @@ def export_tables(
         tables["rank_candidates"] = frames.rank_candidates_frame(summary)
     tables["kernels"] = profile.kernels
     tables["ops"] = profile.ops
+    for name in tables:  # a read-only table refuses the export before any table is replaced
+        refuse_read_only(out / f"{name}.{fmt}", "--export")
     written = []
     for name, table in tables.items():
         path = out / f"{name}.{fmt}"

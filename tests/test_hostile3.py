@@ -551,3 +551,21 @@ def test_a_kernel_timed_far_outside_the_recording_is_dropped_by_name(tmp_path, u
     assert kerneltriage.report(run).step_time_ms == pytest.approx(
         kerneltriage.report(EXAMPLE_RUN).step_time_ms, rel=0.01
     )
+
+
+def test_export_refuses_a_read_only_table_before_replacing_any(tmp_path):
+    out = tmp_path / "tables"
+    first = CliRunner().invoke(
+        main, ["report", str(EXAMPLE_RUN), "--export", str(out), "-o", str(tmp_path / "r.md")]
+    )
+    assert first.exit_code == 0, first.output
+    (out / "ranks.csv").chmod(0o444)
+    for table in out.iterdir():
+        os.utime(table, (1_000_000_000, 1_000_000_000))
+    again = CliRunner().invoke(
+        main, ["report", str(EXAMPLE_RUN), "--export", str(out), "-o", str(tmp_path / "r.md")]
+    )
+    assert (again.exit_code, "read-only" in again.output) == (2, True), again.output
+    assert {t.name: t.stat().st_mtime for t in out.iterdir()} == dict.fromkeys(
+        (t.name for t in out.iterdir()), 1_000_000_000
+    )

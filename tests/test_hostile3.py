@@ -569,3 +569,21 @@ def test_export_refuses_a_read_only_table_before_replacing_any(tmp_path):
     assert {t.name: t.stat().st_mtime for t in out.iterdir()} == dict.fromkeys(
         (t.name for t in out.iterdir()), 1_000_000_000
     )
+
+
+def test_a_step_time_of_a_rank_the_run_lacks_is_named(tmp_path):
+    run = copy_run(tmp_path)
+    path = run / "manifest.json"
+    data = json.loads(path.read_text())
+    data["phases"]["timeline"]["step_time"] = {
+        "rank": 7,
+        "plain_median_ms": 47.9,
+        "plain_ms": [47.9] * 5,
+        "clean_ms": [17.0] * 5,
+    }
+    path.write_text(json.dumps(data))
+    said = "phases.timeline.step_time.rank 7 names no trace of the run"
+    got = outcome(["report", run, "--format", "json"], said, [run])
+    assert got == expect(0, said)
+    for shipped in sorted(EXAMPLE_RUN.parent.glob("gpt-*")):
+        assert not [w for w in kerneltriage.reports(shipped, workers=1)[0].warnings if "step_time.rank" in w]

@@ -257,6 +257,14 @@ def _run_warnings(run: rundir.RunDir) -> list[str]:
             f"the run recorded ranks {expected} but traces of rank(s) {absent} are missing; "
             "reporting the ranks present"
         )
+    timeline = run.manifest.phases.timeline
+    timing = timeline.step_time if timeline else None
+    if timing is not None and timing.plain_median_ms and timing.rank not in run.traces:
+        out.append(
+            f"the manifest's phases.timeline.step_time.rank {timing.rank} names no trace of the run "
+            f"(it has rank(s) {', '.join(map(str, sorted(run.traces)))}): its plain step time is not "
+            "used; the recorded steps are timed instead"
+        )
     if run.manifest.status != "ok":
         out.append(f"the run's status is {run.manifest.status!r}: it may hold fewer steps than asked")
     return out

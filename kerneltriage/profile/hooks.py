@@ -255,6 +255,10 @@ class Session:
             local = int(os.environ.get("LOCAL_RANK", "0"))
             torch.cuda.set_device(local % torch.cuda.device_count())
         self.prepare(torch)
+        if not self._cuda_clock:
+            # A CPU dry run: no GPU steady state to wait for; the plain steps asked, no more.
+            self.plan = dataclasses.replace(self.plan, plain=None)
+            self.config["plain_max"] = 0
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         register_optimizer_step_post_hook(self._on_optimizer_step)

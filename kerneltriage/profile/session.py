@@ -309,14 +309,15 @@ def _rerun_fitted(
     """The script ended before the recorded steps (they follow the plain, clean and shapes
     steps): run it again with as many timing steps as its length allows. The options used."""
     ok = not runs.traces and not whole_run and runs.code == 0
-    fitted = _fitted_timing(options, runs.steps_seen) if ok else None
-    if fitted is None:
+    fits = _fitted_timing(options, runs.steps_seen) if ok else None
+    if fits is None:
         return options
-    needed = _plan(options).stop_after
+    fitted, plain = fits
+    asked = _plan(options)
     message = (
-        f"the script ran {runs.steps_seen} steps; --warmup {options.warmup}, {options.timing_steps} plain and "
-        f"{options.timing_steps} clean timing steps and --steps {options.steps} need {needed}: "
-        f"profiled again with --timing-steps {fitted}"
+        f"the script ran {runs.steps_seen} steps; --warmup {options.warmup}, {asked.plain_count} plain and "
+        f"{options.timing_steps} clean timing steps and --steps {options.steps} need {asked.stop_after}: "
+        f"profiled again with {plain} plain and {fitted} clean steps"
         + (
             ""
             if fitted
@@ -325,7 +326,7 @@ def _rerun_fitted(
     )
     say.warn(message)
     warnings.append(message)
-    options = dataclasses.replace(options, timing_steps=fitted, plain_min=fitted, plain_max=fitted)
+    options = dataclasses.replace(options, timing_steps=fitted, plain_min=plain, plain_max=plain)
     manifest.schedule.timing_steps = fitted
     runs.seconds += _run_timeline_again(command, options, out, manifest, say, runs, "phase1-fit", False)
     runs.steps_seen = _steps_seen(runs.statuses)
@@ -474,21 +475,26 @@ def _plan(options: Options, whole_run: bool = False) -> Plan:
     )
 
 
-def _fitted_timing(options: Options, steps_seen: int) -> int | None:
-    """The most timing steps a script of ``steps_seen`` steps leaves room for, when it ran at
-    least the warm-up and recorded steps but too few for the asked timing steps (None: the
-    asked plan fits, or the script is too short for any)."""
+def _fitted_timing(options: Options, steps_seen: int) -> tuple[int, int] | None:
+    """(timing steps, plain steps) that a script of ``steps_seen`` steps leaves room for, when
+    it ran at least the warm-up and recorded steps but too few for the asked plan: fewer plain
+    steps first (down to ``--timing-steps``), then fewer timing steps (None: the asked plan
+    fits, or the script is too short for any)."""
     asked = _plan(options)
     if not options.timing_steps or steps_seen >= asked.stop_after:
         return None
     if steps_seen < Plan(options.warmup, options.steps, 0).stop_after:
         return None
+    t = options.timing_steps
+    for plain in range(asked.plain_count - 1, t - 1, -1):
+        if Plan(options.warmup, options.steps, t, plain=plain).stop_after <= steps_seen:
+            return t, plain
     fits = [
         t
         for t in range(options.timing_steps - 1, 1, -1)
         if Plan(options.warmup, options.steps, t).stop_after <= steps_seen
     ]
-    return fits[0] if fits else 0
+    return (fits[0], fits[0]) if fits else (0, 0)
 
 
 def _finish_traces(

@@ -76,10 +76,14 @@ def test_the_plan_times_plain_steps_before_any_profiler():
 
 
 def test_a_short_script_is_profiled_again_with_the_timing_steps_it_has_room_for():
+    # On a GPU the plan asks for 20 plain steps at least (measurement.yaml): 3 + 20 + 1 + 5 +
+    # 1 + 1 + 3 = 34 steps. A shorter script gets fewer plain steps first, then fewer of both.
     options = session.Options(warmup=3, steps=3, timing_steps=5)
-    assert session._fitted_timing(options, 19) is None  # the plan fits
-    assert session._fitted_timing(options, 15) == 3  # 3 + 2·3 + 3 + 3 = 15
-    assert session._fitted_timing(options, 10) == 0  # room for warm-up, shapes and recorded only
+    assert session._fitted_timing(options, 34) is None  # the plan fits
+    assert session._fitted_timing(options, 25) == (5, 11)  # 3 + 11 + 1 + 5 + 1 + 1 + 3 = 25
+    assert session._fitted_timing(options, 19) == (5, 5)  # the plain steps asked, no more
+    assert session._fitted_timing(options, 15) == (3, 3)  # 3 + 2·3 + 3 + 3 = 15
+    assert session._fitted_timing(options, 10) == (0, 0)  # room for warm-up, shapes and recorded only
     assert session._fitted_timing(options, 7) is None  # not even that: the whole run is recorded
 
 

@@ -576,6 +576,11 @@ def _library_advice(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
             # The transposes are the first thing to remove; the autotuner comes after.
             c.builtin = "model.to(memory_format=torch.channels_last)"
             advice.append("then torch.backends.cudnn.benchmark = True")
+            # What channels_last removes for sure: the transposes' time.
+            c.expected_saving_share = min(c.expected_saving_share, c.time_share * layout / total)
+            c.attrs["saving_basis"] = (
+                f"share × {layout / total:.0%} NCHW↔NHWC transpose time: the kernels channels_last removes"
+            )
     if c.kind == "convolution":
         advice += _depthwise_advice(c, rules)
     if c.kind == "gemm":

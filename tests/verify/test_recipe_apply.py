@@ -124,6 +124,7 @@ def test_layout_transposes_around_a_convolution_get_channels_last():
     c = _judged(_candidate("convolution", [(CUDNN_FPROP, 6.0), (TRANSPOSE, 2.0)]))
     assert c.verdict == Verdict.USE_BUILTIN and c.recipe["id"] == "channels-last"
     assert "channels_last" in c.fix and "then torch.backends.cudnn.benchmark = True" in c.note
+    assert c.expected_saving_share == pytest.approx(0.2 * 2.0 / 8.0)  # the transposes' time, not the headroom
     applied, model, eager, fixed = _eager_then_fixed(c.recipe["apply"])
     assert applied.done
     assert model.conv.weight.is_contiguous(memory_format=torch.channels_last)

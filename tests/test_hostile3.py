@@ -587,3 +587,29 @@ def test_a_step_time_of_a_rank_the_run_lacks_is_named(tmp_path):
     assert got == expect(0, said)
     for shipped in sorted(EXAMPLE_RUN.parent.glob("gpt-*")):
         assert not [w for w in kerneltriage.reports(shipped, workers=1)[0].warnings if "step_time.rank" in w]
+
+
+def correlation_of_every(tenth_only: bool):
+    def edit(data):
+        for e in data["traceEvents"]:
+            args = e.get("args") if isinstance(e, dict) else None
+            if (
+                e.get("cat") in ("kernel", "cuda_runtime")
+                and isinstance(args, dict)
+                and "correlation" in args
+            ) and (not tenth_only or args["correlation"] % 10 == 0):
+                args["correlation"] = 10
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("tenth_only", "code", "said"),
+    [(True, 0, "correlation id collisions"), (False, 2, "kernels cannot be matched to their launches")],
+    ids=["some-warned", "most-refused"],
+)
+def test_correlation_ids_shared_by_launches_are_named(tmp_path, tenth_only, code, said):
+    run = copy_run(tmp_path)
+    edit_trace(run, correlation_of_every(tenth_only))
+    got = outcome(["report", run, "--format", "json"], said, [run])
+    assert got == expect(code, said)

@@ -915,7 +915,39 @@ class _Builder:
         timeline.rank = rank
         _from_zero(timeline)
         _drop_colliding_ids(timeline)
+        _drop_colliding_correlations(timeline)
         return timeline
+
+
+def _drop_colliding_correlations(timeline: Timeline) -> None:
+    """Each CUDA runtime call has a correlation id of its own (a kernel shares its launch's,
+    several kernels one graph launch's). An id that several runtime calls share cannot say
+    which launched a kernel: those links are dropped (-1), with a warning; when most launches
+    collide, nothing could be matched and the trace is refused."""
+    runtime = timeline.runtime
+    if len(runtime) < 2:
+        return
+    ids = runtime.loc[runtime["correlation"] > 0, "correlation"]
+    counts = ids.value_counts()
+    shared = counts[counts > 1]
+    if shared.empty:
+        return
+    calls = int(shared.sum())
+    worst, times = int(shared.index[0]), int(shared.iloc[0])
+    if calls > 0.5 * len(ids):
+        raise TraceFormatError(
+            f"{calls} of {len(ids)} CUDA runtime calls share their correlation ids (id {worst}: "
+            f"{times} calls): kernels cannot be matched to their launches (a rewritten trace?)",
+            path=timeline.source,
+        )
+    colliding = shared.index.to_numpy()
+    runtime.loc[runtime["correlation"].isin(colliding), "correlation"] = -1
+    kernels = timeline.kernels
+    kernels.loc[kernels["correlation"].isin(colliding), "correlation"] = -1
+    timeline.warnings.append(
+        f"correlation id collisions: {len(colliding)} id(s) shared by {calls} CUDA runtime calls "
+        f"(id {worst}: {times} calls): their kernels are not linked to a launch"
+    )
 
 
 def _drop_colliding_ids(timeline: Timeline) -> None:

@@ -1162,6 +1162,45 @@ def _set_first_principles(
     return passed
 
 
+def _table_rate(c: Candidate, gpu: GPUSpec, backend: str | None) -> tuple[int, str, float] | None:
+    """(length, backend, TFLOP/s) the GPU's table gives ``backend`` (None: the best) for the
+    candidate's case: at its length, or at the shortest measured where it is shorter; None
+    where the table has no row for it, or the sequence is longer than any row."""
+    case = _attention_case(c)
+    if case is None:
+        return None
+    head_dim, seq_len, causal, _ = case
+    measured = measured_range(gpu.key, head_dim, causal)
+    if measured is None or seq_len > measured[1]:
+        return None
+    at = max(seq_len, measured[0])
+    rates = attention_rates(gpu.key, head_dim, causal, at, backward=c.bwd_ms_per_step > 0)
+    if rates is None:
+        return None
+    if backend is None:
+        name, rate = rates.best
+        return at, name, rate
+    chosen = rates.rates.get(backend)
+    return (at, backend, chosen) if chosen else None
+
+
+def _below_the_table(c: Candidate, gpu: GPUSpec) -> tuple[int, str, float] | None:
+    """(shortest length measured, its best backend, its TFLOP/s) where the candidate's sequence
+    is shorter than any row of its GPU, head dim and causality; None otherwise."""
+    case = _attention_case(c)
+    if case is None:
+        return None
+    head_dim, seq_len, causal, _ = case
+    measured = measured_range(gpu.key, head_dim, causal)
+    if measured is None or seq_len >= measured[0]:
+        return None
+    rates = attention_rates(gpu.key, head_dim, causal, measured[0], backward=c.bwd_ms_per_step > 0)
+    if rates is None:
+        return None
+    name, rate = rates.best
+    return measured[0], name, rate
+
+
 def _first_principles_attention(
     c: Candidate, rules: Rules, gpu: GPUSpec, lib: _LibraryRate, why: str
 ) -> None:
@@ -1172,9 +1211,17 @@ def _first_principles_attention(
     dtype = ideal[2]
     unit = kernel_unit_of(c) or TENSOR_PRECISION.get(dtype, "bf16")
     fp = first_principles()
-    placed = _first_principles_ceiling(c, gpu, unit, fp.fused_fraction)
+    fraction, capped = fp.fused_fraction, None
+    shorter = _below_the_table(c, gpu)
+    if shorter is not None and shorter[2] * 1e12 < gpu.peak(unit) * fraction:
+        # Below the shortest length measured: no backend runs faster there than the best did
+        # at that length (rates fall as sequences shorten).
+        fraction, capped = shorter[2] * 1e12 / gpu.peak(unit), shorter
+    placed = _first_principles_ceiling(c, gpu, unit, fraction)
     assert placed is not None
     ceiling_ms, rate, what = placed
+    if capped is not None:
+        what += f"; capped at {capped[1]}'s {capped[2]:.0f} TFLOP/s at S={capped[0]}, the shortest length measured"
     detail = (
         f"{c.time_ms_per_step:.3g} ms measured ({lib.achieved:.0f} TFLOP/s, {lib.name}) vs {ceiling_ms:.3g} ms "
         f"first-principles ceiling: {what} [first principles; {why}]"
@@ -1186,12 +1233,13 @@ def _first_principles_attention(
         detail,
         {
             "unit": gpu.unit(unit),
-            "fused_fraction": fp.fused_fraction,
+            "fused_fraction": round(fraction, 4),
             "tflops": round(rate / 1e12, 1),
             "why": why,
+            **({"capped_by": {"seq_len": capped[0], "backend": capped[1]}} if capped else {}),
         },
     )
-    basis = f"{fp.fused_fraction:.0%} of the achievable {gpu.unit(unit)} rate; {why}"
+    basis = f"{fraction:.0%} of the achievable {gpu.unit(unit)} rate; {why}"
     if c.headroom is not None and c.headroom < 1.0:
         c.verdict, c.reason, c.expected_saving_share = Verdict.SKIP, Reason.CEILING_DISAGREES, 0.0
         c.note = (
@@ -1266,6 +1314,14 @@ def _unfused_attention(c: Candidate, rules: Rules, gpu: GPUSpec, lib: _LibraryRa
     )
     fp = first_principles()
     fused = gpu.peak(fused_unit) * fp.fused_fraction
+    what = f"{fp.fused_fraction:.0%} of the achievable {gpu.unit(fused_unit)} rate"
+    # A mask or bias leaves SDPA its memory-efficient kernels only: that backend's measured rate
+    # at this length (or the shortest measured) where the GPU's table has it.
+    backend = "efficient" if "mask" in math.cause else None
+    measured = _table_rate(c, gpu, backend)
+    if measured is not None and measured[2] * 1e12 < fused:
+        fused = measured[2] * 1e12
+        what = f"{measured[1]}'s rate measured at S={measured[0]}"
     fused_ms = max(ideal[0] / fused, ideal[1] / gpu.bandwidth) * 1e3
     if fused_ms >= c.time_ms_per_step:
         c.verdict, c.expected_saving_share = Verdict.SKIP, 0.0
@@ -1279,7 +1335,7 @@ def _unfused_attention(c: Candidate, rules: Rules, gpu: GPUSpec, lib: _LibraryRa
     c.expected_saving_share = c.time_share * (1.0 - fused_ms / c.time_ms_per_step)
     c.attrs["saving_scoped"] = (
         f"share × (1 − {fused_ms:.3g}/{c.time_ms_per_step:.3g} ms): fused attention at {fused / 1e12:.0f} TFLOP/s "
-        f"({fp.fused_fraction:.0%} of the achievable {gpu.unit(fused_unit)} rate)"
+        f"({what})"
     )
     c.attrs["saving_basis"] = c.attrs["saving_scoped"]
     c.note = (

@@ -927,7 +927,9 @@ def _drop_colliding_correlations(timeline: Timeline) -> None:
     runtime = timeline.runtime
     if len(runtime) < 2:
         return
-    ids = runtime.loc[runtime["correlation"] > 0, "correlation"]
+    # The same call written twice (a trace merged twice) is one call: the invariants drop it.
+    calls_of = runtime.loc[runtime["correlation"] > 0, ["correlation", "pid", "tid", "start", "dur"]]
+    ids = calls_of.drop_duplicates()["correlation"]
     counts = ids.value_counts()
     shared = counts[counts > 1]
     if shared.empty:

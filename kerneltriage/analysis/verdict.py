@@ -746,6 +746,17 @@ def _fp32_advice(c: Candidate, rules: Rules, gpu: GPUSpec | None, share: float) 
     ratio = gpu.peak(tensor) / gpu.peak("fp32")
     if ratio >= rules.cutoffs.fp32_min_speedup:
         gain, why = _tensor_core_gain(c, gpu, tensor, ratio)
+        if c.headroom is not None and c.headroom < 1.0:
+            # It ran faster than the FP32 ceiling allows: that roof is off (an estimate on this
+            # GPU's family), so no headroom is shown; the verdict rests on the kernels' names.
+            h = c.conditions["headroom"]
+            c.conditions["headroom"] = Condition(
+                None,
+                h.threshold,
+                None,
+                f"{h.detail}; the FP32 ceiling disagrees, so the verdict rests on its kernels",
+            )
+            c.headroom = None
         c.verdict, c.reason, c.builtin = Verdict.USE_BUILTIN, Reason.FP32_OFF_TENSOR_CORES, fix
         c.expected_saving_share = c.time_share * share * (1.0 - 1.0 / gain)
         c.attrs["saving_basis"] = f"share × {share:.0%} FP32 SIMT time × (1 − 1/{gain:.2g}): {why}"
@@ -1184,6 +1195,43 @@ def _table_rate(c: Candidate, gpu: GPUSpec, backend: str | None) -> tuple[int, s
     return (at, backend, chosen) if chosen else None
 
 
+def _switch_below_the_table(
+    c: Candidate, rules: Rules, gpu: GPUSpec, lib: _LibraryRate, shortest: int
+) -> bool:
+    """Shorter than any row, and another backend measured faster than this one at every
+    length of the table: the same attention through that backend, predicted at the ratio of
+    their rates at the shortest length (rates there are an upper bound for both)."""
+    case = _attention_case(c)
+    if case is None or not lib.backend:
+        return False
+    head_dim, _, causal, _ = case
+    lo, hi = measured_range(gpu.key, head_dim, causal) or (0, 0)
+    backward = c.bwd_ms_per_step > 0
+    rows = [attention_rates(gpu.key, head_dim, causal, n, backward) for n in (lo, hi)]
+    if any(r is None for r in rows):
+        return False
+    at_lo = rows[0]
+    assert at_lo is not None
+    best_name, best = at_lo.best
+    this = at_lo.rates.get(lib.backend)
+    everywhere = all(
+        r is not None and r.best[0] == best_name and r.rates.get(lib.backend or "") for r in rows
+    )
+    if not (this and everywhere and best_name != lib.backend and best >= rules.cutoffs.switch_ratio * this):
+        return False
+    c.verdict, c.builtin = Verdict.USE_BUILTIN, HOW[best_name]
+    basis = f"S={shortest}, the shortest row (S={case[1]} is shorter; {best_name} is faster at every length measured)"
+    c.reason = Reason.FASTER_BACKEND.text(
+        backend=best_name, best=best, this=this, current=lib.backend, basis=basis
+    )
+    c.expected_saving_share = c.time_share * (1.0 - this / best)
+    c.attrs["saving_basis"] = (
+        f"share × (1 − {this:.0f}/{best:.0f}): {lib.backend}'s measured rate over {best_name}'s at S={shortest}"
+    )
+    c.note = f"the same attention through a faster backend on {gpu.name}"
+    return True
+
+
 def _below_the_table(c: Candidate, gpu: GPUSpec) -> tuple[int, str, float] | None:
     """(shortest length measured, its best backend, its TFLOP/s) where the candidate's sequence
     is shorter than any row of its GPU, head dim and causality; None otherwise."""
@@ -1249,6 +1297,8 @@ def _first_principles_attention(
         return
     if _skip_cold(c, keep_note=True):
         c.note = f"{lib.name} attention at {lib.achieved:.0f} TFLOP/s; first-principles ceiling ({basis})"
+        return
+    if capped is not None and _switch_below_the_table(c, rules, gpu, lib, capped[0]):
         return
     if passed and c.conditions["stability"].passed:
         c.verdict = Verdict.WRITE

@@ -137,13 +137,13 @@ def t5_attention(tflops: float = 15.4, **kw) -> Candidate:
     )
 
 
-def short_library_attention(tflops: float, **kw) -> Candidate:
-    """FlashAttention at S=512 on an H100 (no measured row) at ``tflops``."""
+def short_library_attention(tflops: float, backend: str = "cudnn", **kw) -> Candidate:
+    """cuDNN (or FlashAttention) attention at S=512 on an H100 (no measured row) at ``tflops``."""
     return cand(
         "attention",
         headroom=None,
         time_ms=SDPA_512_FLOPS / (tflops * 1e12) * 1e3,
-        kernels=(kernel(FLASH),),
+        kernels=(kernel(FLASH if backend == "flash" else CUDNN),),
         ops=("aten::scaled_dot_product_attention",),
         example=(SDPA_512,),
         **kw,
@@ -424,6 +424,12 @@ def test_attention_outside_the_table_is_judged_from_first_principles():
     assert 0.6 * H100.ceiling_tflop("bf16") > rate == pytest.approx(416.0, rel=1e-3)
     assert basis["first_principles"]["capped_by"] == {"seq_len": 1024, "backend": "cudnn"}
     assert c.headroom == pytest.approx(rate / 90.0, rel=0.02)  # compute-bound at S=512
+    # FlashAttention there: cuDNN is faster at every length the H100 table measured, so the
+    # verdict is the backend switch, predicted at their ratio at the shortest row.
+    flash = judge(short_library_attention(90.0, backend="flash"), H100)
+    assert flash.verdict == Verdict.USE_BUILTIN and "CUDNN_ATTENTION" in flash.builtin
+    assert "S=1024, the shortest row (S=512 is shorter" in flash.reason
+    assert flash.expected_saving_share == pytest.approx(0.2 * (1 - 283 / 416), rel=1e-3)
     # A head dim never measured: no row to cap it, 60% of the achievable bf16 rate.
     d96 = {**SDPA_512, "dims": [[32, 16, 512, 96]] * 3 + [[], [], []]}
     other = judge(replace(short_library_attention(90.0), example=[d96]), H100)

@@ -199,8 +199,12 @@ def test_launch_bound_ops_are_told_to_launch_less(path):
                 # Told to launch less only where its launches run near the floor (within 3×);
                 # slower than that, the launches are not what holds it back.
                 near = c["time_ms_per_step"] <= 3.0 * (r.get("launch_floor_ms") or 0.0)
-                assert c["verdict"] == "compile", c["name"]
                 assert (c["reason"] == "launch-bound") == near, c["name"]
+                if near:
+                    assert c["verdict"] == "compile", c["name"]
+                elif c["kind"] == "convolution":
+                    # Far above its floor, a cuDNN convolution gets its library's fixes, never compile.
+                    assert c["verdict"] != "compile", c["name"]
 
 
 def test_flash_attention_on_an_h100_is_sent_to_the_faster_backend():
@@ -216,7 +220,11 @@ def test_flash_attention_on_an_h100_is_sent_to_the_faster_backend():
         assert c["verdict"] in ("use-builtin", "skip"), c
         if c["verdict"] == "use-builtin":
             assert "CUDNN_ATTENTION" in c["builtin"]
-            assert c["roofline"]["source"] == "attention table"
+            # S=559 lies below the table's S=1024: placed from first principles, the switch
+            # predicted at the two backends' ratio at the shortest row.
+            assert c["roofline"]["source"] in ("attention table", "first principles")
+            if c["roofline"]["source"] == "first principles":
+                assert "the shortest row" in c["reason"]
 
 
 def test_fbgemm_and_vllm_ops_are_candidates_of_their_own():

@@ -126,7 +126,7 @@ def bwd_factor(kind: str) -> tuple[float, float]:
 
 
 def gemm_work(name: str, dims, types, compute_type: str | None) -> Work | None:
-    """GEMM-like ops: linear, mm, bmm, matmul, addmm, baddbmm."""
+    """GEMM-like ops: linear, mm, bmm, matmul, addmm, baddbmm, _grouped_mm."""
     tensors = tensor_inputs(dims, types)
     op = name.split("::")[-1]
     es = dtype_bytes(compute_type or (tensors[0][1] if tensors else None))
@@ -146,6 +146,17 @@ def gemm_work(name: str, dims, types, compute_type: str | None) -> Work | None:
             bt, m, k, n = a[0], a[1], a[2], b[2]
             return Work(
                 2.0 * bt * m * n * k, es * bt * (m * k + k * n + m * n), precision, gemm_tiles(bt, m, n)
+            )
+        if op in ("_grouped_mm", "grouped_mm"):
+            # MoE experts: a [T, K] tokens (sorted by expert) times b [E, K, N], one group per
+            # expert; or a [E, M, K] times b [E, K, N]. The tokens' FLOPs, every expert's weight.
+            a, b = tensors[0][0], tensors[1][0]
+            if len(b) != 3:
+                return None
+            e, k, n = b
+            rows = numel(a[:-1])
+            return Work(
+                2.0 * rows * n * k, es * (rows * k + e * k * n + rows * n), precision, gemm_tiles(1, rows, n)
             )
         if op == "matmul":
             a, b = tensors[0][0], tensors[1][0]

@@ -177,3 +177,14 @@ def test_convolution_work_from_its_recorded_shapes():
     )
     assert s2.flops == 2 * 16 * 8 * 9 * 27 * 27
     assert conv_work("aten::conv2d", [[1, 8, 56, 56]], ["float"], [], None) is None
+
+
+def test_grouped_mm_of_moe_experts_counts_the_tokens_and_every_expert_weight():
+    from kerneltriage.analysis.estimate import op_work
+
+    # Mixtral-class experts through torch._grouped_mm: 8192 routed rows, 8 experts of 4096→14336.
+    dims = [[8192, 4096], [8, 4096, 14336], [8]]
+    types = ["c10::BFloat16", "c10::BFloat16", "int"]
+    w = op_work("gemm", "aten::_grouped_mm", dims, types, [], None)
+    assert w.flops == 2 * 8192 * 4096 * 14336 and w.precision == "bf16"
+    assert w.bytes == 2 * (8192 * 4096 + 8 * 4096 * 14336 + 8192 * 14336)

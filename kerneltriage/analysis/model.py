@@ -228,6 +228,9 @@ class Report:
     # Plain steps cut as a warm-up transient, and whether the rest settled (None: not timed plain).
     step_transient: int | None = None
     step_settled: bool | None = None
+    # The script's step time over verify's baseline processes (runs, median_ms, low_ms, high_ms,
+    # run_medians_ms): processes of one script can differ by more than one process's interval.
+    step_processes: dict[str, Any] | None = None
     # Of ``unattributed_ms_per_step``: GPU work launched before the profiled window that runs
     # inside the steps (no op of the trace launched it).
     unattributed_before_window_ms: float = 0.0

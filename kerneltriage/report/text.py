@@ -69,7 +69,12 @@ def step_time_text(report: Report) -> str:
         parts.append(f"{report.step_transient} warm-up steps cut")
     if report.step_settled is False:
         parts.append("not settled")
-    return ms(report.step_time_ms) + (f" ({', '.join(parts)})" if parts else "")
+    text = ms(report.step_time_ms) + (f" ({', '.join(parts)})" if parts else "")
+    p = report.step_processes
+    if p and p.get("median_ms") is not None:
+        between = f" ({ms_range(p['low_ms'], p['high_ms'])})" if p.get("low_ms") is not None else ""
+        text += f"; over {p['runs']} processes (verify's baseline) {ms(p['median_ms'])}{between}"
+    return text
 
 
 def idle_text(report: Report) -> str:

@@ -79,7 +79,9 @@ def main(argv=None):
     stats = StepStats(device)
     loss = None
     for _ in range(args.steps):
-        ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen).to(device, non_blocking=True)
+        ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen).to(
+            device, non_blocking=True
+        )
         loss = model(input_ids=ids, labels=ids).loss  # the model shifts the labels itself
         loss.backward()
         opt.step()

@@ -420,3 +420,46 @@ def test_compiling_a_module_class_names_the_other_candidates_it_fuses():
     # The naive attention's softmax and scaling fuse; the q projection stays cuBLAS's; the norm
     # runs outside the compiled class.
     assert [o.id for o in inside] == ["C1"]
+
+
+@pytest.mark.parametrize(
+    "module,expected,checked",
+    [
+        ("model.layers.*.post_attention_layernorm (Qwen2RMSNorm)", "builtin-norm", False),
+        ("encoder.block.*.layer.*.layer_norm (T5LayerNorm)", "builtin-norm", False),
+        ("blocks.*.ln (MyFancyRMSNorm)", "builtin-norm", True),
+        ("blocks.*.ln (ScaleNorm)", "builtin-norm-by-hand", False),
+        (None, "builtin-norm-by-hand", False),
+    ],
+)
+def test_patch_model_only_for_norm_classes_patch_swaps(module, expected, checked):
+    """Listed classes (torch's, hf_norms.yaml's, T5LayerNorm's family) and *RMSNorm/*LayerNorm
+    classes patch() checks by their math get `patch(model)`; any other class, or none known,
+    the call edited in by hand."""
+    c = cand("norm", builtin="kerneltriage.kernels.rms_norm", module=module)
+    r = choose(c, recipes(), H100, {})
+    assert r["id"] == expected
+    if expected == "builtin-norm":
+        assert "patch(model)" in r["text"] and r["apply"]["kind"] == "norm-swap"
+        assert ("checks its math on a tiny CPU copy" in r["text"]) == checked
+    else:
+        assert "patch(model)" not in r["text"] and "rms_norm(x, norm.weight, norm.eps)" in r["text"]
+        assert r["apply"] is None and "apply by hand" in r["apply_why_not"]
+
+
+def test_a_residual_add_by_hand_is_fused_with_its_norm():
+    c = cand(
+        "norm", builtin="kerneltriage.kernels.fused_add_rms_norm", module=None, attrs={"residual_add": True}
+    )
+    params = detect_params(c, [c], H100, 50.0)
+    r = choose(c, recipes(), H100, params)
+    assert r["id"] == "builtin-norm-by-hand-fused-add" and r["fuses_residual_add"]
+    assert "fused_add_rms_norm(x, residual, norm.weight, norm.eps)" in r["text"]
+
+
+def test_compile_in_a_serving_engine_is_applied_at_the_module_by_hand():
+    c = cand("norm", verdict="compile", builtin="torch.compile", attrs={"server": True})
+    c.ops = ["sglang_profiler::utils_apply_qk_norm_487"]
+    r = choose(c, recipes(), H100, {})
+    assert r["id"] == "compile-in-server" and r["apply"] is None
+    assert "torch.compile(model" not in r["text"] and "sglang_profiler::utils_apply_qk_norm_487" in r["text"]

@@ -38,6 +38,7 @@ from pydantic import (
     StrictInt,
     StrictStr,
     ValidationError,
+    model_validator,
 )
 
 from kerneltriage.errors import RunDirError
@@ -156,12 +157,18 @@ class CalibratePhase(_Part):
 class Phases(_Part):
     """Phase name -> what it recorded, in the order the phases run."""
 
-    # Unknown phases, typed. A bare annotation: with `= Field(init=False)` validate_assignment
-    # stored the attribute itself as an extra phase named __pydantic_extra__.
-    __pydantic_extra__: dict[str, dict[StrictStr, Any]]
     calibrate: CalibratePhase | None = None
     timeline: TimelinePhase | None = None
     ncu: NcuPhase | None = None
+
+    @model_validator(mode="after")
+    def _unknown_phases_are_mappings(self) -> Phases:
+        # Checked here, not typed with `__pydantic_extra__: … = Field(init=False)`: under
+        # validate_assignment that annotation became an extra phase named __pydantic_extra__.
+        for name, value in (self.__pydantic_extra__ or {}).items():
+            if not isinstance(value, dict):
+                raise ValueError(f"phase {name!r}: expected a mapping, got {type(value).__name__}")
+        return self
 
     def seconds(self) -> dict[str, float]:
         """Phase -> how long it took, for the phases that ran."""

@@ -26,7 +26,11 @@ After ``|``, options abridge the output (shell quoting; each may repeat):
 
 Every left-out part becomes one line "…" where it was.
 
-    python scripts/docs_samples.py           # rewrite the samples that changed
+The images in IMAGES are rewritten too, by the command beside each (not checked: a PNG's bytes
+depend on the fonts and the matplotlib of the machine). ``docs/report.png``, a screenshot of
+the HTML report in Chromium, is not among them.
+
+    python scripts/docs_samples.py           # rewrite the samples that changed, and the images
     python scripts/docs_samples.py --check   # list them, exit 1 if any (tests/test_docs.py)
 """
 
@@ -45,6 +49,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = ("README.md", "docs/*.md")
 SAMPLE = re.compile(r"^<!-- sample: (?P<spec>.+?) -->\n(?P<body>.*?)^<!-- /sample -->$", re.M | re.S)
 ELLIPSIS = "…"
+IMAGES = {  # image → the command that draws it
+    "docs/roofline.png": "kerneltriage report examples/runs/gpt-naive-h200 --plot docs/roofline.png",
+}
 # A line that starts something of its own; any other line continues the one before it (the
 # terminal wraps long lines at its width).
 _START = re.compile(r"^(?:$|[A-Z][^:]{0,60}:(?: |$)|kerneltriage |warning: |C\d+  |  \S|[┏┃┡│├└])")
@@ -247,6 +254,13 @@ def rewrite(root: Path = ROOT) -> list[Sample]:
     return [s for s, _ in changed]
 
 
+def write_images() -> list[str]:
+    """Draw every image of IMAGES with its command; the images written."""
+    for command in IMAGES.values():
+        output(shlex.split(command))
+    return list(IMAGES)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a sample is stale")
@@ -256,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{s.page.relative_to(ROOT)}: {s.spec}{' is stale' if args.check else ' rewritten'}")
     if not changed:
         print(f"{len(samples())} sample(s), all as the tool prints them")
+    if not args.check:
+        print("drew", ", ".join(write_images()))
     return 1 if args.check and changed else 0
 
 

@@ -52,6 +52,8 @@ def ms(x: float | None) -> str:
 
 def ms_range(low: float, high: float) -> str:
     """``47.96–47.98 ms``: one unit where both ends share it."""
+    if min(low, high) >= 1.0:  # two decimals: a 165 ms step's interval is 164.57–164.64 ms
+        return f"{low:.2f}–{high:.2f} ms"
     a, b = ms(low), ms(high)
     unit_a, unit_b = a.rsplit(" ", 1)[-1], b.rsplit(" ", 1)[-1]
     return f"{a.rsplit(' ', 1)[0]}–{b}" if unit_a == unit_b else f"{a}–{b}"

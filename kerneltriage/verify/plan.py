@@ -139,12 +139,12 @@ class Plan:
 
     @property
     def seconds(self) -> float | None:
-        """The least time the runs take: the warm-up run and ``repeats`` rounds."""
+        """The time the warm-up run and ``repeats`` rounds take (the budget may cut it)."""
         if self.run_seconds is None or not self.to_run:
             return None if self.run_seconds is None else 0.0
         base = self.run_seconds * (self.settings.repeats + 1)
         fixes = sum(self.run_estimate(c.id) or 0.0 for c in self.to_run) * self.settings.repeats
-        return min(base + fixes, self.settings.budget_s)
+        return base + fixes
 
 
 def recipe_of(candidate: Any) -> dict[str, Any] | None:
@@ -355,6 +355,8 @@ def describe(plan: Plan) -> list[str]:
         compiling = sum(plan.compile_seconds(c) for c in plan.to_run) * s.repeats
         if compiling and plan.seconds is not None:
             estimate += f" ({_duration(compiling)} of it compiling)"
+        if plan.seconds is not None and plan.seconds > s.budget_s:
+            estimate += f": more than the budget of {_duration(s.budget_s)}, which stops it"
         lines.append(
             f"{plan.runs} runs (1 warm-up + {s.repeats} × baseline + {s.repeats} × {fixes} "
             f"fix{'es' if fixes > 1 else ''}, interleaved){estimate}"

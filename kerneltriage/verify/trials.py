@@ -139,7 +139,7 @@ def run_verify(plan: Plan, manifest: rundir.Manifest, reporter: Reporter | None 
             s,
             apply,
             logs / f"{label}.{n}",
-            timeout=plan.run_timeout(None if label in (BASELINE, WARMUP) else label),
+            timeout=_timeout(plan, trials, label),
         )
         seconds = trials.elapsed() - start
         result["seconds"] = round(seconds, 2)
@@ -156,7 +156,9 @@ def run_verify(plan: Plan, manifest: rundir.Manifest, reporter: Reporter | None 
             trials.warmup = result
             rounds = 0
             while active:
-                labels = [BASELINE, *active]
+                # The baseline, then the fixes by their expected time: a long compile runs last
+                # in its round, so it cannot hold up the others.
+                labels = [BASELINE, *sorted(active, key=lambda label: trials.run_seconds(label, plan))]
                 need = sum(trials.run_seconds(label, plan) for label in labels)
                 if rounds >= s.repeats and trials.elapsed() + need > s.budget_s:
                     break  # past the first rounds, a round that would end past the budget is not started
@@ -183,6 +185,14 @@ def run_verify(plan: Plan, manifest: rundir.Manifest, reporter: Reporter | None 
         record.write(run, data)
         raise
     return data
+
+
+def _timeout(plan: Plan, trials: Trials, label: str) -> float:
+    """One run's limit: its own (``--run-timeout`` or from its estimate), never past the
+    budget's end, and never more than half the budget (one slow fix leaves the others time)."""
+    own = plan.run_timeout(None if label in (BASELINE, WARMUP) else label)
+    budget = plan.settings.budget_s
+    return max(1.0, min(own, budget - trials.elapsed(), budget / 2))
 
 
 def _still_open(

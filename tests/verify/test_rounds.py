@@ -137,3 +137,18 @@ def test_a_shared_fix_is_judged_once_against_its_whole_prediction():
     plan = make_plan(str(NAIVE), manifest, candidates, Settings(), ids=[c.id for c in candidates])
     total = sum(c.expected_saving_share for c in candidates)
     assert plan.candidates[0].predicted == pytest.approx(total)
+
+
+def test_verify_ends_within_its_budget_when_a_fix_compiles_past_it(run, monkeypatch):
+    # A max-autotune compile that would take 15 minutes, a 10-minute budget, no --run-timeout:
+    # the compile is stopped at half the budget, runs last in its round, and the cheap fix still
+    # gets its three rounds.
+    fake = FakeRuns({"baseline": [50.0], "C1": [45.0], "C2": [40.0]}, seconds={"C1": 900.0, "C2": 5.0})
+    autotune = {"kind": "compile-model", "mode": "max-autotune", "id": "C1"}
+    out = verify(
+        run, monkeypatch, fake, [planned("C1", 0.1, autotune), planned("C2", 0.2)], repeats=3, budget_s=600.0
+    )
+    assert fake.clock <= 600.0
+    assert fake.calls.index("C1.0") > fake.calls.index("C2.0")  # the long compile last in its round
+    assert out["C1"].status == "not verified" and "not measured within the budget" in out["C1"].why
+    assert out["C2"].status == "verified" and out["C2"].fixed.runs == 3

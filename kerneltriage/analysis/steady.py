@@ -40,6 +40,9 @@ MIN_TRUNCATE = 6
 #: Above this many steps an interval comes from the large-sample formulas (order statistics for
 #: a median, the normal approximation for a mean) instead of resampling every step 2000 times.
 LARGE = 500
+#: A process is an outlier beyond this many robust deviations and this share of the median.
+OUTLIER_MADS = 5.0
+OUTLIER_SHARE = 0.05
 #: A leading cut is kept only where it brings the variance of the mean to this share or less.
 MSER_GAIN = 0.5
 _SEED = 0
@@ -189,6 +192,20 @@ def mean_interval(values: Sequence[float] | np.ndarray) -> tuple[float, float]:
         random_state=np.random.default_rng(_SEED),
     )
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def outlier_runs(medians: Sequence[float]) -> list[int]:
+    """Indices of processes whose median lies far from the others': with three or more, one
+    more than ``OUTLIER_MADS`` robust deviations (1.4826 × MAD) and ``OUTLIER_SHARE`` of the
+    median away from the median of the medians. A process that ran through a slow stretch of the
+    machine (36% slower than the two around it, on an H100) is left out rather than averaged in."""
+    x = np.asarray(medians, dtype=float)
+    if len(x) < 3:
+        return []
+    mid = float(np.median(x))
+    mad = 1.4826 * float(np.median(np.abs(x - mid)))
+    limit = max(OUTLIER_MADS * mad, OUTLIER_SHARE * mid)
+    return [i for i, v in enumerate(x) if abs(v - mid) > limit]
 
 
 def _side_resamples(processes: Sequence[Sequence[float]], rng: np.random.Generator) -> np.ndarray:

@@ -25,8 +25,9 @@ from kerneltriage.verify.record import LossCheck, Status, Timing
 REFUTED_BELOW = 0.5
 
 
-def steady_runs(runs: list[list[float]]) -> tuple[list[list[float]], int, int]:
-    """Each process's steady steps; the steps cut as warm-up transients; processes unsettled."""
+def steady_runs(runs: list[list[float]]) -> tuple[list[list[float]], int, int, list[float]]:
+    """Each process's steady steps; the steps cut as warm-up transients; processes unsettled;
+    the medians of outlier processes left out (``steady.outlier_runs``)."""
     kept: list[list[float]] = []
     skipped = unsettled = 0
     for run in runs:
@@ -36,11 +37,13 @@ def steady_runs(runs: list[list[float]]) -> tuple[list[list[float]], int, int]:
         kept.append(list(s.values))
         skipped += s.skipped
         unsettled += not s.settled
-    return kept, skipped, unsettled
+    out = set(steady.outlier_runs([statistics.median(r) for r in kept]))
+    dropped = [round(statistics.median(r), 4) for i, r in enumerate(kept) if i in out]
+    return [r for i, r in enumerate(kept) if i not in out], skipped, unsettled, dropped
 
 
 def timing(runs: list[list[float]]) -> Timing | None:
-    kept, skipped, unsettled = steady_runs(runs)
+    kept, skipped, unsettled, dropped = steady_runs(runs)
     if not kept:
         return None
     side = steady.side_time(kept)
@@ -57,14 +60,21 @@ def timing(runs: list[list[float]]) -> Timing | None:
         runs=len(kept),
         transient_steps=skipped,
         unsettled_runs=unsettled,
+        outlier_runs_ms=dropped,
     )
 
 
 def realized(baseline: list[list[float]], fixed: list[list[float]]) -> steady.Interval | None:
-    """The realized saving with its interval, over both sides' steady steps."""
-    base, _, _ = steady_runs(baseline)
-    fix, _, _ = steady_runs(fixed)
+    """The realized saving with its interval, over both sides' steady steps (outlier processes
+    left out)."""
+    base = steady_runs(baseline)[0]
+    fix = steady_runs(fixed)[0]
     return steady.saving(base, fix)
+
+
+#: Runs a side needs before a status is conclusive: one process cannot tell a fix from a slow
+#: (or fast) process.
+MIN_RUNS = 2
 
 
 def loss_values(result: dict[str, Any]) -> list[float]:
@@ -124,9 +134,13 @@ BEYOND = 1.5
 
 
 def judge(
-    predicted: float | None, realized_share: steady.Interval | None, loss: LossCheck | None
+    predicted: float | None,
+    realized_share: steady.Interval | None,
+    loss: LossCheck | None,
+    runs: int = MIN_RUNS,
 ) -> tuple[Status, str]:
-    """(status, why) of a fix whose runs finished."""
+    """(status, why) of a fix whose runs finished; ``runs``: the fewest processes of either
+    side (below ``MIN_RUNS``, a measured saving is inconclusive whatever its interval)."""
     if realized_share is None:
         return "not verified", "no step was timed in its runs"
     if loss is not None and loss.status == "differs":
@@ -137,6 +151,11 @@ def judge(
         said += f" against {predicted:.1%} predicted"
     status = steady.judge(predicted, r, REFUTED_BELOW)
     line = f"{REFUTED_BELOW:g}× the prediction" if predicted else "zero"
+    if runs < MIN_RUNS:
+        return "inconclusive", (
+            f"{said}: one run of a side cannot tell the fix from a slow or fast process; more runs would "
+            "tell (the fix stays worth acting on)"
+        )
     if status == "refuted":
         if r.high < 0:
             return "refuted", f"{said}: the step got slower"

@@ -55,6 +55,9 @@ class Timing(_Model):
     runs: int = 0
     transient_steps: int = Field(default=0, description="leading steps cut as warm-up transients")
     unsettled_runs: int = Field(default=0, description="runs whose steps never settled")
+    outlier_runs_ms: list[float] = Field(
+        default=[], description="medians of runs left out as outliers (far from the others')"
+    )
 
 
 class LossCheck(_Model):

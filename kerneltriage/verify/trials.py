@@ -462,7 +462,12 @@ def _entry(
     entry.loss_check = outcome.compare_losses(
         [outcome.loss_values(r) for r in base_ok], [outcome.loss_values(r) for r in ok], s.loss_rtol
     )
-    entry.status, entry.why = outcome.judge(c.predicted, interval, entry.loss_check)
+    runs = min(entry.baseline.runs if entry.baseline else 0, entry.fixed.runs if entry.fixed else 0)
+    entry.status, entry.why = outcome.judge(c.predicted, interval, entry.loss_check, runs)
+    for side, t in (("baseline", entry.baseline), ("fixed", entry.fixed)):
+        if t is not None and t.outlier_runs_ms:
+            said = ", ".join(f"{m:.2f} ms" for m in t.outlier_runs_ms)
+            entry.why += f"; {len(t.outlier_runs_ms)} {side} run(s) left out as outliers ({said})"
     if failed:
         entry.why += f"; {len(failed)} of its {len(fixed)} runs failed ({failed[0].get('error')})"
     if entry.partial:

@@ -79,3 +79,11 @@ def test_side_time_covers_each_process_spread():
     side = steady.side_time([noisy(89.57, 20, 1), noisy(84.44, 20, 2)])
     assert side.value == pytest.approx(87.0, abs=0.3)
     assert side.low < 85.5 and side.high > 88.5
+
+
+def test_a_process_far_from_the_others_is_an_outlier():
+    # ConvNeXt-T on an H100: one baseline process ran through a slow stretch of the machine.
+    assert steady.outlier_runs([38.97, 28.56, 28.74]) == [0]
+    # T5-base: processes 196.0, 180.05, 175.66 ms differ, but none stands apart from the rest.
+    assert steady.outlier_runs([196.0, 180.05, 175.66]) == []
+    assert steady.outlier_runs([50.0, 60.0]) == []  # two cannot say which one is off

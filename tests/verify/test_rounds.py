@@ -152,3 +152,21 @@ def test_verify_ends_within_its_budget_when_a_fix_compiles_past_it(run, monkeypa
     assert fake.calls.index("C1.0") > fake.calls.index("C2.0")  # the long compile last in its round
     assert out["C1"].status == "not verified" and "not measured within the budget" in out["C1"].why
     assert out["C2"].status == "verified" and out["C2"].fixed.runs == 3
+
+
+def test_an_outlier_counted_run_is_left_out_and_one_run_a_side_decides_nothing(run, monkeypatch):
+    fake = FakeRuns({"baseline": [28.72, 38.97, 28.56, 28.74], "C1": [26.0, 26.1, 25.9], "C2": [40.48]})
+    out = verify(run, monkeypatch, fake, [planned("C1", 0.1), planned("C2", 0.16)], repeats=3, max_repeats=3)
+    assert out["C1"].baseline.outlier_runs_ms == [pytest.approx(38.97, rel=0.01)]
+    assert out["C1"].baseline.runs == 2 and "left out as outliers" in out["C1"].why
+    assert out["C1"].status == "verified"  # 9.4% saved against 28.65 ms, not 30% against a mean of 32
+    assert out["C1"].realized_saving_share == pytest.approx(1 - 26.0 / 28.65, abs=0.01)
+    one = verify(
+        run,
+        monkeypatch,
+        FakeRuns({"baseline": [28.72, 38.97], "C2": [40.48]}),
+        [planned("C2", 0.16)],
+        repeats=1,
+        max_repeats=1,
+    )
+    assert one["C2"].status == "inconclusive" and "one run of a side" in one["C2"].why

@@ -42,7 +42,7 @@ MIN_TRUNCATE = 6
 LARGE = 500
 #: A process is an outlier beyond this many robust deviations and this share of the median.
 OUTLIER_MADS = 5.0
-OUTLIER_SHARE = 0.05
+OUTLIER_SHARE = 0.10
 #: A leading cut is kept only where it brings the variance of the mean to this share or less.
 MSER_GAIN = 0.5
 _SEED = 0

@@ -77,9 +77,7 @@ class Reason(_Word):
     BELOW_BEST_RATE = (
         "runs at {achieved:.0f} TFLOP/s, below half of the best measured library rate ({best:.0f})"
     )
-    BELOW_FIRST_PRINCIPLES = (
-        "runs at {achieved:.0f} TFLOP/s, below half of the {ceiling:.0f} a fused kernel reaches from first principles"
-    )
+    BELOW_FIRST_PRINCIPLES = "runs at {achieved:.0f} TFLOP/s, below half of the {ceiling:.0f} a fused kernel reaches from first principles"
     MATH_PATH = "SDPA ran its unfused math path ({unit} GEMMs and softmax, {share:.0%} of its time): {cause}"
 
     def text(self, **fields: Any) -> str:

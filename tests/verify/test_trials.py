@@ -85,7 +85,11 @@ def test_baseline_and_fixes_interleaved_with_the_loss_guard(tmp_path):
     assert record.read(run) == data and data.complete and data.device == "cpu"
     c1, c2, c3 = data.candidates
     assert c1.applied["swapped"] == 1 and c1.loss_check.status == "same"
-    assert c1.status in ("verified", "refuted", "inconclusive") and c1.fixed.steps == 4 and c1.baseline.steps == 4
+    assert (
+        c1.status in ("verified", "refuted", "inconclusive")
+        and c1.fixed.steps == 4
+        and c1.baseline.steps == 4
+    )
     assert c1.realized_low <= c1.realized_saving_share <= c1.realized_high
     assert c2.status == "not verified"
     assert (

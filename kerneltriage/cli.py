@@ -544,9 +544,18 @@ class _ProfileReporter:
     type=click.IntRange(min=0),
     default=5,
     show_default=True,
-    help="Right after the warm-up: this many steps with nothing installed (the step time the report "
-    "uses), then as many under a GPU-only profiler (busy time), before the recorded steps; 0: time the "
-    "recorded steps.",
+    help="Right after the warm-up: at least this many steps with nothing installed (the step time the "
+    "report uses; on a GPU 20 at least, more until their times settle), then this many under a GPU-only "
+    "profiler (busy time), before the recorded steps; 0: time the recorded steps.",
+)
+@click.option(
+    "--timing-processes",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Processes whose plain steps give the step time and its interval: phase 1 and N-1 more that run "
+    "only the warm-up and plain steps (processes of one script differ by more than the steps of one do). "
+    "1: phase 1 alone. Not for --cpu or torchrun jobs.",
 )
 @click.option(
     "--max-variable-launches",
@@ -634,6 +643,7 @@ def profile(
     warmup,
     steps,
     timing_steps,
+    timing_processes,
     max_variable_launches,
     no_ncu,
     max_kernels,
@@ -679,6 +689,7 @@ def profile(
         warmup=warmup,
         steps=steps,
         timing_steps=timing_steps,
+        timing_processes=timing_processes,
         max_variable_launches=max_variable_launches,
         ncu=not no_ncu,
         max_kernels=max_kernels,

@@ -103,6 +103,9 @@ class StepTime(_Part):
     recorded_ms: list[Milliseconds] = []
     # The clean steps against the plain ones (None: no clean profiler ran).
     overhead: float | None = None
+    # The plain steps of every timing process, phase 1's first: processes of one script differ
+    # by more than the steps of one do, so the step time's interval spans them (--timing-processes).
+    processes_plain_ms: list[list[Milliseconds]] = []
 
 
 class TimelinePhase(_Part):

@@ -165,10 +165,17 @@ def _step_time(
     if timing:
         plausibility.check_step_time(timing, busy_ms, timeline.source, recorded_ms=step_ms)
         plain = steady.steady(timing.get("plain_ms") or [])
-        if plain is not None:
+        processes = _processes(timing)
+        if processes is not None:
+            # Several timing processes: the mean of their steady medians, with the interval of
+            # the two-stage bootstrap (processes, then steps).
+            timing = {**timing, "plain_median_ms": processes.value}
+            interval = _interval((processes.low, processes.high))
+        elif plain is not None:
             # The plain steps' steady state: a warm-up transient inside them is cut.
             timing = {**timing, "plain_median_ms": plain.median}
             interval = _interval((plain.low, plain.high)) if len(plain.values) >= 2 else None
+        if plain is not None:
             transient = plain.skipped
             # Too few plain steps to tell (fewer than the steady state needs): neither.
             enough = len(plain.values) + plain.skipped >= int(steady.settings()["steady"]["min_steps"])
@@ -176,12 +183,22 @@ def _step_time(
             if enough:
                 _say_unsteady(plain, warnings)
         step_ms, busy_ms, gaps = _timed_as_run(timing, step_ms, busy_ms, gaps, source)
+        source["timing"]["processes"] = len(timing.get("processes_plain_ms") or []) if processes else 1
         spread_ms = spread(list(plain.values) if plain is not None else timing.get("plain_ms") or [])
     comm_ns, exposed_ns = communication_overlap(attr, lambda n: rules.classify(None, n) == "communication")
     idle = idle_by_class(step_ms, busy_ms, spread_ms, gaps, exposed_ns / n_steps / 1e6, rules)
     return _StepTime(
         n_steps, step_ms, spread_ms, busy_ms, gaps, comm_ns, exposed_ns, idle, interval, transient, settled
     )
+
+
+def _processes(timing: dict[str, Any]) -> steady.Interval | None:
+    """The step time over ``profile``'s timing processes (two or more), else None."""
+    series = [s for s in (timing.get("processes_plain_ms") or []) if s]
+    if len(series) < 2:
+        return None
+    kept = [list(found.values) for found in map(steady.steady, series) if found is not None]
+    return steady.side_time(kept) if len(kept) >= 2 else None
 
 
 def _interval(bounds: tuple[float, float]) -> tuple[float, float]:

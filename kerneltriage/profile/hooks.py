@@ -267,6 +267,8 @@ class Session:
             if self.warmup == 0 and not self.whole_run:
                 self._mark(0)  # the first plain step's start
             self._advance_timeline()
+        elif self.mode == "timing" and self.warmup == 0:
+            self._mark(0)
         elif self.mode == "ncu" and self.warmup == 0 and not self.whole_run:
             self._open_ncu_range()
         elif self.mode == "nsys" and self.warmup == 0:
@@ -438,6 +440,9 @@ class Session:
         if self.mode == "nsys":
             self._nsys_step()
             return
+        if self.mode == "timing":
+            self._timing_step()
+            return
         if self.mode == "timeline":
             if self.whole_run:
                 return
@@ -474,6 +479,15 @@ class Session:
                     self.ncu_range = None
                 self.done = True
                 self._finish_and_stop()
+
+    def _timing_step(self) -> None:
+        """A timing process (``profile``'s extra processes): the warm-up and the plain steps,
+        each end stamped as phase 1 stamps them, then it stops. Nothing else is installed."""
+        self._mark(self.steps_seen)
+        plan = self.plan
+        if self.steps_seen >= plan.warmup + plan.plain_count and not self._extend_plain():
+            self.done = True
+            self._finish_and_stop()
 
     def _mark(self, step: int) -> None:
         """Time stamp the end of ``step`` if it bounds a recorded, clean or plain step."""
@@ -690,12 +704,13 @@ class Session:
             "module_hooks_kept": bool(self.hook_handles),
             "environment": _environment(self.torch),
         }
-        if self.mode == "timeline":
+        if self.mode in ("timeline", "timing"):
             data["phases"] = self.phase_log
             data["plain_steps"] = self.plan.plain_count
             data["plain_extended"] = self.plain_extended
+        if self.mode == "timeline":
             data["dynamo"] = {"plain": self.dynamo_plain, "end": _dynamo_facts()}
-        if self.mode == "timeline" and self.torch is not None:
+        if self.mode in ("timeline", "timing") and self.torch is not None:
             try:
                 data["step_times"] = self.step_times()
             except Exception as exc:  # a failed CUDA context must not lose the status

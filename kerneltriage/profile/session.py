@@ -84,6 +84,10 @@ class Options:
     # ``plain_max`` (None: measurement.yaml's). A script too short for them gets a fixed count.
     plain_min: int | None = None
     plain_max: int | None = None
+    # Processes whose plain steps give the step time: phase 1 and this many less one more
+    # processes that run only the warm-up and plain steps (processes of one script differ by
+    # up to 9% on an H100, more than one process's steps do). 1: phase 1 alone.
+    timing_processes: int = 3
     # Launches per step the every-launch ncu pass may profile (about 0.32 s each on an H200
     # with the roofline metric set: 256 launches ≈ 80 s).
     max_variable_launches: int = 256
@@ -285,11 +289,57 @@ def _phase_timeline(
         manifest.schedule.whole_run = True
     _stop_on_failure(command, out, manifest, warnings, runs)
     _record_timeline(out, options, manifest, warnings, runs)
+    _time_more_processes(command, options, out, manifest, say, warnings, runs, whole_run)
     say.phase_done(
         "timeline",
         runs.seconds,
         f"{len(runs.traces)} trace(s), steps from {_timeline(manifest).step_source or 'the whole run'}",
     )
+
+
+def _time_more_processes(
+    command: Command,
+    options: Options,
+    out: Path,
+    manifest: rundir.Manifest,
+    say: Reporter,
+    warnings: list[str],
+    runs: _TimelineRuns,
+    whole_run: bool,
+) -> None:
+    """``--timing-processes`` N: N − 1 more processes of the script, each timing its warm-up
+    and plain steps only, so that the report's step time and its interval span processes. Not
+    for a CPU dry run, a torchrun job (its ranks time one process each) or a whole-run record."""
+    step = _timeline(manifest).step_time
+    if (
+        options.timing_processes <= 1
+        or options.cpu
+        or command.distributed
+        or whole_run
+        or step is None
+        or not step.plain_ms
+    ):
+        return
+    series = [list(step.plain_ms)]
+    for i in range(1, options.timing_processes):
+        say.phase("timing", f"process {i + 1} of {options.timing_processes}: warm-up and plain steps")
+        config = _write_config(out, "timing", options, command, whole_run=False)
+        seconds, code, _ = _run(
+            command.with_runner(), config, out / rundir.LOGS / f"timing{i}", say, manifest
+        )
+        runs.seconds += seconds
+        first = min(_statuses(out, "timing"), key=lambda s: s.get("rank", 0), default={})
+        plain = (first.get("step_times") or {}).get("plain_ms") or []
+        if code != 0 or not plain:
+            warnings.append(
+                f"timing process {i + 1} timed no plain step (exit code {code}): the step time spans "
+                f"{len(series)} process(es)"
+            )
+            break
+        series.append([float(t) for t in plain])
+        say.phase_done("timing", seconds, f"{len(plain)} plain steps")
+    step.processes_plain_ms = series
+    _timeline(manifest).seconds = round(runs.seconds, 2)
 
 
 def _steps_seen(statuses: list[dict[str, Any]]) -> int:
@@ -1026,10 +1076,11 @@ def _write_config(out: Path, mode: str, options: Options, command: Command, *, w
         "whole_run": whole_run,
         "distributed": command.distributed,
         "ncu_rank": options.ncu_rank,
-        # Only phase 1 times plain steps; the others stop at the step they need.
-        "timing_steps": options.timing_steps if mode == "timeline" else 0,
+        # Only phase 1 and the timing processes time plain steps; the others stop at the step
+        # they need.
+        "timing_steps": options.timing_steps if mode in ("timeline", "timing") else 0,
     }
-    if mode == "timeline":
+    if mode in ("timeline", "timing"):
         config["plain_min"], config["plain_max"] = plain_bounds(options, bool(command.distributed))
     if options.applied_fixes:  # profile --apply: installed by runner.py before the script runs
         config["apply"] = [{"id": f["id"], "apply": f["apply"]} for f in options.applied_fixes]

@@ -64,7 +64,9 @@ def step_time_text(report: Report) -> str:
     the steps' spread, and the warm-up transient cut from the plain steps."""
     parts = []
     if report.step_interval_ms is not None:
-        parts.append(f"95% interval {ms_range(*report.step_interval_ms)}")
+        processes = (report.source.get("timing") or {}).get("processes") or 1
+        over = f" over {processes} processes" if processes > 1 else ""
+        parts.append(f"95% interval {ms_range(*report.step_interval_ms)}{over}")
     if report.step_spread_ms is not None:
         parts.append(f"spread {ms(report.step_spread_ms)}")
     if report.step_transient:

@@ -1,0 +1,96 @@
+"""``profile --timing-processes``: the step time and its interval over several processes of the
+script (processes of one script differ by more than the steps of one process do)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from kerneltriage import api, rundir
+from kerneltriage.profile import hooks, session
+from kerneltriage.profile.command import parse_command
+
+ROOT = Path(__file__).resolve().parents[2]
+LLAMA = ROOT / "examples" / "runs" / "hf-llama-h100"
+
+
+def with_processes(tmp_path: Path, series: list[list[float]]) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(LLAMA, run)
+    manifest = json.loads((run / rundir.MANIFEST).read_text())
+    manifest["phases"]["timeline"]["step_time"]["processes_plain_ms"] = series
+    (run / rundir.MANIFEST).write_text(json.dumps(manifest))
+    return run
+
+
+def test_the_report_spans_the_timing_processes(tmp_path):
+    one = api.report(LLAMA)
+    plain = json.loads((LLAMA / rundir.MANIFEST).read_text())["phases"]["timeline"]["step_time"]["plain_ms"]
+    slower = [t * 1.06 for t in plain]
+    faster = [t * 0.97 for t in plain]
+    three = api.report(with_processes(tmp_path, [plain, slower, faster]))
+    # The mean of the three processes' medians, and an interval wider than one process's.
+    assert three.step_time_ms == pytest.approx(one.step_time_ms * (1 + 1.06 + 0.97) / 3, rel=1e-3)
+    assert three.step_interval_ms[0] <= three.step_time_ms <= three.step_interval_ms[1]
+    assert three.source["timing"]["processes"] == 3 and one.source["timing"]["processes"] == 1
+    from kerneltriage.report.text import step_time_text
+
+    assert "over 3 processes" in step_time_text(three) and "over" not in step_time_text(one)
+
+
+def test_a_timing_process_runs_the_plain_steps_and_stops():
+    class Event:
+        def __init__(self, t):
+            self.t = t
+
+        def query(self):
+            return True
+
+        def elapsed_time(self, other):
+            return other.t - self.t
+
+    s = hooks.Session({"mode": "timing", "out": "/nonexistent", "warmup": 2, "steps": 3, "timing_steps": 5})
+    s.config["plain_max"] = 5
+    marks = iter(range(0, 1000, 10))
+    s._mark = lambda step: s.marks.__setitem__(step, Event(next(marks)))  # type: ignore[method-assign]
+    s._finish_and_stop = lambda: (_ for _ in ()).throw(hooks.Done())  # type: ignore[method-assign]
+    with pytest.raises(hooks.Done):
+        for _ in range(20):
+            s._step_ended()
+    assert s.steps_seen == 2 + 5  # the warm-up and the plain steps, then it stops
+
+
+def test_profile_runs_the_extra_processes_and_records_their_steps(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    (out / rundir.LOGS).mkdir(parents=True)
+    manifest = rundir.Manifest(command=["python", "train.py"])
+    manifest.phases.timeline = rundir.TimelinePhase(
+        seconds=10.0, step_time=rundir.StepTime(plain_ms=[50.0, 50.2], plain_median_ms=50.1)
+    )
+    medians = iter([52.0, 49.0])
+
+    def fake_run(cmd, config, log_prefix, say, manifest, **kw):
+        assert json.loads(Path(config).read_text())["mode"] == "timing"
+        m = next(medians)
+        status = {"rank": 0, "status": "ok", "step_times": {"plain_ms": [m, m + 0.1]}}
+        (out / rundir.LOGS / "status.timing.rank0.json").write_text(json.dumps(status))
+        return 3.0, 0, []
+
+    monkeypatch.setattr(session, "_run", fake_run)
+    runs = session._TimelineRuns(10.0, 0, [], [], [], 20)
+    (tmp_path / "train.py").write_text("pass\n")
+    command = parse_command([sys.executable, str(tmp_path / "train.py")])
+    warnings: list[str] = []
+    options = session.Options(timing_processes=3)
+    session._time_more_processes(command, options, out, manifest, session.Reporter(), warnings, runs, False)
+    assert manifest.phases.timeline.step_time.processes_plain_ms == [[50.0, 50.2], [52.0, 52.1], [49.0, 49.1]]
+    assert manifest.phases.timeline.seconds == 16.0 and not warnings
+    # A CPU dry run and --timing-processes 1 run none.
+    for skip in (session.Options(timing_processes=3, cpu=True), session.Options(timing_processes=1)):
+        manifest.phases.timeline.step_time.processes_plain_ms = []
+        session._time_more_processes(command, skip, out, manifest, session.Reporter(), warnings, runs, False)
+        assert manifest.phases.timeline.step_time.processes_plain_ms == []

@@ -289,6 +289,9 @@ def test_cli_and_api_pick_the_counters_rank(tmp_path):
     assert by_rank["1"]["join"] is not None and by_rank["0"]["join"] is None
     alone = json.loads(render(one, "json"))
     assert by_rank["1"]["source"].pop("traces") == {"0": ANY, "1": alone["source"].pop("traces")["1"]}
+    # Reading both ranks matches their collectives: wait and transfer, which one rank alone lacks.
+    matched = by_rank["1"]["source"].pop("communication")
+    assert matched["matched_collectives"] > 0 and "communication" not in alone["source"]
     assert by_rank["1"] == alone  # the same report, but for the traces read beside it
 
     cli = run("diff", copy, copy, "--format", "json")

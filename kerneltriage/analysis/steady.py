@@ -155,18 +155,7 @@ def median_interval(values: Sequence[float] | np.ndarray) -> tuple[float, float]
         n, ordered = len(x), np.sort(x)
         k = int(binom.ppf((1 - CONFIDENCE) / 2, n, 0.5))
         return float(ordered[max(k - 1, 0)]), float(ordered[min(n - k, n - 1)])
-    from scipy.stats import bootstrap
-
-    res = bootstrap(
-        (x,),
-        np.median,
-        confidence_level=CONFIDENCE,
-        n_resamples=RESAMPLES,
-        method="percentile",
-        vectorized=True,
-        random_state=np.random.default_rng(_SEED),
-    )
-    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+    return _bootstrap(x, np.median)
 
 
 def mean_interval(values: Sequence[float] | np.ndarray) -> tuple[float, float]:
@@ -180,11 +169,17 @@ def mean_interval(values: Sequence[float] | np.ndarray) -> tuple[float, float]:
 
         half = float(norm.ppf((1 + CONFIDENCE) / 2)) * float(x.std(ddof=1)) / math.sqrt(len(x))
         return float(x.mean()) - half, float(x.mean()) + half
+    return _bootstrap(x, np.mean)
+
+
+def _bootstrap(x: np.ndarray, statistic: Any) -> tuple[float, float]:
+    """``scipy.stats.bootstrap``'s percentile interval of ``statistic`` over one sample, with the
+    module's confidence, resamples and seed."""
     from scipy.stats import bootstrap
 
     res = bootstrap(
         (x,),
-        np.mean,
+        statistic,
         confidence_level=CONFIDENCE,
         n_resamples=RESAMPLES,
         method="percentile",

@@ -69,3 +69,22 @@ def write_trace(path: Path, data: dict, *, compress: bool = True, indent: int | 
     text = json.dumps(data, indent=indent).encode()
     path.write_bytes(gzip.compress(text) if compress else text)
     return path
+
+
+def tiny_llama():
+    """A two-layer Hugging Face Llama from a config (no download), seeded: for fixes applied to
+    a real model class on the CPU."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config)

@@ -17,25 +17,10 @@ import kerneltriage  # noqa: E402
 from kerneltriage import ladder, rundir  # noqa: E402
 from kerneltriage.errors import InputError  # noqa: E402
 from kerneltriage.verify import record  # noqa: E402
+from tests.helpers import tiny_llama  # noqa: E402
 
 RUN = Path(__file__).resolve().parents[1] / "examples" / "runs" / "gpt-naive-h200"
 NORM = {"kind": "norm-swap", "classes": ["LlamaRMSNorm"]}
-
-
-def tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config)
 
 
 def entry(cid, status, recipe_id, apply, predicted=0.1, realized=0.1):

@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 from kerneltriage.verify.apply import KINDS, ApplyFailed, check, install  # noqa: E402
+from tests.helpers import tiny_llama  # noqa: E402
 
 
 @pytest.fixture
@@ -50,22 +51,6 @@ class Net(nn.Module):
         y = self.head(self.blocks(x))
         self.seen_dtype = y.dtype
         return y
-
-
-def tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config)
 
 
 def tiny_bert():

@@ -755,7 +755,8 @@ def candidate_fields(c: Any, params: dict[str, Any]) -> dict[str, Any]:
         # The candidate's own module class: what a norm swap replaces (``classes`` holds the
         # modules around a region, a residual add's Block among them).
         "module_classes": [cls] if cls else [],
-        "classes_repr": repr(set(classes)) if classes else "set()",
+        # A set literal spelled in sorted order: the same text on every run (set order is not).
+        "classes_repr": "{" + ", ".join(repr(c) for c in sorted(set(classes))) + "}" if classes else "set()",
         "arch": arch,
         "causal": str(causal),
         "causal_value": causal,

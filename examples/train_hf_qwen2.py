@@ -11,6 +11,13 @@ among 89 ms ones on an H100), which a fixed three-step warm-up does not cover.
     kerneltriage profile -- python examples/train_hf_qwen2.py
     python examples/train_hf_qwen2.py --tiny --device cpu        # seconds on a CPU, for tests
 
+On several GPUs, under ``torchrun``: ``--parallel ddp`` wraps the model in
+``DistributedDataParallel``; ``--parallel fsdp2`` shards each decoder layer and then the whole
+model with ``torch.distributed.fsdp.fully_shard`` (FSDP2). Each rank draws its own tokens.
+
+    torchrun --nproc-per-node 2 examples/train_hf_qwen2.py --parallel ddp
+    kerneltriage profile -- torchrun --nproc-per-node 2 examples/train_hf_qwen2.py --parallel fsdp2
+
 ``KT_EXAMPLE_STATS=FILE`` appends, at exit, the step times (``stepstats.py``).
 """
 
@@ -39,6 +46,12 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument(
+        "--parallel",
+        choices=("none", "ddp", "fsdp2"),
+        default="none",
+        help="data parallelism under torchrun: DistributedDataParallel or FSDP2's fully_shard",
+    )
     p.add_argument("--tiny", action="store_true", help="a model small enough for a CPU test")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -68,14 +81,44 @@ def build_model(args, device):
     return model.to(dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
 
 
+def start_distributed(args) -> tuple[torch.device, int]:
+    """The process group (NCCL on GPUs, gloo on the CPU), this rank's device and its rank."""
+    import torch.distributed as dist
+
+    cuda = args.device.startswith("cuda")
+    dist.init_process_group("nccl" if cuda else "gloo")
+    if not cuda:
+        return torch.device("cpu"), dist.get_rank()
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    return torch.device("cuda", local), dist.get_rank()
+
+
+def wrap(model, args, device):
+    if args.parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.model.layers:  # one all-gather / reduce-scatter group per decoder layer
+        fully_shard(layer)
+    fully_shard(model)  # the rest: embeddings (tied to the LM head), the final norm
+    return model
+
+
 def main(argv=None):
     args = parse_args(argv)
     torch.manual_seed(args.seed)
-    device = torch.device(args.device)
+    device, rank = (torch.device(args.device), 0) if args.parallel == "none" else start_distributed(args)
     model = build_model(args, device)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=device.type == "cuda")
-    gen = torch.Generator(device="cpu").manual_seed(args.seed + 1)
+    if args.parallel != "none":
+        model = wrap(model, args, device)
+    # Fused AdamW on plain tensors; FSDP2's sharded (DTensor) parameters take the foreach one.
+    fused = device.type == "cuda" and args.parallel != "fsdp2"
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=fused)
+    gen = torch.Generator(device="cpu").manual_seed(args.seed + 1 + rank)
     stats = StepStats(device)
     loss = None
     for _ in range(args.steps):
@@ -88,6 +131,10 @@ def main(argv=None):
         opt.zero_grad(set_to_none=True)
         stats.step_done()
     print(f"final loss {loss.item():.4f}")
+    if args.parallel != "none":
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

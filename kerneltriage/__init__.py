@@ -1,7 +1,7 @@
 """kerneltriage: is a custom GPU kernel worth writing?
 
 Importing the package is cheap and needs no torch: the report path (ingest → analysis →
-report) is pure Python + pandas, imported on first use. ``step()`` and ``region()`` annotate
+render) is pure Python + pandas, imported on first use. ``step()`` and ``region()`` annotate
 a training script for ``kerneltriage profile``; they import torch only when called.
 
 The Python API (README "Python API", docs/notebook.md)::
@@ -23,16 +23,14 @@ __version__ = "0.4.0"
 
 from kerneltriage.annotate import region, step
 
-# Names served by kerneltriage.api, imported on first use. ``report`` is the subpackage
-# kerneltriage.report, which is callable: kerneltriage.report(path) runs the analysis.
-_API = ("reports", "load", "diff", "Report", "Profile", "Diff", "export_tables")
+# Names served by kerneltriage.api, imported on first use (pandas and the analysis stay unloaded
+# until then).
+_API = ("report", "reports", "load", "diff", "Report", "Profile", "Diff", "export_tables")
 
-__all__ = ["__version__", "apply", "region", "report", "step", *_API]
+__all__ = ["__version__", "apply", "region", "step", *_API]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "report":
-        return importlib.import_module("kerneltriage.report")
     if name == "apply":  # kerneltriage.ladder.apply; torch is imported when it is called
         return importlib.import_module("kerneltriage.ladder").apply
     if name in _API:

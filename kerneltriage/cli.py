@@ -353,7 +353,7 @@ def _check_report_outputs(run, ncu, output, rules_file, plot, export_dir, export
 
     check_outputs({"-o": output, "--plot": plot}, [run, ncu, rules_file], {"--export": export_dir})
     if plot:
-        from kerneltriage.report.plots import check_plot_path
+        from kerneltriage.render.plots import check_plot_path
 
         check_plot_path(plot)  # fail before any work, not after the report
     if export_dir:
@@ -376,14 +376,14 @@ def _reports_and_tables(run, read, rules, rules_file, gpu, export_dir, export_fo
 
 def _render_reports(reports: dict, fmt: str, top, run_ref: str, color, picked_ranks: bool) -> str:
     """One report as ``fmt``, or several ranks' with their summary."""
-    from kerneltriage.report import render
+    from kerneltriage.render import render
 
     if len(reports) == 1:
         # A rank picked with --rank is named in the scaffold commands (ids are numbered per rank).
         (rank, one), *_ = reports.items()
         return render(one, fmt, top=top, run_ref=run_ref, color=color, rank=rank if picked_ranks else None)
     from kerneltriage.analysis.ranks import summarize
-    from kerneltriage.report.ranks_render import render_rank_reports
+    from kerneltriage.render.ranks_render import render_rank_reports
 
     return render_rank_reports(summarize(reports), reports, fmt, top=top, run_ref=run_ref, color=color)
 
@@ -391,7 +391,7 @@ def _render_reports(reports: dict, fmt: str, top, run_ref: str, color, picked_ra
 def _write_plot(plot: Path, reports: dict) -> None:
     """The roofline chart of the first report, written whole or not at all."""
     from kerneltriage.outputs import atomic_path
-    from kerneltriage.report.plots import save_roofline
+    from kerneltriage.render.plots import save_roofline
 
     with atomic_path(plot) as tmp:
         save_roofline(next(iter(reports.values())), tmp)
@@ -437,7 +437,7 @@ def diff(before, after, ncu_before, ncu_after, fmt, output, top, rules_file, gpu
     """
     from kerneltriage import api
     from kerneltriage.outputs import check_outputs
-    from kerneltriage.report.diff_render import render_diff
+    from kerneltriage.render.diff_render import render_diff
 
     check_outputs({"-o": output}, [before, after, ncu_before, ncu_after, rules_file])
     result = api.diff(
@@ -799,7 +799,7 @@ def verify(
       kerneltriage verify runs/exp1 --by-hand C2 -- python train_fixed.py --lr 3e-4
     """
     from kerneltriage.errors import InputError
-    from kerneltriage.report.verify_text import result_lines
+    from kerneltriage.render.verify_text import result_lines
     from kerneltriage.verify.plan import Settings, describe
     from kerneltriage.verify.trials import load_plan, run_verify
 

@@ -15,7 +15,7 @@ import kerneltriage
 from kerneltriage.analysis import frames
 from kerneltriage.analysis.model import KINDS
 from kerneltriage.errors import InputError
-from kerneltriage.report import render
+from kerneltriage.render import render
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "examples" / "runs"
@@ -167,13 +167,18 @@ def test_importing_and_reporting_need_no_torch():
     assert done.stdout.strip() == "C1"
 
 
-def test_the_package_stays_a_package():
-    """``kerneltriage.report`` is callable and still the subpackage of the renderers."""
+def test_report_is_the_api_function_and_no_module_swaps_its_class():
+    """``kerneltriage.report`` is ``kerneltriage.api.report`` whichever renderers are loaded, and
+    every kerneltriage module is a plain module."""
     import importlib
+    import types
 
-    module = importlib.import_module("kerneltriage.report.html")
-    assert kerneltriage.report.html is module
-    assert callable(kerneltriage.report) and kerneltriage.report.FORMATS[0] == "terminal"
+    from kerneltriage import api
+
+    importlib.import_module("kerneltriage.render.html")
+    assert kerneltriage.report is api.report
+    loaded = [m for name, m in sys.modules.items() if name.partition(".")[0] == "kerneltriage"]
+    assert loaded and all(type(m) is types.ModuleType for m in loaded)
 
 
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)

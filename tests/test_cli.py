@@ -233,7 +233,7 @@ def test_several_ranks_as_one_html_document(tmp_path):
 def test_scaffold_a_rank(tmp_path):
     from kerneltriage.api import build_reports
 
-    # Ids are numbered per rank on this run (tests/report/test_ranks_render.py): found by name.
+    # Ids are numbered per rank on this run (tests/render/test_ranks_render.py): found by name.
     reports = build_reports(DDP)
     norm = next(c.id for c in reports[1].candidates if c.name.startswith("residual add + RMSNorm"))
     result = run("scaffold", DDP, norm, "--rank", "1", "--out", tmp_path / "r1")
@@ -269,7 +269,7 @@ def test_cli_and_api_pick_the_counters_rank(tmp_path):
     from unittest.mock import ANY
 
     import kerneltriage
-    from kerneltriage.report import render
+    from kerneltriage.render import render
 
     copy = tmp_path / "ddp"
     shutil.copytree(DDP, copy)

@@ -1,5 +1,5 @@
 """The package's import graph: no module imports one that imports it back, and the layers
-point one way (cli → profile → ingest/analysis → report; analysis is pure, ingest reads only).
+point one way (cli → profile → ingest/analysis → render; analysis is pure, ingest reads only).
 No file name is used in two layers (``ingest/ncu.py`` beside ``profile/ncu.py`` read alike).
 
 Imports are read from the source (``ast``), function-level ones included: a lazy import is
@@ -17,9 +17,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "kerneltriage"
 
 # layer -> layers it must never import
 FORBIDDEN = {
-    "analysis": {"report", "cli", "profile"},
-    "ingest": {"analysis", "report", "cli"},
-    "report": {"cli", "profile"},
+    "analysis": {"render", "cli", "profile"},
+    "ingest": {"analysis", "render", "cli"},
+    "render": {"cli", "profile"},
 }
 
 
@@ -106,7 +106,7 @@ def layer(module: str) -> str | None:
     parts = module.split(".")
     if len(parts) < 2:
         return None
-    return parts[1]  # "analysis", "report", … or a top-level module such as "cli"
+    return parts[1]  # "analysis", "render", … or a top-level module such as "api"
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +117,7 @@ def graph() -> dict[str, set[str]]:
 def test_the_graph_is_read(graph):
     # The reader sees top-level, function-level and ``from pkg import module`` imports.
     assert "kerneltriage.analysis.verdict" in graph["kerneltriage.analysis.triage"]
-    assert "kerneltriage.report.html" in graph["kerneltriage.report.render"]  # lazy, in render()
+    assert "kerneltriage.render.html" in graph["kerneltriage.render"]  # lazy, in render()
     assert "kerneltriage.profile.nsight_compute" in graph["kerneltriage.profile.session"]
     assert "kerneltriage.api" in graph["kerneltriage.cli"]
 

@@ -121,7 +121,7 @@ def test_folder_of_16_ranks(folder, local):
     assert any(s.startswith("rank 5: attention (naive") for s in stragglers), stragglers
     assert not any(s.startswith("rank 3:") for s in stragglers)
     # The summary groups the ranks that share an id or a verdict: one line, not 16.
-    from kerneltriage.report.ranks_render import render_ranks
+    from kerneltriage.render.ranks_render import render_ranks
 
     summary = summarize(local)
     row = next(line for line in render_ranks(summary, "markdown").splitlines() if "attention (naive" in line)
@@ -178,7 +178,7 @@ def test_urls_through_fsspec(folder, local, rules, cluster):
 
 def test_cli_scheduler(one_process, cluster):
     from kerneltriage.analysis.ranks import summarize
-    from kerneltriage.report.ranks_render import render_rank_reports
+    from kerneltriage.render.ranks_render import render_rank_reports
 
     args = ["report", str(DDP), "--format", "json"]
     result = CliRunner().invoke(main, [*args, "--scheduler", cluster.scheduler_address])

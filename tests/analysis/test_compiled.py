@@ -21,7 +21,7 @@ import pytest
 import kerneltriage
 from kerneltriage.analysis.compiled import decode_inductor, inductor_work
 from kerneltriage.analysis.rules import load_rules
-from kerneltriage.report import render
+from kerneltriage.render import render
 from tests.helpers import EXTERNAL, corpus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -419,7 +419,7 @@ def test_diff_checks_the_predictions_of_the_eager_report():
 
 
 def test_diff_renders_the_compiled_table():
-    from kerneltriage.report.diff_render import render_diff
+    from kerneltriage.render.diff_render import render_diff
 
     d = _diff()
     text = render_diff(d, "terminal")

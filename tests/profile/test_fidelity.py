@@ -25,7 +25,7 @@ from kerneltriage.ingest.kineto import read_trace
 from kerneltriage.profile import session
 from kerneltriage.profile.hooks import Plan, Session
 from kerneltriage.profile.trace_fixup import align, copy_shapes, summarize_clean
-from kerneltriage.report.text import compiled_lines
+from kerneltriage.render.text import compiled_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 GPT = ROOT / "examples" / "train_gpt.py"
@@ -309,7 +309,7 @@ def test_the_clean_trace_gives_the_gpu_busy_share_of_its_window():
 
 def test_the_report_times_the_plain_steps_and_says_how(tmp_path):
     from kerneltriage.api import build_report
-    from kerneltriage.report.render import render
+    from kerneltriage.render import render
 
     # GPT-2 124M eager on an H100 (benchmarks/gpu_fidelity.sh): the recorded steps ran at
     # 71.5 ms under the CPU-op profiler, the plain ones at 34.7 ms, as the script alone.

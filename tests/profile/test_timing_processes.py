@@ -37,7 +37,7 @@ def test_the_report_spans_the_timing_processes(tmp_path):
     assert three.step_time_ms == pytest.approx(one.step_time_ms * (1 + 1.06 + 0.97) / 3, rel=1e-3)
     assert three.step_interval_ms[0] <= three.step_time_ms <= three.step_interval_ms[1]
     assert three.source["timing"]["processes"] == 3 and one.source["timing"]["processes"] == 1
-    from kerneltriage.report.text import step_time_text
+    from kerneltriage.render.text import step_time_text
 
     assert "over 3 processes" in step_time_text(three) and "over" not in step_time_text(one)
 

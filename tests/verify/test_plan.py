@@ -173,8 +173,8 @@ def test_verify_json_round_trips_and_is_validated(tmp_path):
 
 
 def test_the_report_ranks_by_realized_and_drops_refuted_fixes(naive):
-    from kerneltriage.report.html import _summary
-    from kerneltriage.report.render import render
+    from kerneltriage.render import render
+    from kerneltriage.render.html import _summary
 
     report = copy.deepcopy(naive[0])
     c1, c2 = report.candidate("C1"), report.candidate("C2")
@@ -210,7 +210,7 @@ def test_the_report_ranks_by_realized_and_drops_refuted_fixes(naive):
 
 def test_diff_shows_what_verify_measured_on_the_run_before(tmp_path):
     from kerneltriage.api import diff, report
-    from kerneltriage.report.diff_render import render_diff
+    from kerneltriage.render.diff_render import render_diff
 
     run = tmp_path / "naive"
     shutil.copytree(NAIVE, run)

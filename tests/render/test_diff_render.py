@@ -13,7 +13,7 @@ from markupsafe import escape
 
 from kerneltriage.analysis.diff import compare
 from kerneltriage.analysis.frames import DIFF_COLUMNS
-from kerneltriage.report.diff_render import render_diff, saving_text, step_change_text
+from kerneltriage.render.diff_render import render_diff, saving_text, step_change_text
 
 
 @pytest.fixture(scope="module")

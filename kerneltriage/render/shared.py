@@ -14,7 +14,7 @@ from rich.cells import cell_len
 from kerneltriage.analysis.model import Candidate
 from kerneltriage.analysis.ranks import RankSummary
 from kerneltriage.analysis.vocabulary import Reason, Verdict
-from kerneltriage.report.text import ms
+from kerneltriage.render.text import ms
 
 RANK_HEAD = ("rank", "step time", "GPU busy", "communication", "exposed communication")
 

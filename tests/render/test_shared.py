@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from kerneltriage.report import render
-from kerneltriage.report.shared import wrap_name
-from kerneltriage.report.text import verdict_text
+from kerneltriage.render import render
+from kerneltriage.render.shared import wrap_name
+from kerneltriage.render.text import verdict_text
 
 # Where a break without a space may fall: after a joint character, or at a camelCase hump.
 JOINT_BEFORE = re.compile(r"[._,:/(\-→]$")

@@ -16,10 +16,10 @@ from typing import Any
 from kerneltriage.analysis.model import Candidate, Report
 from kerneltriage.analysis.ranks import RankSummary
 from kerneltriage.analysis.vocabulary import Verdict
-from kerneltriage.report.gpu_text import NO_CEILINGS, precision_label, tflops_text, unresolved_text
-from kerneltriage.report.ladder_text import applied_fixes_line
-from kerneltriage.report.shared import RANK_HEAD, offers_scaffold, rank_rows, scaffold_command
-from kerneltriage.report.text import (
+from kerneltriage.render.gpu_text import NO_CEILINGS, precision_label, tflops_text, unresolved_text
+from kerneltriage.render.ladder_text import applied_fixes_line
+from kerneltriage.render.shared import RANK_HEAD, offers_scaffold, rank_rows, scaffold_command
+from kerneltriage.render.text import (
     bytes_,
     communication_line,
     compiled_lines,
@@ -38,7 +38,7 @@ from kerneltriage.report.text import (
     unattributed_text,
     verdict_text,
 )
-from kerneltriage.report.verify_text import realized_cell, verification_line
+from kerneltriage.render.verify_text import realized_cell, verification_line
 from kerneltriage.resources import data_path
 
 CONDITIONS = ("headroom", "hotness", "stability")
@@ -130,7 +130,7 @@ def html_ranks(
 
 
 def _page(report: Report) -> dict[str, Any]:
-    from kerneltriage.report import plots
+    from kerneltriage.render import plots
 
     return {
         "schema": report.schema,
@@ -145,7 +145,7 @@ def _body(
     """What the template's ``report_body`` shows of one report."""
     from markupsafe import Markup
 
-    from kerneltriage.report import plots
+    from kerneltriage.render import plots
 
     candidates = report.candidates[:top] if top else list(report.candidates)
     data = plots.roofline_data(report, candidates)
@@ -288,7 +288,7 @@ def _summary(report: Report, candidates: list[Candidate]) -> list[dict[str, Any]
 
 
 def _breakdown(report: Report) -> list[dict[str, Any]]:
-    from kerneltriage.report.plots import KIND_COLORS, KIND_LABELS, breakdown_items
+    from kerneltriage.render.plots import KIND_COLORS, KIND_LABELS, breakdown_items
 
     items = breakdown_items(report)
     total = sum(v for _, v in items) or 1.0

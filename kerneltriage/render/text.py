@@ -137,6 +137,11 @@ def saving_basis(c: Candidate) -> str:
     return str(c.attrs.get("saving_basis") or "share × (1 − 1/headroom)")
 
 
+def saving_cell(c: Candidate) -> str:
+    """A candidate's expected saving in a table: a share of the step, ``—`` without one."""
+    return pct(c.expected_saving_share) if c.expected_saving_share else "—"
+
+
 def roofline_line(c: Candidate) -> str:
     r = c.roofline
     if r.ceiling_ms is None:

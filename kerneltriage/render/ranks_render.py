@@ -19,9 +19,9 @@ import json
 
 from kerneltriage.analysis.model import Report
 from kerneltriage.analysis.ranks import RankRow, RankSummary
-from kerneltriage.report.render import csv_text, render
-from kerneltriage.report.shared import RANK_HEAD, name_widths, rank_rows, wrap_name
-from kerneltriage.report.text import ms, pct
+from kerneltriage.render import csv_text, render
+from kerneltriage.render.shared import RANK_HEAD, name_widths, rank_rows, wrap_name
+from kerneltriage.render.text import ms, pct
 
 SCHEMA = "kerneltriage.report-ranks/1"
 
@@ -59,7 +59,7 @@ def render_rank_reports(
 
         return csv_text(candidates_table(reports, top))
     if fmt == "html":
-        from kerneltriage.report.html import html_ranks
+        from kerneltriage.render.html import html_ranks
 
         return html_ranks(summary, reports, top=top, run_ref=run_ref)
     if fmt == "markdown":

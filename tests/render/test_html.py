@@ -14,10 +14,10 @@ from kerneltriage.analysis.model import Gap
 from kerneltriage.analysis.rules import load_rules
 from kerneltriage.analysis.triage import idle_by_class
 from kerneltriage.cli import main
-from kerneltriage.report import render
-from kerneltriage.report.gpu_text import precision_label, tflops_text
-from kerneltriage.report.html import breakable, html
-from kerneltriage.report.text import headroom_text, ms, pct
+from kerneltriage.render import render
+from kerneltriage.render.gpu_text import precision_label, tflops_text
+from kerneltriage.render.html import breakable, html
+from kerneltriage.render.text import headroom_text, ms, pct
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "runs" / "gpt-naive-h200"

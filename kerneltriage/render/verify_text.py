@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kerneltriage.report.text import pct
+from kerneltriage.render.text import pct
 
 MARKS = {"verified": "✓", "refuted": "✗", "inconclusive": "~", "changes-results": "✗", "not verified": "?"}
 LABELS = {

@@ -13,7 +13,7 @@ a cold one far outside (a 0.0% optimizer call at 1e-5 TFLOP/s) is drawn clamped 
 with a triangle pointing its way, and the key says where it really is.
 
 matplotlib is imported inside the functions (Agg canvas, no pyplot) so that importing
-``kerneltriage.report`` stays light.
+``kerneltriage.render`` stays light.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.analysis.model import Candidate, Report
 from kerneltriage.analysis.vocabulary import Verdict
 from kerneltriage.errors import InputError
-from kerneltriage.report.text import ms, pct, times, verdict_text
+from kerneltriage.render.text import ms, pct, times, verdict_text
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure

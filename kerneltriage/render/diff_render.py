@@ -11,9 +11,9 @@ import json
 from typing import Any
 
 from kerneltriage.analysis.diff import Diff, Match
-from kerneltriage.report.shared import name_widths, wrap_name
-from kerneltriage.report.text import ms, pct
-from kerneltriage.report.verify_text import realized_cell
+from kerneltriage.render.shared import name_widths, wrap_name
+from kerneltriage.render.text import ms, pct
+from kerneltriage.render.verify_text import realized_cell
 
 _HEAD = ["candidate", "kind", "before", "after", "predicted", "realized", "of ceiling", "ids", "matched by"]
 _RIGHT = {"before", "after", "predicted", "realized", "of ceiling"}
@@ -120,7 +120,7 @@ def render_diff(d: Diff, fmt: str, top: int | None = None) -> str:
         return json.dumps(d.to_json(), indent=2) + "\n"
     if fmt == "csv":
         from kerneltriage.analysis.frames import diff_frame
-        from kerneltriage.report.render import csv_text
+        from kerneltriage.render import csv_text
 
         frame = diff_frame(d)
         return csv_text(frame.head(top) if top else frame)
@@ -288,7 +288,7 @@ def diff_svg(d: Diff, matches: list[Match]) -> str:
     with a ``<title>`` per bar pair (N: its row in the chart, from the top)."""
     from matplotlib.patches import Patch
 
-    from kerneltriage.report import plots
+    from kerneltriage.render import plots
 
     shown = chart_matches(matches)
     n = max(len(shown), 1)
@@ -349,8 +349,8 @@ def diff_svg(d: Diff, matches: list[Match]) -> str:
 def _page(d: Diff, matches: list[Match], rows: list[list[str]], head: list[str]) -> str:
     from markupsafe import Markup
 
-    from kerneltriage.report import plots
-    from kerneltriage.report.html import _environment
+    from kerneltriage.render import plots
+    from kerneltriage.render.html import _environment
 
     s, b = d.step_time_ms, d.gpu_busy_ms
     context = {

@@ -10,8 +10,7 @@ import pytest
 
 from kerneltriage.analysis.gpus import GPUSpec, resolve_gpu
 from kerneltriage.api import build_report
-from kerneltriage.report import render
-from kerneltriage.report.render import FORMATS
+from kerneltriage.render import FORMATS, render
 from tests.helpers import EXTERNAL, corpus, report
 
 DLRM = EXTERNAL / "hta-dlrm-2rank-a100" / "sampled_rank-0.json.gz"
@@ -199,7 +198,7 @@ def test_a_report_without_a_gpu_renders_in_every_format(no_gpu_report, fmt):
 
 
 def test_plot_without_a_gpu(no_gpu_report, tmp_path):
-    from kerneltriage.report import plots
+    from kerneltriage.render import plots
 
     data = plots.roofline_data(no_gpu_report)
     assert data.bandwidth_tbs is None and data.roofs == {} and data.ceilings.startswith("no ceilings")

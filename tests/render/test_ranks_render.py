@@ -14,7 +14,7 @@ import pytest
 
 from kerneltriage.analysis.frames import CANDIDATE_COLUMNS
 from kerneltriage.analysis.ranks import summarize
-from kerneltriage.report.ranks_render import render_rank_reports
+from kerneltriage.render.ranks_render import render_rank_reports
 
 ROOT = Path(__file__).resolve().parents[2]
 DDP = ROOT / "examples" / "runs" / "gpt-ddp-2gpu-h200"

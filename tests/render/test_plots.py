@@ -16,8 +16,8 @@ from matplotlib.transforms import Bbox
 
 from kerneltriage.cli import main
 from kerneltriage.errors import InputError
-from kerneltriage.report import plots
-from kerneltriage.report.text import times
+from kerneltriage.render import plots
+from kerneltriage.render.text import times
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "runs" / "gpt-naive-h200"
@@ -50,7 +50,7 @@ def by_gid(fig, prefix):
 
 def test_importing_the_report_package_stays_light():
     code = (
-        "import sys, kerneltriage.report, kerneltriage.report.plots, kerneltriage.report.html; "
+        "import sys, kerneltriage.render, kerneltriage.render.plots, kerneltriage.render.html; "
         "assert 'matplotlib' not in sys.modules and 'jinja2' not in sys.modules, 'imported eagerly'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

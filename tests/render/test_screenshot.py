@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from kerneltriage.report import plots
-from kerneltriage.report.html import html
+from kerneltriage.render import plots
+from kerneltriage.render.html import html
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "runs" / "gpt-naive-h200"

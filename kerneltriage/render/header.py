@@ -1,0 +1,59 @@
+"""The header of a terminal or Markdown report: the GPU and its ceilings, the steps and how
+they were timed, idle time, communication, counters and unattributed kernel time."""
+
+from __future__ import annotations
+
+from kerneltriage.analysis.model import Report
+from kerneltriage.render.gpu_text import gpu_lines
+from kerneltriage.render.ladder_text import applied_fixes_line
+from kerneltriage.render.text import (
+    communication_line,
+    counters_text,
+    idle_line,
+    idle_text,
+    ms,
+    step_time_text,
+    unattributed_text,
+)
+
+
+def _timing_line(t: dict) -> str:
+    """How ``profile`` timed the step: plain steps, GPU busy from clean steps, and what the
+    clean and the recorded (attribution) steps cost against the plain ones."""
+
+    def cost(key: str) -> str:
+        return "" if t.get(key) is None else f", {t[key]:+.0%} against plain"
+
+    n = t.get("steps") or {}
+    parts = [f"Timing: step time from {n.get('plain', '?')} plain steps (nothing installed)"]
+    if t.get("gpu_busy_from") == "clean steps":
+        parts.append(f"GPU busy from {n.get('clean', '?')} clean steps (GPU-only profiler{cost('overhead')})")
+    if t.get("recorded_median_ms"):
+        parts.append(
+            f"ops and modules from {n.get('recorded', '?')} recorded steps "
+            f"({ms(t['recorded_median_ms'])}{cost('attribution_overhead')})"
+        )
+    return " · ".join(parts)
+
+
+def header_lines(report: Report) -> list[str]:
+    lines = [
+        *gpu_lines(report),
+        f"Steps: {report.steps} ({report.step_source}) · step time {step_time_text(report)}"
+        + f" · GPU busy {report.gpu_busy_pct:.1f}% · idle {idle_text(report)}",
+    ]
+    if report.source.get("applied_fixes"):
+        lines.append(applied_fixes_line(report.source))
+    if report.source.get("timing"):
+        lines.append(_timing_line(report.source["timing"]))
+    for extra in (idle_line(report), communication_line(report)):
+        if extra:
+            lines.append(extra)
+    if report.join:
+        lines.append(f"Counters: {counters_text(report.join)}")
+    else:
+        lines.append(
+            "Counters: none (roofline from shape estimates; run `kerneltriage profile` for ncu counters)"
+        )
+    lines.append(f"Unattributed kernel time: {unattributed_text(report)}")
+    return lines

@@ -250,7 +250,7 @@ class Manifest(BaseModel):
     def from_json(cls, data: dict[str, Any], where: str = MANIFEST) -> Manifest:
         """``data`` read; ``RunDirError`` (one line: the field and the type expected) unless it
         follows the schema."""
-        from kerneltriage.ingest.schemas import describe
+        from kerneltriage.validation import describe
 
         try:
             return cls.model_validate(data)

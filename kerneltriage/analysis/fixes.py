@@ -30,9 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, Valida
 
 from kerneltriage.analysis.estimate import dtype_bytes, tensor_inputs
 from kerneltriage.errors import RulesError
-from kerneltriage.ingest.schemas import describe
 from kerneltriage.patterns import Pattern, compile_user_pattern
 from kerneltriage.resources import data_path, load_yaml
+from kerneltriage.validation import describe
 
 SCHEMA = "kerneltriage.fixes/1"
 SCOPES = ("candidate", "module-class", "model", "loss", "optimizer", "process")

@@ -38,9 +38,9 @@ from pydantic_core import PydanticCustomError
 
 from kerneltriage.analysis.vocabulary import Verdict
 from kerneltriage.errors import RulesError
-from kerneltriage.ingest.schemas import describe
 from kerneltriage.patterns import Pattern, PatternError, compile_linear
 from kerneltriage.resources import data_path
+from kerneltriage.validation import describe
 
 VERDICTS = tuple(v.value for v in Verdict)
 #: Validation context of the rules merged over the defaults (checks of the whole).

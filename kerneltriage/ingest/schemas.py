@@ -33,48 +33,7 @@ from pydantic import (
 )
 
 from kerneltriage.errors import InputError
-
-# --- what a validation error says -----------------------------------------------------------
-
-_EXPECTED = {
-    "int_type": "an integer",
-    "int_parsing": "an integer",
-    "int_from_float": "an integer",
-    "float_type": "a number",
-    "float_parsing": "a number",
-    "finite_number": "a finite number",
-    "string_type": "a string",
-    "bool_type": "true or false",
-    "bool_parsing": "true or false",
-    "dict_type": "a mapping (JSON object)",
-    "model_type": "a mapping (JSON object)",
-    "model_attributes_type": "a mapping (JSON object)",
-    "list_type": "a list",
-    "tuple_type": "a list",
-    "frozen_set_type": "a list",
-    "missing": "present",
-}
-
-
-#: Error types whose message is a whole sentence of kerneltriage's (a pattern's, a rule's).
-OWN_MESSAGES = frozenset({"pattern", "rules"})
-
-
-def describe(error: ValidationError, what: str = "") -> str:
-    """One line for a pydantic error: the first failing field, the type expected, the value."""
-    first = error.errors(include_url=False)[0]
-    loc = ".".join(str(p) for p in first["loc"] if not str(p).startswith(("function-", "union[")))
-    field = ".".join(p for p in (what, loc) if p)
-    expected = _EXPECTED.get(first["type"])
-    if first["type"] == "missing":
-        return f"{field} is missing"
-    if first["type"] in OWN_MESSAGES:  # a validator's own sentence: it says what was wrong
-        return f"{field}: {first['msg']}" if field else first["msg"]
-    got = repr(first.get("input"))
-    got = got if len(got) <= 40 else got[:37] + "..."
-    text = f"expected {expected}" if expected else first["msg"][0].lower() + first["msg"][1:]
-    return f"{field}: {text}, got {got}"
-
+from kerneltriage.validation import describe
 
 _Open = ConfigDict(extra="allow")  # a newer kerneltriage may add keys; they are kept, unread
 

@@ -146,7 +146,7 @@ def read(run: str | Path) -> VerifyFile | None:
     try:
         return VerifyFile.model_validate(data)
     except ValidationError as exc:
-        from kerneltriage.ingest.schemas import describe
+        from kerneltriage.validation import describe
 
         raise RunDirError(f"{FILE}: {describe(exc)}", path=str(Path(run))) from None
 

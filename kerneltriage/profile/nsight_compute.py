@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from kerneltriage.profile.hooks import NCU_RANGE
+from kerneltriage.profile.step_plan import NCU_RANGE
 
 #: The roofline metric set: duration, DRAM and L2 bytes, FP32/FP16/FP64 instruction counts,
 #: tensor-pipe FLOPs by source type, and speed-of-light percentages.

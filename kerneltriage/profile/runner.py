@@ -2,7 +2,7 @@
 
 Runs the user's script or module exactly as ``python SCRIPT ARGS`` would (``runpy``, the same
 ``sys.argv``, ``__name__ == "__main__"``), with kerneltriage's hooks installed first. The
-parent (``session.py``) passes its settings in the file named by ``KERNELTRIAGE_PROFILE``.
+parent (``context.py``) passes its settings in the file named by ``KERNELTRIAGE_PROFILE``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import threading
 import traceback
 
 from kerneltriage.profile import fix_install
-from kerneltriage.profile.hooks import Done, Session
+from kerneltriage.profile.hooks import ProfiledProcess, StepsDone
 from kerneltriage.verify.apply import ApplyFailed
 
 CONFIG_ENV = "KERNELTRIAGE_PROFILE"
@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"kerneltriage runner: {missing}", file=sys.stderr)  # one line: nothing ran
         return 2
-    session = Session(config)
-    session.install()
+    process = ProfiledProcess(config)
+    process.install()
     code = 0
     fixes: list[fix_install.Installed] = []
     try:
@@ -55,25 +55,25 @@ def main(argv: list[str] | None = None) -> int:
             sys.argv = [script, *argv[1:]]
             sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
             runpy.run_path(script, run_name="__main__")
-        session.finish("ok")
-    except Done:
+        process.finish("ok")
+    except StepsDone:
         code = 0  # stopped after the recorded steps: everything is written
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        session.finish(
+        process.finish(
             "ok" if code == 0 else "failed", error=None if code == 0 else f"the script exited with {code}"
         )
     except KeyboardInterrupt:
-        session.finish("interrupted")
+        process.finish("interrupted")
         code = 130
     except ApplyFailed as exc:
-        session.finish("failed", error=fix_install.failure(fixes, exc))
+        process.finish("failed", error=fix_install.failure(fixes, exc))
         code = fix_install.EXIT_NOT_APPLIED
     except BaseException as exc:
-        session.finish("failed", error="".join(traceback.format_exception_only(type(exc), exc)).strip())
+        process.finish("failed", error="".join(traceback.format_exception_only(type(exc), exc)).strip())
         raise
     if code == 0 and fix_install.problems(fixes):
-        session._write_status("failed", error=fix_install.problems(fixes)[0])
+        process.write_status("failed", error=fix_install.problems(fixes)[0])
         code = fix_install.EXIT_NOT_APPLIED
     _shutdown_distributed(code)
     return code

@@ -34,8 +34,8 @@ from kerneltriage.errors import InputError, ToolError
 from kerneltriage.profile import nsight_compute as ncu_tools
 from kerneltriage.profile.command import Command, parse_command
 from kerneltriage.profile.fix_install import EXIT_NOT_APPLIED
-from kerneltriage.profile.hooks import CAPTURE_RANGE, EXIT_NO_GPU, EXIT_NO_TORCH, Plan
 from kerneltriage.profile.runner import CONFIG_ENV
+from kerneltriage.profile.step_plan import CAPTURE_RANGE, EXIT_NO_GPU, EXIT_NO_TORCH, StepPlan
 
 if TYPE_CHECKING:  # pragma: no cover
     from kerneltriage.analysis.hot_kernels import HotKernels
@@ -77,7 +77,7 @@ class Options:
     ncu_timeout: float = 900.0  # seconds for each ncu pass
     rules_file: Path | None = None  # --rules: merged over the shipped rules (hot-kernel selection)
     # Clean steps (CUDA-only profiler) and as many plain steps (nothing installed) after the
-    # recorded ones (``hooks.Plan``): the plain steps give the step time the report uses, the
+    # recorded ones (``hooks.StepPlan``): the plain steps give the step time the report uses, the
     # clean steps the GPU's busy time.
     timing_steps: int = 5
     # Plain steps: at least ``plain_min``, more until the step times settle, at most
@@ -518,9 +518,9 @@ def plain_bounds(options: Options, distributed: bool = False) -> tuple[int, int]
     return (least, least) if distributed else (least, most)
 
 
-def _plan(options: Options, whole_run: bool = False) -> Plan:
+def _plan(options: Options, whole_run: bool = False) -> StepPlan:
     """Phase 1's plan as asked, with its fewest plain steps."""
-    return Plan(
+    return StepPlan(
         options.warmup, options.steps, options.timing_steps, whole_run, plain=plain_bounds(options)[0] or None
     )
 
@@ -533,16 +533,16 @@ def _fitted_timing(options: Options, steps_seen: int) -> tuple[int, int] | None:
     asked = _plan(options)
     if not options.timing_steps or steps_seen >= asked.stop_after:
         return None
-    if steps_seen < Plan(options.warmup, options.steps, 0).stop_after:
+    if steps_seen < StepPlan(options.warmup, options.steps, 0).stop_after:
         return None
     t = options.timing_steps
     for plain in range(asked.plain_count - 1, t - 1, -1):
-        if Plan(options.warmup, options.steps, t, plain=plain).stop_after <= steps_seen:
+        if StepPlan(options.warmup, options.steps, t, plain=plain).stop_after <= steps_seen:
             return t, plain
     fits = [
         t
         for t in range(options.timing_steps - 1, 1, -1)
-        if Plan(options.warmup, options.steps, t).stop_after <= steps_seen
+        if StepPlan(options.warmup, options.steps, t).stop_after <= steps_seen
     ]
     return (fits[0], fits[0]) if fits else (0, 0)
 
@@ -605,7 +605,7 @@ def _check_plain_steps(phases: list[dict[str, Any]], warnings: list[str]) -> Non
         )
 
 
-def _clean_summary(out: Path, status: dict[str, Any], plan: Plan, warnings: list[str]) -> dict[str, Any]:
+def _clean_summary(out: Path, status: dict[str, Any], plan: StepPlan, warnings: list[str]) -> dict[str, Any]:
     """The GPU's busy share and kernels per step in the clean steps' trace (empty without one)."""
     from kerneltriage.profile.trace_fixup import summarize_clean
 
@@ -622,7 +622,7 @@ def _clean_summary(out: Path, status: dict[str, Any], plan: Plan, warnings: list
 
 def _step_time(
     times: dict[str, Any],
-    plan: Plan,
+    plan: StepPlan,
     manifest: rundir.Manifest,
     warnings: list[str],
     clean: dict[str, Any] | None = None,
@@ -664,7 +664,7 @@ def _other_ranks_step_time(
     out: Path,
     statuses: list[dict[str, Any]],
     first: dict[str, Any],
-    plan: Plan,
+    plan: StepPlan,
     phase: rundir.TimelinePhase,
     warnings: list[str],
 ) -> None:

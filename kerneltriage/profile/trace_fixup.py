@@ -2,7 +2,7 @@
 
 The timed steps were recorded without input shapes, to keep the profiler's host time out of
 the step time; one earlier step ran under a CPU-only profiler that recorded them
-(``hooks.Plan``). Here the shapes (``Input Dims``, ``Input type``, ``Input Strides``,
+(``step_plan.StepPlan``). Here the shapes (``Input Dims``, ``Input type``, ``Input Strides``,
 ``Concrete Inputs``) are copied onto the timed trace's ops: per thread, each recorded step's op
 sequence is aligned with the shapes step's by op name (a training step repeats the same ops),
 and every aligned op gets its counterpart's shapes. Ops that align with nothing keep none, and

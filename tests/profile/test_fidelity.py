@@ -23,7 +23,8 @@ from kerneltriage.analysis.attribution import attribute
 from kerneltriage.cli import main
 from kerneltriage.ingest.kineto import read_trace
 from kerneltriage.profile import session
-from kerneltriage.profile.hooks import Plan, Session
+from kerneltriage.profile.hooks import ProfiledProcess
+from kerneltriage.profile.step_plan import StepPlan
 from kerneltriage.profile.trace_fixup import align, copy_shapes, summarize_clean
 from kerneltriage.render.text import compiled_lines
 
@@ -50,7 +51,7 @@ def profile(*args):
 
 
 def test_the_plan_times_plain_steps_before_any_profiler():
-    plan = Plan(warmup=3, steps=3, timing=5)
+    plan = StepPlan(warmup=3, steps=3, timing=5)
     # Plain steps straight after the warm-up, then the clean profiler (its warm-up step 9),
     # then the shapes step (hooks from there on), the recorded profiler's warm-up, the steps.
     assert list(plan.plain_steps) == [4, 5, 6, 7, 8]
@@ -66,12 +67,12 @@ def test_the_plan_times_plain_steps_before_any_profiler():
         "recorded",
     ]
     # No timing steps: the shapes step follows the warm-up; the recorded steps are timed.
-    bare = Plan(warmup=3, steps=3, timing=0)
+    bare = StepPlan(warmup=3, steps=3, timing=0)
     assert (bare.shapes_step, bare.first_recorded, bare.stop_after) == (4, 6, 8)
     assert list(bare.plain_steps) == [] and list(bare.clean_steps) == []
     # The first step (torch.compile traces there) never has hooks, even with no warm-up.
-    assert Plan(warmup=0, steps=2, timing=6).hooks_from > 1
-    whole = Plan(warmup=5, steps=2, timing=0, whole_run=True)
+    assert StepPlan(warmup=0, steps=2, timing=6).hooks_from > 1
+    whole = StepPlan(warmup=5, steps=2, timing=0, whole_run=True)
     assert whole.shapes_step is None and whole.phase_of(3) == "recorded"
 
 
@@ -198,16 +199,16 @@ def test_a_module_call_costs_little_with_the_profiler_off(tmp_path):
             model(x)
         return (time.thread_time_ns() - start) / n / calls / 1000.0
 
-    s = Session({"mode": "timeline", "out": str(tmp_path), "warmup": 3, "steps": 1, "cpu": True})
+    s = ProfiledProcess({"mode": "timeline", "out": str(tmp_path), "warmup": 3, "steps": 1, "cpu": True})
     s.prepare(torch)
     extra = []
     for _ in range(7):
         plain = per_call()
-        s._install_module_hooks(describe=False)
+        s.modules.install(describe=False)
         hooked = per_call()
-        s._remove_module_hooks()
+        s.modules.remove()
         extra.append(hooked - plain)
-    assert s.hook_calls == 7 * 30 * calls and not s.hook_handles  # the hooks ran, then went
+    assert s.modules.calls == 7 * 30 * calls and not s.modules.handles  # the hooks ran, then went
     assert statistics.median(extra) < 30.0, extra
 
 
@@ -243,7 +244,7 @@ def test_shapes_are_copied_onto_every_recorded_step():
 
 
 def test_the_step_time_is_the_plain_steps_and_the_clean_overhead_is_warned_above_five_percent():
-    plan = Plan(warmup=3, steps=3, timing=5)
+    plan = StepPlan(warmup=3, steps=3, timing=5)
     times = {
         "clock": "cuda events",
         "clean_profiler": "cuda activity",
@@ -277,7 +278,7 @@ def test_the_step_time_is_the_plain_steps_and_the_clean_overhead_is_warned_above
     assert any("not measured" in n for n in notes)
     asked = rundir.Manifest(phases={"timeline": {}})
     notes = []
-    session._step_time({"recorded_median_ms": 24.1}, Plan(3, 3, 0), asked, notes)
+    session._step_time({"recorded_median_ms": 24.1}, StepPlan(3, 3, 0), asked, notes)
     assert notes == []  # --timing-steps 0: nothing missing
 
 

@@ -11,7 +11,7 @@ from kerneltriage.cli import main
 
 def test_timing_steps_help_follows_the_order_of_the_steps():
     """Plain steps come right after the warm-up (no profiler may have run before them), then the
-    clean steps, then the recorded ones (profile/hooks.py's Plan)."""
+    clean steps, then the recorded ones (profile/step_plan.py's StepPlan)."""
     result = CliRunner().invoke(main, ["profile", "--help"], terminal_width=200)
     assert result.exit_code == 0
     text = " ".join(result.output.split())

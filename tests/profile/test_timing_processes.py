@@ -53,12 +53,14 @@ def test_a_timing_process_runs_the_plain_steps_and_stops():
         def elapsed_time(self, other):
             return other.t - self.t
 
-    s = hooks.Session({"mode": "timing", "out": "/nonexistent", "warmup": 2, "steps": 3, "timing_steps": 5})
+    s = hooks.ProfiledProcess(
+        {"mode": "timing", "out": "/nonexistent", "warmup": 2, "steps": 3, "timing_steps": 5}
+    )
     s.config["plain_max"] = 5
     marks = iter(range(0, 1000, 10))
-    s._mark = lambda step: s.marks.__setitem__(step, Event(next(marks)))  # type: ignore[method-assign]
-    s._finish_and_stop = lambda: (_ for _ in ()).throw(hooks.Done())  # type: ignore[method-assign]
-    with pytest.raises(hooks.Done):
+    s._mark = lambda step: s.clock.marks.__setitem__(step, Event(next(marks)))  # type: ignore[method-assign]
+    s._finish_and_stop = lambda: (_ for _ in ()).throw(hooks.StepsDone())  # type: ignore[method-assign]
+    with pytest.raises(hooks.StepsDone):
         for _ in range(20):
             s._step_ended()
     assert s.steps_seen == 2 + 5  # the warm-up and the plain steps, then it stops

@@ -353,7 +353,7 @@ def _check_report_outputs(run, ncu, output, rules_file, plot, export_dir, export
 
     check_outputs({"-o": output, "--plot": plot}, [run, ncu, rules_file], {"--export": export_dir})
     if plot:
-        from kerneltriage.render.plots import check_plot_path
+        from kerneltriage.render.roofline_chart import check_plot_path
 
         check_plot_path(plot)  # fail before any work, not after the report
     if export_dir:
@@ -391,7 +391,7 @@ def _render_reports(reports: dict, fmt: str, top, run_ref: str, color, picked_ra
 def _write_plot(plot: Path, reports: dict) -> None:
     """The roofline chart of the first report, written whole or not at all."""
     from kerneltriage.outputs import atomic_path
-    from kerneltriage.render.plots import save_roofline
+    from kerneltriage.render.roofline_chart import save_roofline
 
     with atomic_path(plot) as tmp:
         save_roofline(next(iter(reports.values())), tmp)

@@ -12,7 +12,7 @@ from typing import Any
 
 from kerneltriage.analysis.diff import Diff, Match
 from kerneltriage.render.shared import name_widths, wrap_name
-from kerneltriage.render.text import ms, pct
+from kerneltriage.render.text import ms, pct, truncate
 from kerneltriage.render.verify_text import realized_cell
 
 _HEAD = ["candidate", "kind", "before", "after", "predicted", "realized", "of ceiling", "ids", "matched by"]
@@ -229,7 +229,7 @@ def _terminal(d: Diff, rows: list[list[str]], head: list[str], width: int = 160)
     for line in ladder_lines(d, "  "):
         console.print(line)
     table = Table(title="Predicted vs realized saving (shares of the step before)", title_justify="left")
-    # Names wrap between words or at their joints, never mid-word (see report.shared).
+    # Names wrap between words or at their joints, never mid-word (see render.shared).
     caps = {head.index("candidate"): 48, head.index("ids"): 24, head.index("matched by"): 24}
     widths = name_widths(console.width, head, rows, caps)
     for i, col in enumerate(head):
@@ -288,12 +288,12 @@ def diff_svg(d: Diff, matches: list[Match]) -> str:
     with a ``<title>`` per bar pair (N: its row in the chart, from the top)."""
     from matplotlib.patches import Patch
 
-    from kerneltriage.render import plots
+    from kerneltriage.render.canvas import chart_style, inline_svg, new_figure, svg_text, titled_svg
 
     shown = chart_matches(matches)
     n = max(len(shown), 1)
-    with plots._rc():
-        fig = plots._figure(10.0, 1.3 + 0.42 * n)
+    with chart_style():
+        fig = new_figure(10.0, 1.3 + 0.42 * n)
         ax = fig.add_axes((0.36, 0.9 / (1.3 + 0.42 * n), 0.6, 0.42 * n / (1.3 + 0.42 * n)))
         ys = list(range(len(shown)))[::-1]
         for y, m in zip(ys, shown):
@@ -305,7 +305,7 @@ def diff_svg(d: Diff, matches: list[Match]) -> str:
             pred.patches[0].set_gid(f"kt-diff-{len(shown) - 1 - y}-predicted")
             done.patches[0].set_gid(f"kt-diff-{len(shown) - 1 - y}")
         ax.set_yticks(ys)
-        ax.set_yticklabels([plots._short(m.name, 48) for m in shown], fontsize=8.5)
+        ax.set_yticklabels([truncate(m.name, 48) for m in shown], fontsize=8.5)
         ax.axvline(0, color="#555555", lw=0.8)
         ax.set_xlabel("saving, % of the step before (negative: slower)")
         ax.grid(axis="x", color="#e2e2e2", lw=0.6)
@@ -342,21 +342,21 @@ def diff_svg(d: Diff, matches: list[Match]) -> str:
         )
         titles[f"kt-diff-{i}"] = text
         titles[f"kt-diff-{i}-predicted"] = text
-    svg = plots._titled_svg(plots._svg_text(fig), titles)
-    return plots._inline(svg, "diff", "Predicted against realized saving per candidate")
+    svg = titled_svg(svg_text(fig), titles)
+    return inline_svg(svg, "diff", "Predicted against realized saving per candidate")
 
 
 def _page(d: Diff, matches: list[Match], rows: list[list[str]], head: list[str]) -> str:
     from markupsafe import Markup
 
-    from kerneltriage.render import plots
+    from kerneltriage.render.canvas import VERDICT_COLORS
     from kerneltriage.render.html import _environment
 
     s, b = d.step_time_ms, d.gpu_busy_ms
     context = {
         "title": f"kerneltriage diff: {d.before} → {d.after}",
         "schema": d.schema,
-        "verdict_colors": plots.VERDICT_COLORS,
+        "verdict_colors": VERDICT_COLORS,
         "before": d.before,
         "after": d.after,
         "facts": [

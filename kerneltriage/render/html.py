@@ -1,7 +1,7 @@
 """The HTML report: one self-contained file (inline CSS and SVG charts, no scripts, fonts or
 URLs) that opens offline and pastes into PRs and design docs.
 
-Rendering only: numbers come from the ``Report`` and are formatted with ``report.text``.
+Rendering only: numbers come from the ``Report`` and are formatted with ``render.text``.
 Everything from a trace (kernel and op names, shapes, paths) is escaped by Jinja2's
 autoescaping; the charts are matplotlib SVG whose text matplotlib escapes.
 """
@@ -130,12 +130,12 @@ def html_ranks(
 
 
 def _page(report: Report) -> dict[str, Any]:
-    from kerneltriage.render import plots
+    from kerneltriage.render.canvas import VERDICT_COLORS, VERDICT_LABELS
 
     return {
         "schema": report.schema,
-        "verdict_colors": plots.VERDICT_COLORS,
-        "verdict_labels": plots.VERDICT_LABELS,
+        "verdict_colors": VERDICT_COLORS,
+        "verdict_labels": VERDICT_LABELS,
     }
 
 
@@ -145,12 +145,15 @@ def _body(
     """What the template's ``report_body`` shows of one report."""
     from markupsafe import Markup
 
-    from kerneltriage.render import plots
+    from kerneltriage.render.breakdown import breakdown_svg
+    from kerneltriage.render.canvas import VERDICT_COLORS
+    from kerneltriage.render.roofline_chart import roofline_svg
+    from kerneltriage.render.roofline_layout import roofline_data
 
     candidates = report.candidates[:top] if top else list(report.candidates)
-    data = plots.roofline_data(report, candidates)
-    roofline = plots.roofline_svg(report, candidates=candidates)
-    breakdown = plots.breakdown_svg(report)
+    data = roofline_data(report, candidates)
+    roofline = roofline_svg(report, candidates=candidates)
+    breakdown = breakdown_svg(report)
     return {
         "header": _header(report),
         "idle": idle_lines(report) if report.idle_bound else None,
@@ -165,7 +168,7 @@ def _body(
         "not_placed": [{"id": c.id, "name": c.name, "why": why} for c, why in data.not_placed],
         "candidates": [_candidate(c, run_ref, rank) for c in candidates],
         "total_candidates": len(report.candidates),
-        "verdicts_present": [v for v in plots.VERDICT_COLORS if any(c.verdict == v for c in candidates)],
+        "verdicts_present": [v for v in VERDICT_COLORS if any(c.verdict == v for c in candidates)],
     }
 
 
@@ -288,7 +291,7 @@ def _summary(report: Report, candidates: list[Candidate]) -> list[dict[str, Any]
 
 
 def _breakdown(report: Report) -> list[dict[str, Any]]:
-    from kerneltriage.render.plots import KIND_COLORS, KIND_LABELS, breakdown_items
+    from kerneltriage.render.breakdown import KIND_COLORS, KIND_LABELS, breakdown_items
 
     items = breakdown_items(report)
     total = sum(v for _, v in items) or 1.0

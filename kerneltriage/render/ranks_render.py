@@ -2,7 +2,7 @@
 
 - terminal: the summary as rich tables, then each rank's report under a rule;
 - markdown: the summary as Markdown tables, then a ``## Rank N`` section per rank;
-- html: one document (``report.html``'s page with the summary first and a section per rank);
+- html: one document (``render.html``'s page with the summary first and a section per rank);
 - csv: every rank's candidates, one table, with a leading ``process_rank`` column;
 - json: schema ``kerneltriage.report-ranks/1``: ``{"schema", "summary" (the
   ``kerneltriage.ranks/1`` summary), "ranks": {rank: kerneltriage.report/1}}``.

@@ -34,6 +34,11 @@ def counters_text(join: dict) -> str:
     return text
 
 
+def truncate(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, the last an ellipsis when it was longer."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def times(x: float | None) -> str:
     if x is None:
         return "—"

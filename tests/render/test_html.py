@@ -35,7 +35,7 @@ def page(report):
 
 
 def placed_ids(report) -> list[str]:
-    """Candidates that have a place on a log-log roofline (worked out here, not by plots.py)."""
+    """Candidates that have a place on a log-log roofline (worked out here, not by roofline_layout.py)."""
     return [
         c.id
         for c in report.candidates

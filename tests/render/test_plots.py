@@ -16,7 +16,10 @@ from matplotlib.transforms import Bbox
 
 from kerneltriage.cli import main
 from kerneltriage.errors import InputError
-from kerneltriage.render import plots
+from kerneltriage.render.breakdown import breakdown_figure, breakdown_items
+from kerneltriage.render.canvas import VERDICT_COLORS
+from kerneltriage.render.roofline_chart import check_plot_path, roofline_figure, roofline_svg, save_roofline
+from kerneltriage.render.roofline_layout import MAX_LABELS, hot_points, roofline_data
 from kerneltriage.render.text import times
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +33,7 @@ def report(example_report):
 
 @pytest.fixture(scope="module")
 def figure(report):
-    return plots.roofline_figure(report)
+    return roofline_figure(report)
 
 
 def placeable(report):
@@ -50,14 +53,15 @@ def by_gid(fig, prefix):
 
 def test_importing_the_report_package_stays_light():
     code = (
-        "import sys, kerneltriage.render, kerneltriage.render.plots, kerneltriage.render.html; "
+        "import sys, kerneltriage.render, kerneltriage.render.roofline_chart, kerneltriage.render.breakdown, "
+        "kerneltriage.render.html; "
         "assert 'matplotlib' not in sys.modules and 'jinja2' not in sys.modules, 'imported eagerly'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
 def test_roofline_data(report):
-    data = plots.roofline_data(report)
+    data = roofline_data(report)
     expected = placeable(report)
     assert [p.id for p in data.points] == [c.id for c in expected]
     assert {c.id for c, _ in data.not_placed} == {c.id for c in report.candidates} - {c.id for c in expected}
@@ -98,7 +102,7 @@ def test_roofline_data(report):
 def test_roofline_figure(report, figure):
     ax = figure.axes[0]
     assert (ax.get_xscale(), ax.get_yscale()) == ("log", "log")
-    data = plots.roofline_data(report)
+    data = roofline_data(report)
     at = {p.id: p for p in data.points}
     x0, x1 = ax.get_xlim()
     y0, y1 = ax.get_ylim()
@@ -106,7 +110,7 @@ def test_roofline_figure(report, figure):
     # TFLOP/s) would add three empty decades: it is drawn at the bottom edge instead.
     cold = [p for p in data.points if not (y0 < p.achieved < y1 and x0 < p.intensity < x1)]
     foreach = next(c.id for c in report.candidates if "_foreach_add_" in c.name)
-    assert [p.id for p in cold] == [foreach] and cold[0] not in plots.hot_points(data.points)
+    assert [p.id for p in cold] == [foreach] and cold[0] not in hot_points(data.points)
     assert y0 >= 0.01 and cold[0].achieved < 1e-4
     for p in data.points:  # every other point and ceiling inside the axes
         if p in cold:
@@ -124,7 +128,7 @@ def test_roofline_figure(report, figure):
             assert artist.get_paths()[0].vertices.shape != points["C1"].get_paths()[0].vertices.shape
             continue
         assert (x, y) == pytest.approx((at[ident].intensity, c.roofline.achieved_tflops))
-        color = plots.VERDICT_COLORS[c.verdict]
+        color = VERDICT_COLORS[c.verdict]
         rgb = tuple(int(color[i : i + 2], 16) / 255 for i in (1, 3, 5))
         assert tuple(artist.get_facecolor()[0][:3]) == pytest.approx(rgb)
     # size by time share
@@ -163,7 +167,7 @@ def test_labels_name_the_top_candidates_without_overlap(report, figure):
     labels = by_gid(figure, "kt-label-")
     actionable = [c.id for c in report.candidates if c.verdict != "skip"]
     assert set(actionable) <= set(labels)
-    assert len(labels) == min(plots.MAX_LABELS, len(placeable(report)))
+    assert len(labels) == min(MAX_LABELS, len(placeable(report)))
     assert labels["C1"].get_text() == f"C1 {times(report.candidate('C1').headroom)}"
     renderer = figure.canvas.get_renderer()
     # No text on the chart (id labels, roof labels) touches another, and no leader line
@@ -198,7 +202,7 @@ def test_crowded_labels_never_overlap(report):
         c.roofline = copy.deepcopy(anchor)
         c.roofline.intensity *= 1.0 + 0.02 * crowded.candidates.index(c)
         c.verdict, c.headroom = "compile", 2.5
-    fig = plots.roofline_figure(crowded)
+    fig = roofline_figure(crowded)
     renderer = fig.canvas.get_renderer()
     ax = fig.axes[0]
     boxes = {t.get_text(): text_box(t, renderer) for t in ax.texts if t.get_text()}
@@ -212,19 +216,19 @@ def test_crowded_labels_never_overlap(report):
 
 
 def test_breakdown_figure(report):
-    fig = plots.breakdown_figure(report)
+    fig = breakdown_figure(report)
     segments = by_gid(fig, "kt-kind-")
     kinds = {k for k, v in report.kind_breakdown.items() if v > 0}
     assert set(segments) == kinds
     widths = {k: s.get_width() for k, s in segments.items()}
     assert widths == pytest.approx(report.kind_breakdown)
     assert sum(widths.values()) == pytest.approx(report.step_time_ms, rel=1e-3)
-    assert [k for k, _ in plots.breakdown_items(report)][-1] == "idle"
+    assert [k for k, _ in breakdown_items(report)][-1] == "idle"
     assert segments["idle"].get_hatch() == "///"
 
 
 def test_inline_svg(report):
-    svg = plots.roofline_svg(report)
+    svg = roofline_svg(report)
     assert svg.startswith("<svg") and svg.endswith("</svg>")
     assert "http" not in svg and "<metadata" not in svg and "<?xml" not in svg
     assert 'target="_blank"' not in svg
@@ -234,19 +238,19 @@ def test_inline_svg(report):
 
 
 def test_save_png(report, tmp_path):
-    path = plots.save_roofline(report, tmp_path / "roofline.png")
+    path = save_roofline(report, tmp_path / "roofline.png")
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     from PIL import Image
 
     with Image.open(path) as img:
         assert img.size[0] == 1500 and img.size[1] > 1100  # 10 in wide at 150 dpi, taller with the key
-    assert plots.check_plot_path("ROOFLINE.PNG").name == "ROOFLINE.PNG"  # any case
-    assert plots.check_plot_path("out/roofline.Svg").suffix == ".Svg"
+    assert check_plot_path("ROOFLINE.PNG").name == "ROOFLINE.PNG"  # any case
+    assert check_plot_path("out/roofline.Svg").suffix == ".Svg"
 
 
 def test_save_svg(report, tmp_path):
-    path = plots.save_roofline(report, tmp_path / "roofline.svg")
+    path = save_roofline(report, tmp_path / "roofline.svg")
     text = path.read_text()
     root = ET.fromstring(text.encode())  # well-formed: the hover titles are escaped
     assert root.tag == "{http://www.w3.org/2000/svg}svg"
@@ -261,17 +265,17 @@ def test_save_svg(report, tmp_path):
 def test_save_rejects_other_suffixes(report, tmp_path):
     for name in ("roofline.pdf", "roofline", "roofline.jpg"):
         with pytest.raises(InputError, match=r"\.png or \.svg") as info:
-            plots.save_roofline(report, tmp_path / name)
+            save_roofline(report, tmp_path / name)
         assert info.value.exit_code == 2
         assert not (tmp_path / name).exists()
     with pytest.raises(InputError, match="cannot write the plot"):
-        plots.save_roofline(report, tmp_path / "missing" / "dir" / "roofline.png")
+        save_roofline(report, tmp_path / "missing" / "dir" / "roofline.png")
 
 
 def test_hostile_names_stay_escaped_in_svg(report, tmp_path):
     hostile = copy.deepcopy(report)
     hostile.candidates[0].name = "a<b & </title><script>x</script>"
-    path = plots.save_roofline(hostile, tmp_path / "x.svg")
+    path = save_roofline(hostile, tmp_path / "x.svg")
     text = path.read_text()
     ET.fromstring(text.encode())
     assert "<script>" not in text
@@ -282,14 +286,14 @@ def test_degenerate_reports_still_draw(report, tmp_path):
     unplaced = copy.deepcopy(report)
     for c in unplaced.candidates:
         c.roofline.intensity = None
-    fig = plots.roofline_figure(unplaced)
+    fig = roofline_figure(unplaced)
     assert not by_gid(fig, "kt-point-")
-    assert plots.save_roofline(unplaced, tmp_path / "empty.svg").exists()
+    assert save_roofline(unplaced, tmp_path / "empty.svg").exists()
     empty = copy.deepcopy(report)
     empty.candidates = []
     empty.kind_breakdown = {}
-    assert plots.save_roofline(empty, tmp_path / "empty.png").exists()
-    plots.breakdown_figure(empty)
+    assert save_roofline(empty, tmp_path / "empty.png").exists()
+    breakdown_figure(empty)
 
 
 @pytest.mark.parametrize("name", ["roofline.png", "roofline.svg"])
@@ -317,7 +321,7 @@ def test_roof_labels_stay_clear_of_points_and_above_arrows():
     arrow that must cross one passes behind it."""
     import kerneltriage
 
-    fig = plots.roofline_figure(kerneltriage.report(ROOT / "examples" / "runs" / "gemma2-h100"))
+    fig = roofline_figure(kerneltriage.report(ROOT / "examples" / "runs" / "gemma2-h100"))
     renderer = fig.canvas.get_renderer()
     labels = by_gid(fig, "kt-roof-label-")
     assert set(labels) == {"bf16", "fp16", "fp32"}

@@ -198,16 +198,17 @@ def test_a_report_without_a_gpu_renders_in_every_format(no_gpu_report, fmt):
 
 
 def test_plot_without_a_gpu(no_gpu_report, tmp_path):
-    from kerneltriage.render import plots
+    from kerneltriage.render.roofline_chart import roofline_figure, save_roofline
+    from kerneltriage.render.roofline_layout import roofline_data
 
-    data = plots.roofline_data(no_gpu_report)
+    data = roofline_data(no_gpu_report)
     assert data.bandwidth_tbs is None and data.roofs == {} and data.ceilings.startswith("no ceilings")
-    fig = plots.roofline_figure(no_gpu_report)
+    fig = roofline_figure(no_gpu_report)
     texts = [t.get_text() for t in fig.axes[0].texts]
     assert any(t.startswith("No roofs: the GPU is unknown") for t in texts)
     assert not any("roof " in t or "ceiling " in t for t in texts)  # no roof lines, no roof labels
     for suffix in (".png", ".svg"):
-        path = plots.save_roofline(no_gpu_report, tmp_path / f"roofline{suffix}")
+        path = save_roofline(no_gpu_report, tmp_path / f"roofline{suffix}")
         assert path.stat().st_size > 1000
     assert 'id="kt-no-ceilings"' in (tmp_path / "roofline.svg").read_text()
 

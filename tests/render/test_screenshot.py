@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from kerneltriage.render import plots
 from kerneltriage.render.html import html
+from kerneltriage.render.roofline_chart import save_roofline
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "runs" / "gpt-naive-h200"
@@ -110,7 +110,7 @@ def test_html_report_renders(chromium, report, tmp_path):
 
 
 def test_svg_plot_renders(chromium, report, tmp_path):
-    svg = plots.save_roofline(report, tmp_path / "roofline.svg")
+    svg = save_roofline(report, tmp_path / "roofline.svg")
     img = screenshot(chromium, svg, tmp_path / "svg.png", (1000, 880))
     assert_picture(img, min_size=(1000, 880))
     assert count_near(img, ROOF_FILL, 1) > 150_000
@@ -118,7 +118,7 @@ def test_svg_plot_renders(chromium, report, tmp_path):
 
 
 def test_png_plot_is_a_picture(report, tmp_path):
-    png = plots.save_roofline(report, tmp_path / "roofline.png")
+    png = save_roofline(report, tmp_path / "roofline.png")
     img = load(png)
     assert_picture(img, min_size=(1200, 1000))
     assert count_near(img, ROOF_FILL, 1) > 300_000

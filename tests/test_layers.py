@@ -119,7 +119,8 @@ def test_the_graph_is_read(graph):
     assert "kerneltriage.analysis.verdict" in graph["kerneltriage.analysis.triage"]
     assert "kerneltriage.render.html" in graph["kerneltriage.render"]  # lazy, in render()
     assert "kerneltriage.profile.nsight_compute" in graph["kerneltriage.profile.session"]
-    assert "kerneltriage.api" in graph["kerneltriage.cli"]
+    assert "kerneltriage.cli.report_command" in graph["kerneltriage.cli"]
+    assert "kerneltriage.api" in graph["kerneltriage.cli.report_command"]
 
 
 def test_cycle_finder_finds_cycles():

@@ -35,7 +35,8 @@ from kerneltriage.errors import InputError, RunDirError
 
 if TYPE_CHECKING:  # pragma: no cover
     from kerneltriage.profile.fix_install import Installed
-    from kerneltriage.profile.session import Options, Reporter, Result
+    from kerneltriage.profile.context import Options, Reporter
+    from kerneltriage.profile.session import Result
 
 _IDS = re.compile(r"^[A-Za-z]?\d+(?:\s*,\s*[A-Za-z]?\d+)*$")
 #: Kinds whose change exists only on a CUDA GPU (or needs one to run at all).
@@ -327,7 +328,8 @@ def _refusing(hook: Any, handle: Applied, inst: Installed) -> Any:
 def _refusal(mapping: dict[str, Any], recipe_ids: list[str], torch: Any) -> str | None:
     """Why the fix cannot be applied in this process (its recipe's ``requires`` checked by
     ``analysis.fixes.unmet`` against this PyTorch and GPU), or None."""
-    from kerneltriage.analysis.fixes import load_recipes, unmet
+    from kerneltriage.analysis.fix_environment import unmet
+    from kerneltriage.analysis.fix_recipes import load_recipes
     from kerneltriage.verify.apply import check
 
     problem = check(mapping)
@@ -363,7 +365,7 @@ def _refusal(mapping: dict[str, Any], recipe_ids: list[str], torch: Any) -> str 
 
 def _live_environment(torch: Any) -> Any:
     """This process's PyTorch and GPU, as the recipes' preconditions read them."""
-    from kerneltriage.analysis.fixes import Environment
+    from kerneltriage.analysis.fix_environment import Environment
 
     if not torch.cuda.is_available():
         return Environment(torch=torch.__version__, torch_source="this process")

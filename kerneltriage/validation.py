@@ -3,13 +3,17 @@ failing field, the type expected and the value given.
 
 Every file kerneltriage validates with pydantic words its errors through ``describe`` (a run's
 ``manifest.json`` and ``verify.json``, ``regions.jsonl``, a trace's metadata, a rules file, the
-shipped data files), so a user reads the same kind of line whatever the file. It sits below
-every layer: ingest, analysis and the run folder all borrow it.
+shipped data files, through ``load_shipped``), so a user reads the same kind of line whatever
+the file. It sits below every layer: ingest, analysis and the run folder all borrow it.
 """
 
 from __future__ import annotations
 
-from pydantic import ValidationError
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
 
 _EXPECTED = {
     "int_type": "an integer",
@@ -49,3 +53,16 @@ def describe(error: ValidationError, what: str = "") -> str:
     got = got if len(got) <= 40 else got[:37] + "..."
     text = f"expected {expected}" if expected else first["msg"][0].lower() + first["msg"][1:]
     return f"{field}: {text}, got {got}"
+
+
+def load_shipped(model: type[M], *parts: str) -> M:
+    """A shipped data file (``kerneltriage/data/<parts>``, read once per process) validated
+    against ``model``; a file that does not fit is a broken install, said in one line naming
+    the file (``RulesError``), never a crash halfway through a report."""
+    from kerneltriage.errors import RulesError
+    from kerneltriage.resources import data_path, load_yaml
+
+    try:
+        return model.model_validate(load_yaml(*parts))
+    except ValidationError as exc:
+        raise RulesError(describe(exc), path=str(data_path(*parts))) from None

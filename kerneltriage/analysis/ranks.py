@@ -412,7 +412,8 @@ def communication_fix(report: Report, recipes: Sequence[Any]) -> None:
     whose exposed communication, less the wait for other ranks where that is known, is at least
     ``min_share`` of its step. The verdict stays ``skip`` (communication): the fix line and the
     note say what to set and how much of the step is exposed."""
-    from kerneltriage.analysis.fixes import choose, environment
+    from kerneltriage.analysis.fix_choice import choose
+    from kerneltriage.analysis.fix_environment import environment
 
     step = report.step_time_ms
     split = report.source.get("communication") or {}

@@ -23,7 +23,7 @@ from kerneltriage.analysis import plausibility, steady
 from kerneltriage.analysis.attribution import Attribution, attribute
 from kerneltriage.analysis.candidates import build_candidate
 from kerneltriage.analysis.compiled import compiled_graphs
-from kerneltriage.analysis.fixes import environment
+from kerneltriage.analysis.fix_environment import environment
 from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.analysis.grouping import group_candidates
 from kerneltriage.analysis.idle import (

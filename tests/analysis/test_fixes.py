@@ -5,19 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from kerneltriage.analysis.fixes import (
-    APPLY_KINDS,
-    FIELDS,
-    Environment,
-    choose,
-    combine_overlaps,
-    detect_params,
-    fused_linear_ce,
-    gemm_diagnostics,
-    load_recipes,
-    parse_recipes,
-    render,
-)
+from kerneltriage.analysis.fix_choice import choose, render
+from kerneltriage.analysis.fix_environment import Environment
+from kerneltriage.analysis.fix_params import detect_params
+from kerneltriage.analysis.fix_recipes import APPLY_KINDS, FIELDS, load_recipes, parse_recipes
+from kerneltriage.analysis.gemm_shapes import gemm_diagnostics
+from kerneltriage.analysis.loss_fixes import combine_overlaps, fused_linear_ce
 from kerneltriage.analysis.model import ATTRS_FIELDS, Candidate, Roofline, Shapes
 from kerneltriage.analysis.rules import load_rules
 from kerneltriage.errors import RulesError
@@ -147,6 +140,32 @@ def test_unknown_template_field_and_apply_kind_are_refused():
         parse_recipes([{**base, "text": "ok", "apply": {"kind": "magic"}}], "test")
     with pytest.raises(RulesError, match="apply_why_not"):
         parse_recipes([{**base, "text": "ok", "apply": None}], "test")
+    with pytest.raises(RulesError, match=r"renames_builtin\.of: bad regular expression"):
+        parse_recipes([{**base, "text": "ok", "renames_builtin": {"of": "(", "to": "x"}}], "test")
+    with pytest.raises(RulesError, match="saving"):
+        parse_recipes([{**base, "text": "ok", "saving": "everything"}], "test")
+
+
+def test_liger_architectures_and_switches_come_from_the_data_file():
+    from kerneltriage.analysis.liger import hf_arch, liger_switches
+
+    assert hf_arch("Qwen3MoeForCausalLM") == "qwen3_moe" and hf_arch("Qwen3Attention") == "qwen3"
+    assert hf_arch("Gemma3RMSNorm") == "gemma3_text" and hf_arch("Gemma2RMSNorm") == "gemma2"
+    assert hf_arch("BertLayer") is None and hf_arch("") is None
+    assert liger_switches("gemma2", "rms_norm") == (
+        "rope=False, cross_entropy=False, fused_linear_cross_entropy=False, rms_norm=True, geglu=False"
+    )
+    assert liger_switches("", "rms_norm") == "rms_norm=True"
+
+
+def test_the_loss_recipes_say_what_their_prediction_counts():
+    by_id = {r.id: r for r in load_recipes()}
+    assert (
+        by_id["liger-fused-linear-ce-hf"].saving == by_id["liger-fused-linear-ce"].saving == "fused-linear-ce"
+    )
+    assert by_id["liger-cross-entropy-hf"].saving == "upcast-kept"
+    renames = by_id["liger-cross-entropy"].renames_builtin
+    assert renames is not None and renames[0].search("LigerFusedLinearCrossEntropyLoss")
 
 
 def test_user_recipes_go_in_front():
@@ -362,7 +381,7 @@ def test_overlapping_savings_count_once():
     lm.expected_saving_share, loss.expected_saving_share = 0.05, 0.08
     loss.recipe = {"id": "liger-fused-linear-ce", "blocked": None, "covers": {}}
     loss.attrs["fused_linear_ce"] = {"gemm": "C2"}
-    combine_overlaps([lm, loss])
+    combine_overlaps([lm, loss], recipes())
     assert lm.expected_saving_share + loss.expected_saving_share == pytest.approx(0.08)
     assert "C1" in lm.note and loss.recipe["covers"]["also"] == ["C2"]
 
@@ -406,7 +425,7 @@ def test_a_faster_sdpa_backend_is_named_for_the_process_and_needs_torch_2_3():
 
 
 def test_compiling_a_module_class_names_the_other_candidates_it_fuses():
-    from kerneltriage.analysis.verdict import _compiled_with
+    from kerneltriage.analysis.fixes import _compiled_with
 
     rope = cand("elementwise", "compile", module="model.layers.*.self_attn (Gemma2Attention)", id="C6")
     naive = cand(

@@ -208,7 +208,7 @@ def _ddp_recipe():
     """fixes.yaml's DDP recipe alone (parsed as the shipped file parses it)."""
     import yaml
 
-    from kerneltriage.analysis.fixes import fixes_path, parse_recipes
+    from kerneltriage.analysis.fix_recipes import fixes_path, parse_recipes
 
     entries = yaml.safe_load(fixes_path().read_text())["recipes"]
     return parse_recipes([e for e in entries if e["id"] == "ddp-exposed-communication"], "fixes.yaml")

@@ -221,8 +221,8 @@ def test_profile_records_every_ranks_plain_steps(tmp_path):
     """``profile`` keeps each rank's own plain, clean and recorded steps in the manifest; the
     report of rank 1 takes them as rank 0's takes ``step_time``."""
     from kerneltriage import rundir
-    from kerneltriage.profile.session import _other_ranks_step_time
     from kerneltriage.profile.step_plan import StepPlan
+    from kerneltriage.profile.step_time import other_ranks_step_time
 
     times = {
         "plain_ms": [94.6, 94.7, 94.65],
@@ -235,7 +235,7 @@ def test_profile_records_every_ranks_plain_steps(tmp_path):
         {"rank": 1, "trace": "trace.rank1.json.gz", "step_times": {**times, "recorded_median_ms": 127.0}},
     ]
     phase = rundir.TimelinePhase()
-    _other_ranks_step_time(tmp_path, statuses, statuses[0], StepPlan(3, 3, 3), phase, [])
+    other_ranks_step_time(tmp_path, statuses, statuses[0], StepPlan(3, 3, 3), phase, [])
     entry = phase.to_json()["step_time_ranks"]["1"]
     assert entry["rank"] == 1 and entry["plain_median_ms"] == 94.66 and entry["recorded_median_ms"] == 127.0
     assert entry["attribution_overhead"] == pytest.approx(127.0 / 94.66 - 1, abs=1e-4)

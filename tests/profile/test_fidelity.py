@@ -22,9 +22,11 @@ from kerneltriage import rundir
 from kerneltriage.analysis.attribution import attribute
 from kerneltriage.cli import main
 from kerneltriage.ingest.kineto import read_trace
-from kerneltriage.profile import session
+from kerneltriage.profile.context import Options
 from kerneltriage.profile.hooks import ProfiledProcess
+from kerneltriage.profile.phase_timeline import fitted_timing
 from kerneltriage.profile.step_plan import StepPlan
+from kerneltriage.profile.step_time import record_step_time
 from kerneltriage.profile.trace_fixup import align, copy_shapes, summarize_clean
 from kerneltriage.render.text import compiled_lines
 
@@ -79,13 +81,13 @@ def test_the_plan_times_plain_steps_before_any_profiler():
 def test_a_short_script_is_profiled_again_with_the_timing_steps_it_has_room_for():
     # On a GPU the plan asks for 20 plain steps at least (measurement.yaml): 3 + 20 + 1 + 5 +
     # 1 + 1 + 3 = 34 steps. A shorter script gets fewer plain steps first, then fewer of both.
-    options = session.Options(warmup=3, steps=3, timing_steps=5)
-    assert session._fitted_timing(options, 34) is None  # the plan fits
-    assert session._fitted_timing(options, 25) == (5, 11)  # 3 + 11 + 1 + 5 + 1 + 1 + 3 = 25
-    assert session._fitted_timing(options, 19) == (5, 5)  # the plain steps asked, no more
-    assert session._fitted_timing(options, 15) == (3, 3)  # 3 + 2·3 + 3 + 3 = 15
-    assert session._fitted_timing(options, 10) == (0, 0)  # room for warm-up, shapes and recorded only
-    assert session._fitted_timing(options, 7) is None  # not even that: the whole run is recorded
+    options = Options(warmup=3, steps=3, timing_steps=5)
+    assert fitted_timing(options, 34) is None  # the plan fits
+    assert fitted_timing(options, 25) == (5, 11)  # 3 + 11 + 1 + 5 + 1 + 1 + 3 = 25
+    assert fitted_timing(options, 19) == (5, 5)  # the plain steps asked, no more
+    assert fitted_timing(options, 15) == (3, 3)  # 3 + 2·3 + 3 + 3 = 15
+    assert fitted_timing(options, 10) == (0, 0)  # room for warm-up, shapes and recorded only
+    assert fitted_timing(options, 7) is None  # not even that: the whole run is recorded
 
 
 @pytest.mark.parametrize("warmup", [3, 0])
@@ -256,7 +258,7 @@ def test_the_step_time_is_the_plain_steps_and_the_clean_overhead_is_warned_above
     }
     clean = {"gpu_busy_share": 0.8, "window_ms": 181.0, "kernels_per_step": 1510.0}
     quiet = rundir.Manifest(phases={"timeline": {}})
-    session._step_time({**times, "clean_median_ms": 36.2}, plan, quiet, [], clean)
+    record_step_time({**times, "clean_median_ms": 36.2}, plan, quiet, [], clean)
     step = quiet.phases.timeline.step_time.to_json()
     # The recorded steps' cost is stated, not warned about: the report does not time them.
     assert quiet.warnings == [] and step["attribution_overhead"] == pytest.approx(55.4 / 35.0 - 1, abs=1e-4)
@@ -267,18 +269,18 @@ def test_the_step_time_is_the_plain_steps_and_the_clean_overhead_is_warned_above
     )
     slow = rundir.Manifest(phases={"timeline": {}})
     warnings: list[str] = []
-    session._step_time({**times, "clean_median_ms": 40.0}, plan, slow, warnings, clean)
+    record_step_time({**times, "clean_median_ms": 40.0}, plan, slow, warnings, clean)
     (message,) = slow.warnings
     assert "14%" in message and "40.00 ms against 35.00 ms" in message and message in warnings
     assert "step time is the plain steps'" in message
     unmeasured = rundir.Manifest(phases={"timeline": {}})
     notes: list[str] = []
-    session._step_time({"recorded_median_ms": 24.1, "recorded_ms": [24.1]}, plan, unmeasured, notes)
+    record_step_time({"recorded_median_ms": 24.1, "recorded_ms": [24.1]}, plan, unmeasured, notes)
     assert unmeasured.phases.timeline.step_time.overhead is None
     assert any("not measured" in n for n in notes)
     asked = rundir.Manifest(phases={"timeline": {}})
     notes = []
-    session._step_time({"recorded_median_ms": 24.1}, StepPlan(3, 3, 0), asked, notes)
+    record_step_time({"recorded_median_ms": 24.1}, StepPlan(3, 3, 0), asked, notes)
     assert notes == []  # --timing-steps 0: nothing missing
 
 

@@ -16,8 +16,9 @@ import pytest
 from kerneltriage import rundir
 from kerneltriage.api import build_report
 from kerneltriage.profile import nsight_compute as ncu_tools
-from kerneltriage.profile import session
 from kerneltriage.profile.command import parse_command
+from kerneltriage.profile.context import Options, ProfileSession, Reporter
+from kerneltriage.profile.phase_ncu import run_ncu
 from tests.helpers import GPT, NCU_PER_CONFIG, TRACE
 
 FAKE_NCU = r'''#!{python}
@@ -90,15 +91,16 @@ def _phase(out: Path, tmp_path, monkeypatch, **options):
     warnings: list[str] = []
     events = []
 
-    class Recorder(session.Reporter):
+    class Recorder(Reporter):
         def ncu_progress(self, done, total, kernel):
             events.append((done, total, kernel))
 
         def warn(self, message):
             warnings.append(message)
 
-    session._phase_ncu(
-        parse_command(["python", "train.py"]), session.Options(**options), out, manifest, Recorder(), warnings
+    command = parse_command(["python", "train.py"])
+    run_ncu(
+        ProfileSession(command, Options(**options), out, manifest, Recorder(), warnings), ncu_tools.find_ncu()
     )
     return manifest, warnings, events
 
@@ -219,12 +221,22 @@ def test_counter_permission_error_is_explained(tmp_path, monkeypatch, fake_ncu):
 
 
 def test_missing_ncu_means_timeline_only(tmp_path, monkeypatch):
+    from kerneltriage.profile import session
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
     monkeypatch.setenv("PATH", str(tmp_path))  # nothing there
     monkeypatch.setattr(ncu_tools, "find_ncu", lambda: None)
-    out = _run_dir(tmp_path)
-    manifest, warnings, _ = _phase(out, tmp_path, monkeypatch)
-    assert manifest.phases.ncu is None
-    assert any("ncu" in w and "not" in w for w in warnings)
+    monkeypatch.setattr(session, "run_timeline", lambda _: None)  # phase 1 went well
+    said: list[str] = []
+
+    class Recorder(Reporter):
+        def warn(self, message):
+            said.append(message)
+
+    result = session.run_profile(["python", "train.py"], Options(out=tmp_path / "run"), Recorder())
+    assert result.manifest.status == "ok" and result.manifest.phases.ncu is None
+    assert any("ncu" in w and "not" in w for w in result.warnings) and any("not on PATH" in w for w in said)
 
 
 def test_a_hung_ncu_is_stopped_and_the_timeline_kept(tmp_path, monkeypatch, fake_ncu):

@@ -12,8 +12,9 @@ import pytest
 
 from kerneltriage import rundir
 from kerneltriage.api import build_reports
-from kerneltriage.profile import session
+from kerneltriage.profile import phase_timeline
 from kerneltriage.profile.command import parse_command
+from kerneltriage.profile.context import Options, ProfileSession
 from tests.helpers import DATA
 
 FAKE_NSYS = r"""#!{python}
@@ -51,11 +52,9 @@ def _run(tmp_path, monkeypatch):
     out = tmp_path / "run"
     (out / rundir.LOGS).mkdir(parents=True)
     manifest = rundir.Manifest(command=["python", "train.py"])
-    warnings: list[str] = []
-    ok = session._phase_timeline_nsys(
-        parse_command(["python", "train.py"]), session.Options(), out, manifest, session.Reporter(), warnings
-    )
-    return ok, out, manifest, warnings
+    session = ProfileSession(parse_command(["python", "train.py"]), Options(), out, manifest)
+    ok = phase_timeline.run_timeline_nsys(session)
+    return ok, out, manifest, session.warnings
 
 
 def test_an_nsys_export_is_the_timeline(tmp_path, monkeypatch, fake_nsys):
@@ -84,6 +83,6 @@ def test_recording_without_a_report_falls_back(tmp_path, monkeypatch, fake_nsys)
 
 
 def test_without_nsys_the_pytorch_profiler_is_used(tmp_path, monkeypatch):
-    monkeypatch.setattr(session, "find_nsys", lambda: None)
+    monkeypatch.setattr(phase_timeline, "find_nsys", lambda: None)
     ok, _, _, warnings = _run(tmp_path, monkeypatch)
     assert not ok and any("nsys not found" in w for w in warnings)

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from kerneltriage import api, rundir
-from kerneltriage.profile import hooks, session
+from kerneltriage.profile import hooks
 from kerneltriage.profile.command import parse_command
+from kerneltriage.profile.context import Options, ProfileSession
+from kerneltriage.profile.phase_timeline import TimelineRuns, time_more_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA = ROOT / "examples" / "runs" / "hf-llama-h100"
@@ -75,24 +77,28 @@ def test_profile_runs_the_extra_processes_and_records_their_steps(tmp_path, monk
     )
     medians = iter([52.0, 49.0])
 
-    def fake_run(cmd, config, log_prefix, say, manifest, **kw):
+    def fake_run(cmd, config, log, **kw):
         assert json.loads(Path(config).read_text())["mode"] == "timing"
         m = next(medians)
         status = {"rank": 0, "status": "ok", "step_times": {"plain_ms": [m, m + 0.1]}}
         (out / rundir.LOGS / "status.timing.rank0.json").write_text(json.dumps(status))
         return 3.0, 0, []
 
-    monkeypatch.setattr(session, "_run", fake_run)
-    runs = session._TimelineRuns(10.0, 0, [], [], [], 20)
+    runs = TimelineRuns(10.0, 0, [], [], [], 20)
     (tmp_path / "train.py").write_text("pass\n")
     command = parse_command([sys.executable, str(tmp_path / "train.py")])
-    warnings: list[str] = []
-    options = session.Options(timing_processes=3)
-    session._time_more_processes(command, options, out, manifest, session.Reporter(), warnings, runs, False)
+
+    def session_with(options: Options) -> ProfileSession:
+        session = ProfileSession(command, options, out, manifest)
+        monkeypatch.setattr(session, "run", fake_run)
+        return session
+
+    session = session_with(Options(timing_processes=3))
+    time_more_processes(session, runs, whole_run=False)
     assert manifest.phases.timeline.step_time.processes_plain_ms == [[50.0, 50.2], [52.0, 52.1], [49.0, 49.1]]
-    assert manifest.phases.timeline.seconds == 16.0 and not warnings
+    assert manifest.phases.timeline.seconds == 16.0 and not session.warnings
     # A CPU dry run and --timing-processes 1 run none.
-    for skip in (session.Options(timing_processes=3, cpu=True), session.Options(timing_processes=1)):
+    for skip in (Options(timing_processes=3, cpu=True), Options(timing_processes=1)):
         manifest.phases.timeline.step_time.processes_plain_ms = []
-        session._time_more_processes(command, skip, out, manifest, session.Reporter(), warnings, runs, False)
+        time_more_processes(session_with(skip), runs, whole_run=False)
         assert manifest.phases.timeline.step_time.processes_plain_ms == []

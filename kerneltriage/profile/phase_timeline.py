@@ -1,0 +1,452 @@
+"""Phase 1: the script under the PyTorch profiler, and what its processes recorded.
+
+The first run follows the asked plan (``step_plan.StepPlan``). A script that ended before the
+steps the plan needs runs again: with fewer timing steps when it has room for them, else
+recorded whole, as one step. The traces are then finished (module ranges, shapes from the
+shapes step), a failed script stops the run with what was kept, the step time is recorded
+(``step_time.py``), and with ``--timing-processes`` N, N − 1 more processes of the script
+time their plain steps.
+
+With ``--timeline nsys`` phase 1 runs under Nsight Systems instead (``run_timeline_nsys``), and
+the PyTorch profiler takes over when nsys cannot give a timeline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kerneltriage import rundir
+from kerneltriage.errors import ToolError
+from kerneltriage.profile.command import Command
+from kerneltriage.profile.context import Options, ProfileSession, asked_plan
+from kerneltriage.profile.fix_install import EXIT_NOT_APPLIED
+from kerneltriage.profile.step_plan import CAPTURE_RANGE, EXIT_NO_GPU, EXIT_NO_TORCH, StepPlan
+from kerneltriage.profile.step_time import clean_summary, other_ranks_step_time, record_step_time
+
+
+@dataclass
+class TimelineRuns:
+    """What the script's runs under the profiler left: the last run's exit code and output,
+    the traces and per-process statuses, the steps it ran, and how long the runs took."""
+
+    seconds: float
+    code: int
+    tail: list[str]
+    traces: list[Path]
+    statuses: list[dict[str, Any]]
+    steps_seen: int
+
+
+@dataclass(frozen=True)
+class _Rerun:
+    """Phase 1 once more: with these options, stepped or whole, logged as ``log``; ``said`` to
+    the user, ``noted`` in the run's notes."""
+
+    options: Options
+    whole_run: bool
+    log: str
+    said: str
+    noted: str
+
+
+def run_timeline(session: ProfileSession) -> None:
+    """Phase 1 with the PyTorch profiler: the manifest's ``phases.timeline``, the traces,
+    the step time; raises ``ToolError`` when the script failed or recorded nothing."""
+    options, manifest = session.options, session.manifest
+    whole_run = options.step_marker is not None
+    config = session.write_config("timeline", whole_run=whole_run)
+    session.reporter.phase("timeline", "PyTorch profiler" + (" (CPU only)" if options.cpu else ""))
+    seconds, code, tail = session.run(session.command.with_runner(), config, "phase1")
+    statuses = session.statuses("timeline")
+    manifest.phases.timeline = rundir.TimelinePhase(seconds=round(seconds, 2), exit_code=code)
+    session.record_environment(statuses)
+    manifest.exit_code = code
+    _refuse_setup_failures(code, statuses)
+    traces = sorted(session.out.glob("trace*.json.gz"))
+    runs = TimelineRuns(seconds, code, tail, traces, statuses, _steps_seen(statuses))
+    # A script shorter than the plan: its timing steps fitted to its length first, then, if
+    # it is shorter than the warm-up and recorded steps, the whole run recorded.
+    for rerun_for in (_fitted_rerun, _whole_rerun):
+        if runs.traces or whole_run or runs.code != 0:
+            break
+        rerun = rerun_for(session.options, runs.steps_seen)
+        if rerun is not None:
+            _run_again(session, runs, rerun)
+    if whole_run:
+        manifest.schedule.whole_run = True
+    _stop_on_failure(session, runs)
+    _record_timeline(session, runs)
+    time_more_processes(session, runs, whole_run=whole_run)
+    session.reporter.phase_done(
+        "timeline",
+        runs.seconds,
+        f"{len(runs.traces)} trace(s), steps from {session.timeline_record.step_source or 'the whole run'}",
+    )
+
+
+def _refuse_setup_failures(code: int, statuses: list[dict[str, Any]]) -> None:
+    """The runner's own exit codes: no GPU, no torch, a fix not applied (``profile --apply``)."""
+    if code == EXIT_NO_GPU:
+        raise ToolError(
+            "no CUDA GPU is visible to the script's Python",
+            hint="run on a machine with a GPU, use `kerneltriage report` on an existing trace, "
+            "or pass --cpu for a CPU-only dry run of the set-up",
+        )
+    if code == EXIT_NO_TORCH:
+        raise ToolError(
+            next((s["error"] for s in statuses if s.get("error")), "no torch in the script's Python"),
+            hint="install PyTorch there, e.g. pip install torch; "
+            "`kerneltriage report` reads traces made elsewhere",
+        )
+    if code == EXIT_NOT_APPLIED:  # profile --apply: one line naming the fix
+        raise ToolError(next((s["error"] for s in statuses if s.get("error")), "a fix could not be applied"))
+
+
+def _steps_seen(statuses: list[dict[str, Any]]) -> int:
+    return max((s.get("steps_seen", 0) for s in statuses), default=0)
+
+
+# --- a script too short for the plan: run it again -----------------------------------------
+
+
+def fitted_timing(options: Options, steps_seen: int) -> tuple[int, int] | None:
+    """(timing steps, plain steps) that a script of ``steps_seen`` steps leaves room for, when
+    it ran at least the warm-up and recorded steps but too few for the asked plan: fewer plain
+    steps first (down to ``--timing-steps``), then fewer timing steps (None: the asked plan
+    fits, or the script is too short for any)."""
+    asked = asked_plan(options)
+    if not options.timing_steps or steps_seen >= asked.stop_after:
+        return None
+    if steps_seen < StepPlan(options.warmup, options.steps, 0).stop_after:
+        return None
+    t = options.timing_steps
+    for plain in range(asked.plain_count - 1, t - 1, -1):
+        if StepPlan(options.warmup, options.steps, t, plain=plain).stop_after <= steps_seen:
+            return t, plain
+    fits = [
+        t
+        for t in range(options.timing_steps - 1, 1, -1)
+        if StepPlan(options.warmup, options.steps, t).stop_after <= steps_seen
+    ]
+    return (fits[0], fits[0]) if fits else (0, 0)
+
+
+def _fitted_rerun(options: Options, steps_seen: int) -> _Rerun | None:
+    """The script ended before the recorded steps (they follow the plain, clean and shapes
+    steps): again with as many timing steps as its length allows."""
+    fits = fitted_timing(options, steps_seen)
+    if fits is None:
+        return None
+    fitted, plain = fits
+    asked = asked_plan(options)
+    message = (
+        f"the script ran {steps_seen} steps; --warmup {options.warmup}, {asked.plain_count} plain and "
+        f"{options.timing_steps} clean timing steps and --steps {options.steps} need {asked.stop_after}: "
+        f"profiled again with {plain} plain and {fitted} clean steps"
+        + (
+            ""
+            if fitted
+            else " (no plain steps: step and idle time are the recorded steps', profiler included)"
+        )
+    )
+    options = dataclasses.replace(options, timing_steps=fitted, plain_min=plain, plain_max=plain)
+    return _Rerun(options, whole_run=False, log="phase1-fit", said=message, noted=message)
+
+
+def _whole_rerun(options: Options, steps_seen: int) -> _Rerun | None:
+    """No step boundary fired often enough: again, recording the whole run as one step."""
+    if steps_seen >= options.warmup + options.steps:
+        return None
+    reason = (
+        "no step boundary was seen (no torch.optim step, no kerneltriage.step())"
+        if steps_seen == 0
+        else f"only {steps_seen} steps ran, fewer than --warmup {options.warmup} + --steps {options.steps}"
+    )
+    return _Rerun(
+        options,
+        whole_run=True,
+        log="phase1-whole",
+        said=f"{reason}; profiling the whole run instead",
+        noted=f"{reason}: the whole run was profiled as one step",
+    )
+
+
+def _run_again(session: ProfileSession, runs: TimelineRuns, rerun: _Rerun) -> None:
+    """Phase 1 once more, as ``rerun`` says: its traces, statuses, steps and exit code replace
+    the earlier run's in ``runs``; its seconds add to the phase's; its options are the
+    session's from now on."""
+    session.reporter.warn(rerun.said)
+    session.warnings.append(rerun.noted)
+    session.options = rerun.options
+    if rerun.whole_run:
+        session.manifest.schedule.whole_run = True
+    else:
+        session.manifest.schedule.timing_steps = rerun.options.timing_steps
+    config = session.write_config("timeline", whole_run=rerun.whole_run)
+    seconds, runs.code, runs.tail = session.run(session.command.with_runner(), config, rerun.log)
+    runs.seconds += seconds
+    session.timeline_record.seconds = round(runs.seconds, 2)
+    session.manifest.exit_code = runs.code
+    runs.traces = sorted(session.out.glob("trace*.json.gz"))
+    runs.statuses = session.statuses("timeline")
+    runs.steps_seen = _steps_seen(runs.statuses)
+
+
+# --- what the runs recorded ----------------------------------------------------------------
+
+
+def _stop_on_failure(session: ProfileSession, runs: TimelineRuns) -> None:
+    """Fix up what was recorded, then raise ``ToolError`` if the script failed or left no trace."""
+    failed = _failed_ranks(session.command, runs.statuses)
+    for rank, why in failed.items():
+        session.warnings.append(f"rank {rank} failed: {why}")
+    if runs.traces:
+        _finish_traces(session, runs.statuses)  # before any failure: what is kept must read right
+    if runs.code != 0:
+        detail = "\n".join(runs.tail)
+        if failed:
+            detail = "; ".join(f"rank {r}: {w}" for r, w in failed.items()) + "\n" + detail
+        if not runs.traces:
+            raise ToolError(
+                f"the script failed (exit code {runs.code}) before any step was recorded; its last output:\n{detail}"
+            )
+        session.manifest.ranks = sorted(s.get("rank", 0) for s in runs.statuses if s.get("trace")) or [0]
+        kept = ", ".join(t.name for t in runs.traces)
+        raise ToolError(
+            f"the script failed (exit code {runs.code}); what was recorded is kept ({kept}): "
+            f"`kerneltriage report` can read it. Last output:\n{detail}"
+        )
+    if not runs.traces:
+        raise ToolError("the profiler wrote no trace (see the logs folder of the run directory)")
+
+
+def _failed_ranks(command: Command, statuses: list[dict[str, Any]]) -> dict[int, str]:
+    """Ranks that failed or never reported (killed when torchrun tore the job down)."""
+    failed = {
+        s.get("rank", 0): s.get("error") or s.get("status")
+        for s in statuses
+        if s.get("status") not in ("ok", None)
+    }
+    expected = command.world_size
+    if expected:
+        seen = {s.get("rank", 0) for s in statuses}
+        for rank in range(expected):
+            if rank not in seen:
+                failed.setdefault(rank, "wrote no status: killed, or died before the profiler started")
+    return dict(sorted(failed.items()))
+
+
+def _finish_traces(session: ProfileSession, statuses: list[dict[str, Any]]) -> None:
+    """Module ranges relabelled, shapes from the shapes step copied in (``trace_fixup``)."""
+    from kerneltriage.profile.trace_fixup import finish_trace
+
+    out = session.out
+    done: dict[str, Any] = {}
+    for status in statuses:
+        if not status.get("trace") or not (out / status["trace"]).is_file():
+            continue
+        shapes = session.logs / status["shapes_trace"] if status.get("shapes_trace") else None
+        try:
+            stats = finish_trace(out / status["trace"], shapes if shapes and shapes.is_file() else None)
+        except Exception as exc:  # the trace as recorded is still worth a report
+            session.warnings.append(f"could not finish {status['trace']} (module ranges, shapes): {exc}")
+            continue
+        done[status["trace"]] = stats
+        if stats.get("ops") and stats["ops_with_shapes"] < 0.99 * stats["ops"]:
+            lacking = ", ".join(f"{name} ×{n}" for name, n in (stats.get("missing") or {}).items())
+            message = (
+                f"{status['trace']}: input shapes found for {stats['ops_with_shapes']} of {stats['ops']} ops; "
+                f"the recorded steps ran ops the shapes step did not ({lacking or 'unnamed'}): "
+                "those are estimated without their shapes"
+            )
+            session.warnings.append(message)
+            session.manifest.warnings.append(message)
+    session.timeline_record.trace_fixup = done
+
+
+def _record_timeline(session: ProfileSession, runs: TimelineRuns) -> None:
+    """What the first rank's run says about its steps: where they came from, Dynamo's counts,
+    the plain and clean steps' times."""
+    manifest, warnings = session.manifest, session.warnings
+    statuses = runs.statuses
+    first = min(statuses, key=lambda s: s.get("rank", 0), default={})
+    # The plain steps the process ran: more than asked when their times took long to settle.
+    plan = dataclasses.replace(
+        asked_plan(session.options, bool(manifest.schedule.whole_run)), plain=first.get("plain_steps") or None
+    )
+    phase = session.timeline_record
+    if first.get("plain_extended"):
+        phase.plain_extended = int(first["plain_extended"])
+    hooked_steps = 1 if plan.whole_run else max(1, plan.last_recorded - plan.hooks_from + 1)
+    phase.steps_seen = runs.steps_seen
+    phase.step_source = next((s.get("step_source") for s in statuses if s.get("step_source")), None)
+    phase.module_calls_per_step = round(first.get("module_calls", 0) / hooked_steps, 1)
+    phase.traces = [t.name for t in runs.traces]
+    dynamo = first.get("dynamo") or {}
+    if dynamo.get("plain") or dynamo.get("end"):
+        phase.dynamo = dynamo
+        _dynamo_drift(dynamo, warnings)
+    _check_plain_steps(first.get("phases") or [], warnings)
+    clean = clean_summary(session.out, first, plan, warnings)
+    record_step_time(
+        first.get("step_times") or {}, plan, manifest, warnings, clean, rank=first.get("rank", 0)
+    )
+    other_ranks_step_time(session.out, statuses, first, plan, phase, warnings)
+    manifest.ranks = sorted(s.get("rank", 0) for s in statuses if s.get("trace")) or [0]
+
+
+def _dynamo_drift(dynamo: dict[str, Any], warnings: list[str]) -> None:
+    """Graphs compiled after the plain steps (while kerneltriage's profilers and hooks ran) are
+    the program's, or kerneltriage's doing: either way the report should say so."""
+    plain, end = dynamo.get("plain") or {}, dynamo.get("end") or {}
+    if not plain or not end:
+        return
+    extra = end.get("recompiles", 0) - plain.get("recompiles", 0)
+    if extra > 0:
+        reasons = [r["reason"] for r in (end.get("recompile_reasons") or [])[plain.get("recompiles", 0) :]]
+        warnings.append(
+            f"Dynamo recompiled {extra} time(s) after the plain steps, while profiling"
+            + (f" ({'; '.join(reasons[:2])})" if reasons else "")
+            + ": the report's torch.compile counts are those of the plain steps"
+        )
+
+
+def _check_plain_steps(phases: list[dict[str, Any]], warnings: list[str]) -> None:
+    """The plain steps must have run before any profiler existed in the process."""
+    bad = [
+        p["step"]
+        for p in phases
+        if p.get("phase") == "plain" and (p.get("profilers_created") or p.get("profiler_enabled"))
+    ]
+    if bad:
+        warnings.append(
+            f"plain steps {bad} ran after a profiler existed in the process: their step time may carry its residue"
+        )
+
+
+# --- more processes for the step time ------------------------------------------------------
+
+
+def time_more_processes(session: ProfileSession, runs: TimelineRuns, *, whole_run: bool) -> None:
+    """``--timing-processes`` N: N − 1 more processes of the script, each timing its warm-up
+    and plain steps only, so that the report's step time and its interval span processes. Not
+    for a CPU dry run, a torchrun job (its ranks time one process each) or a whole-run record."""
+    options = session.options
+    step = session.timeline_record.step_time
+    if (
+        options.timing_processes <= 1
+        or options.cpu
+        or session.command.distributed
+        or whole_run
+        or step is None
+        or not step.plain_ms
+    ):
+        return
+    series = [list(step.plain_ms)]
+    for i in range(1, options.timing_processes):
+        session.reporter.phase(
+            "timing", f"process {i + 1} of {options.timing_processes}: warm-up and plain steps"
+        )
+        config = session.write_config("timing", whole_run=False)
+        seconds, code, _ = session.run(session.command.with_runner(), config, f"timing{i}")
+        runs.seconds += seconds
+        first = min(session.statuses("timing"), key=lambda s: s.get("rank", 0), default={})
+        plain = (first.get("step_times") or {}).get("plain_ms") or []
+        if code != 0 or not plain:
+            session.warnings.append(
+                f"timing process {i + 1} timed no plain step (exit code {code}): the step time spans "
+                f"{len(series)} process(es)"
+            )
+            break
+        series.append([float(t) for t in plain])
+        session.reporter.phase_done("timing", seconds, f"{len(plain)} plain steps")
+    step.processes_plain_ms = series
+    session.timeline_record.seconds = round(runs.seconds, 2)
+
+
+# --- phase 1 under Nsight Systems ----------------------------------------------------------
+
+
+def find_nsys() -> str | None:
+    found = shutil.which("nsys")
+    if found:
+        return found
+    for candidate in sorted(Path("/opt/nvidia").glob("nsight-*/*/host*/*/nsys")):
+        if candidate.is_file():
+            return str(candidate)
+    return None
+
+
+def run_timeline_nsys(session: ProfileSession) -> bool:
+    """Phase 1 under Nsight Systems. False when it cannot give a timeline (the caller then
+    falls back to the PyTorch profiler): nsys missing, or recording without a report."""
+    out, manifest, reporter, warnings = session.out, session.manifest, session.reporter, session.warnings
+    nsys = find_nsys()
+    if nsys is None:
+        reporter.warn("Nsight Systems (nsys) is not on PATH: using the PyTorch profiler for the timeline")
+        warnings.append("--timeline nsys: nsys not found; the PyTorch profiler made the timeline")
+        return False
+    config = session.write_config("nsys", whole_run=False)
+    report = out / "timeline"
+    cmd = [
+        nsys,
+        "profile",
+        "-t",
+        "cuda,nvtx",
+        "--pytorch=autograd-nvtx",
+        "--capture-range=nvtx",
+        f"--nvtx-capture={CAPTURE_RANGE}",
+        "--capture-range-end=stop",
+        "--force-overwrite=true",
+        "-o",
+        str(report),
+        *session.command.with_runner(),
+    ]
+    (session.logs / "nsys_command.txt").write_text(" ".join(cmd) + "\n")
+    reporter.phase("timeline", "Nsight Systems")
+    seconds, code, _ = session.run(cmd, config, "phase1-nsys", timeout=session.options.ncu_timeout)
+    manifest.phases.timeline = rundir.TimelinePhase(seconds=round(seconds, 2), exit_code=code, tool="nsys")
+    rep = report.with_suffix(".nsys-rep")
+    if not rep.is_file():
+        left = sorted(p.name for p in out.glob("timeline*"))
+        reporter.warn(
+            "nsys recorded but produced no report"
+            + (f" (left: {', '.join(left)})" if left else "")
+            + "; falling back to the PyTorch profiler"
+        )
+        warnings.append(
+            "--timeline nsys: nsys produced no report (no importer on this machine?); "
+            "the PyTorch profiler made the timeline"
+        )
+        return False
+    export = subprocess.run(
+        [
+            nsys,
+            "export",
+            "--type",
+            "sqlite",
+            "--force-overwrite=true",
+            "-o",
+            str(out / rundir.TRACE_NSYS),
+            str(rep),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if export.returncode != 0 or not (out / rundir.TRACE_NSYS).is_file():
+        reporter.warn("nsys could not export its report to SQLite; falling back to the PyTorch profiler")
+        warnings.append(
+            f"--timeline nsys: export failed ({export.stderr.strip()[-200:]}); "
+            "the PyTorch profiler made the timeline"
+        )
+        return False
+    session.record_environment(session.statuses("nsys"))
+    manifest.ranks = [0]
+    reporter.phase_done("timeline", seconds, "Nsight Systems export: timeline.sqlite")
+    return True

@@ -1,7 +1,7 @@
 """``kerneltriage profile``: run a training script under the PyTorch profiler, then Nsight
 Compute on its hot kernels, and write a run directory for ``kerneltriage report``.
 
-The command's many settings are ``profile.session.Options`` fields: click hands them over by
+The command's many settings are ``profile.context.Options`` fields: click hands them over by
 the fields' own names, so the command builds the options in one line.
 """
 
@@ -77,7 +77,7 @@ def _finite(ctx: click.Context, param: click.Parameter, value: float | None) -> 
     return value
 
 
-# Options that set ``profile.session.Options`` fields (by name; ``--no-ncu`` sets ``ncu``), in
+# Options that set ``profile.context.Options`` fields (by name; ``--no-ncu`` sets ``ncu``), in
 # the order ``--help`` lists them.
 _SESSION_OPTIONS = (
     click.option(
@@ -233,7 +233,7 @@ def profile(command: tuple[str, ...], apply_spec: str | None, quiet: bool, **ses
         raise click.UsageError("Missing argument 'COMMAND...'.")
 
     options = Options(ncu=not session.pop("no_ncu"), **session)
-    # A Reporter by its methods: subclassing it would import the session at every start.
+    # A Reporter by its methods: subclassing it would import the profiler at every start.
     reporter = cast("Reporter", _ProfileReporter(quiet))
     if apply_spec:
         from kerneltriage.ladder import profile_applied

@@ -25,6 +25,7 @@ from kerneltriage.analysis.candidates import build_candidate
 from kerneltriage.analysis.compiled import compiled_graphs
 from kerneltriage.analysis.fix_environment import environment
 from kerneltriage.analysis.gpus import GPUSpec
+from kerneltriage.analysis.graph_advice import compiled_graph_advice
 from kerneltriage.analysis.grouping import group_candidates
 from kerneltriage.analysis.idle import (
     COMMUNICATION,
@@ -39,7 +40,7 @@ from kerneltriage.analysis.join import JoinResult, join_counters
 from kerneltriage.analysis.model import Candidate, Gap, Idle, Report
 from kerneltriage.analysis.roofline import raised_roofs, with_raised_roofs
 from kerneltriage.analysis.rules import Rules
-from kerneltriage.analysis.verdict import compiled_graph_advice, decide
+from kerneltriage.analysis.verdict import decide
 from kerneltriage.analysis.vocabulary import Verdict
 from kerneltriage.errors import TraceFormatError
 from kerneltriage.ingest.ncu_csv import Counters

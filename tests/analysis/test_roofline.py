@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from kerneltriage.analysis.attribution import attribute
+from kerneltriage.analysis.conditions import shown_headroom
 from kerneltriage.analysis.join import join_counters
 from kerneltriage.analysis.roofline import raised_roofs, with_raised_roofs
 from kerneltriage.analysis.rules import default_thresholds
-from kerneltriage.analysis.verdict import shown_headroom
 from kerneltriage.api import build_report
 from kerneltriage.api import report as api_report
 from kerneltriage.ingest.source import load_profile

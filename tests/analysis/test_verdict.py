@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from kerneltriage.analysis import verdict as verdict_module
+from kerneltriage.analysis import attention_choice
 from kerneltriage.analysis.estimate import attention_work
 from kerneltriage.analysis.gpus import GPUSpec, spec_for
 from kerneltriage.analysis.model import Candidate, KernelInfo, Roofline, Shapes
@@ -348,7 +348,7 @@ def judge(c: Candidate, gpu: GPUSpec | None) -> Candidate:
 @pytest.fixture
 def builtin_faster(monkeypatch, request):
     if "built-in faster" in request.node.callspec.id:
-        monkeypatch.setattr(verdict_module, "attention_perf", lambda gpu, head_dim, causal: (300.0, 400.0))
+        monkeypatch.setattr(attention_choice, "attention_perf", lambda gpu, head_dim, causal: (300.0, 400.0))
 
 
 @pytest.mark.parametrize(("name", "c", "gpu", "verdict", "reason"), CASES, ids=[case[0] for case in CASES])

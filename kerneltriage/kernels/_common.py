@@ -34,11 +34,17 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def check_device(*tensors, name: str = "kernel") -> None:
-    """Kernels run on CUDA tensors, or on CPU tensors under the Triton interpreter."""
+    """Kernels run on CUDA tensors, or on CPU tensors under the Triton interpreter; never on a
+    DTensor (a shard: its data pointer holds a slice of the shape it reports)."""
     device = None
     for t in tensors:
         if t is None:
             continue
+        if hasattr(t, "_local_tensor"):
+            raise KernelInputError(
+                f"{name}: a DTensor (sharded, e.g. an FSDP2 parameter outside its forward) cannot be "
+                "passed to a Triton kernel; pass the full tensor (FSDP2 gathers it inside the forward)"
+            )
         if device is None:
             device = t.device
         elif t.device != device:

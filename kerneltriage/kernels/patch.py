@@ -278,11 +278,33 @@ def _hf_replacement(module: nn.Module, drop_in: type, eps_attr: str) -> nn.Modul
     weight = module.weight
     assert isinstance(weight, nn.Parameter)  # _hf_match checked: a 1-D weight Parameter
     eps = float(getattr(module, eps_attr))
+    if hasattr(weight, "_local_tensor"):
+        return _swapped_in_place(module, drop_in, eps_attr, eps)
     new = drop_in(weight.shape[0], eps=eps, device="meta")
     new.weight = weight  # the Parameter object itself
     if eps_attr != getattr(drop_in, "eps_attribute", eps_attr):
         setattr(new, eps_attr, eps)  # where the original kept it, for code that reads it there
     return new
+
+
+_IN_PLACE: dict[tuple[type, type], type] = {}  # (module class, drop-in) -> their union
+
+
+def _swapped_in_place(module: nn.Module, drop_in: type, eps_attr: str, eps: float) -> nn.Module:
+    """The module itself, its class now the drop-in's forward over the original class.
+
+    A sharded weight (a DTensor: FSDP2's ``fully_shard``) is swapped for the gathered one on the
+    module FSDP2 registered, at every forward: a new module holding the Parameter would keep the
+    shard. So the module object stays, with its parameters and hooks, and only its forward
+    changes."""
+    key = (type(module), drop_in)
+    if key not in _IN_PLACE:
+        body = {"__module__": drop_in.__module__, "__qualname__": drop_in.__qualname__}
+        _IN_PLACE[key] = type(drop_in.__name__, (drop_in, type(module)), body)
+    module.__class__ = _IN_PLACE[key]
+    if eps_attr != getattr(drop_in, "eps_attribute", eps_attr):
+        setattr(module, drop_in.eps_attribute, eps)  # where the drop-in's forward reads it
+    return module
 
 
 def _looks_like_norm(module: nn.Module) -> bool:

@@ -165,6 +165,8 @@ def run_verify(plan: Plan, manifest: rundir.Manifest, reporter: Reporter | None 
                 for label in labels:
                     if rounds >= 1 and trials.elapsed() + trials.run_seconds(label, plan) > s.budget_s:
                         continue
+                    if _budget_spent(trials, s):
+                        continue  # a run cut off at once would read as "timed out": it is "not run"
                     result = one(label, total)
                     trials.results[label].append(result)
                     if label == BASELINE and len(trials.results[label]) == 1:
@@ -193,6 +195,12 @@ def _timeout(plan: Plan, trials: Trials, label: str) -> float:
     own = plan.run_timeout(None if label in (BASELINE, WARMUP) else label)
     budget = plan.settings.budget_s
     return max(1.0, min(own, budget - trials.elapsed(), budget / 2))
+
+
+def _budget_spent(trials: Trials, s: Settings) -> bool:
+    """Less of the budget is left than the quickest run so far took: no run could finish."""
+    done = [t for ts in trials.durations.values() for t in ts]
+    return bool(done) and s.budget_s - trials.elapsed() < min(done)
 
 
 def _still_open(

@@ -170,3 +170,12 @@ def test_an_outlier_counted_run_is_left_out_and_one_run_a_side_decides_nothing(r
         max_repeats=1,
     )
     assert one["C2"].status == "inconclusive" and "one run of a side" in one["C2"].why
+
+
+def test_a_fix_the_budget_leaves_no_time_for_is_not_run_rather_than_timed_out(run, monkeypatch):
+    # The DDP job of two GPUs with a 1.5-minute budget: the baseline and the first fix took the
+    # budget; the next fix must not start with a 1 s limit and read as "ran past its 1 s limit".
+    fake = FakeRuns({"baseline": [95.0], "C1": [85.0], "C2": [80.0]}, seconds={"baseline": 40.0, "C1": 45.0})
+    out = verify(run, monkeypatch, fake, [planned("C1", 0.1), planned("C2", 0.15)], repeats=3, budget_s=90.0)
+    assert "C2.0" not in fake.calls
+    assert out["C2"].status == "not verified" and out["C2"].why == "not run within the budget"

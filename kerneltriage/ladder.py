@@ -34,8 +34,8 @@ from kerneltriage import rundir
 from kerneltriage.errors import InputError, RunDirError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kerneltriage.profile.fix_install import Installed
     from kerneltriage.profile.context import Options, Reporter
+    from kerneltriage.profile.fix_install import Installed
     from kerneltriage.profile.session import Result
 
 _IDS = re.compile(r"^[A-Za-z]?\d+(?:\s*,\s*[A-Za-z]?\d+)*$")

@@ -129,8 +129,9 @@ def ncu_command(
     return [*cmd, *app]
 
 
-def export_command(ncu: str, report: Path) -> list[str]:
-    return [ncu, "--import", str(report), "--csv", "--page", "raw", "--print-kernel-base", "demangled"]
+def export_command(ncu: str, report: Path, names: str = "demangled") -> list[str]:
+    """The CSV export of a report, kernel names ``demangled`` (or ``mangled``: ncu_names.py)."""
+    return [ncu, "--import", str(report), "--csv", "--page", "raw", "--print-kernel-base", names]
 
 
 @dataclass

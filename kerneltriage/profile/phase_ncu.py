@@ -19,6 +19,7 @@ from kerneltriage.analysis.rules import load_rules
 from kerneltriage.errors import ToolError
 from kerneltriage.profile import nsight_compute as ncu_tools
 from kerneltriage.profile.context import ProfileSession
+from kerneltriage.profile.ncu_names import mangled_in_trace, with_trace_spelling
 from kerneltriage.profile.processes import TIMED_OUT
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -203,14 +204,25 @@ def _run_pass(
         warnings.append(f"ncu could not export its report to CSV: {export.stderr.strip()[-300:]}")
         return False, seconds, progress["done"]
     with gzip.open(out / one.csv_name, "wt") as f:
-        f.write(export.stdout)
+        f.write(_trace_spelling(ncu, rep, export.stdout, one.kernels))
     return True, seconds, progress["done"]
+
+
+def _trace_spelling(ncu: str, rep: Path, text: str, kernels: list[str]) -> str:
+    """The export with the trace's mangled spelling on the kernels the trace left mangled."""
+    symbols = mangled_in_trace(kernels)
+    if not symbols:
+        return text
+    mangled = subprocess.run(
+        ncu_tools.export_command(ncu, rep, names="mangled"), capture_output=True, text=True, check=False
+    )
+    return with_trace_spelling(text, mangled.stdout, symbols) if mangled.returncode == 0 else text
 
 
 def _hot_without_counters(session: ProfileSession, hot: HotKernels, not_run: dict[str, str]) -> None:
     """Name every hot kernel that phase 2 left without counters, or with counters for some of
     its launches only, and why."""
-    from kerneltriage.analysis.hot_kernels import without_counter_rows
+    from kerneltriage.analysis.hot_kernels import short_name, without_counter_rows
     from kerneltriage.ingest.ncu_csv import read_counters
 
     budget = session.options.max_variable_launches
@@ -242,7 +254,7 @@ def _hot_without_counters(session: ProfileSession, hot: HotKernels, not_run: dic
     if missing:
         session.warnings.append(
             "hot kernels without counters from phase 2: "
-            + "; ".join(f"{name} ({why})" for name, why in missing.items())
+            + "; ".join(f"{short_name(name)} ({why})" for name, why in missing.items())
         )
     # The report's join names kernels without counter rows itself; what only this side knows
     # (the launch budget, a failed pass) goes to the report through the manifest.
@@ -250,5 +262,5 @@ def _hot_without_counters(session: ProfileSession, hot: HotKernels, not_run: dic
     if known_here:
         session.manifest.warnings.append(
             "hot kernels left without (some) counters by phase 2: "
-            + "; ".join(f"{name} ({why})" for name, why in known_here.items())
+            + "; ".join(f"{short_name(name)} ({why})" for name, why in known_here.items())
         )

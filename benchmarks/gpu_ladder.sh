@@ -9,6 +9,7 @@
 #   VERIFY_BUDGET_MIN=3 PROFILE_ARGS="--timing-processes 2" bash benchmarks/gpu_ladder.sh OUT -- CMD…
 #   STAGES="profile report verify" bash benchmarks/gpu_ladder.sh OUT -- CMD…   # some stages only
 #   RUN=old/run STAGES="verify apply" bash benchmarks/gpu_ladder.sh OUT -- CMD… # an earlier run
+#   APPLY_IDS=C1,C5 bash benchmarks/gpu_ladder.sh OUT -- CMD…   # apply these fixes, verified or not
 #
 # Needs: a CUDA GPU (measured on an 80 GB H100), Nsight Compute (ncu) on PATH for the counters,
 # torch with CUDA, transformers / timm for the HF and timm examples, liger-kernel for Liger
@@ -65,7 +66,7 @@ if has verify; then
 fi
 if has apply; then
   # shellcheck disable=SC2086
-  /usr/bin/time -f "profile --apply wall %e s" $KT profile --apply "$RUN" --out "$SECOND" $PROFILE_ARGS >"$OUT/profile2.log" 2>&1
+  /usr/bin/time -f "profile --apply wall %e s" $KT profile --apply "$RUN${APPLY_IDS:+:$APPLY_IDS}" --out "$SECOND" $PROFILE_ARGS >"$OUT/profile2.log" 2>&1
   tail -1 "$OUT/profile2.log" | tee -a "$OUT/summary.txt"
   $KT report "$SECOND" --format json -o "$OUT/report2.json" 2>>"$OUT/profile2.log"
   $KT report "$SECOND" --top 12 >"$OUT/report2.txt" 2>&1
@@ -82,7 +83,8 @@ if os.path.isfile(alone):
         times = json.loads(line).get("step_ms") or []
         if times:
             kept = steady.steady(times)
-            print(f"script alone: steady median {statistics.median(kept):.2f} ms over {len(kept)} of {len(times)} steps")
+            print(f"script alone: steady median {kept.median:.2f} ms ({kept.low:.2f}–{kept.high:.2f}), "
+                  f"{len(kept.values)} of {len(times)} steps")
 for label, run in (("first", first), ("second", second)):
     path = os.path.join(run, "manifest.json")
     if not os.path.isfile(path):

@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -84,21 +86,40 @@ class Attribution:
     kernels: pd.DataFrame
     cpu_parent: np.ndarray
     cpu_root: np.ndarray
-    cpu_children_of_root: dict[int, list[int]]
     cpu_module: np.ndarray  # innermost module annotation of each cpu row (None)
     cpu_region: np.ndarray  # innermost named-region annotation of each cpu row (None)
     carried_over_ns: int
     warnings: list[str] = field(default_factory=list)
+    # Read once per report by every later step (a 1 GB trace has over a million cpu rows):
+    cpu_names: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
+    cpu_name_codes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.intp))  # of the names
+    cpu_name_uniques: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
+    cpu_is_op: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    cpu_is_annotation: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    windows: list[tuple[int, int]] = field(default_factory=list)  # ``step_windows``
 
     def in_steps(self) -> pd.DataFrame:
         return self.kernels[self.kernels["step"] >= 0]
 
+    def cpu_name_mask(self, test: Callable[[str], Any]) -> np.ndarray:
+        """``name_mask`` of the cpu rows' names."""
+        return _mask_of(self.cpu_name_codes, self.cpu_name_uniques, test)
+
+
+def name_mask(names: pd.Series | np.ndarray, test: Callable[[str], Any]) -> np.ndarray:
+    """``test`` of every name as a boolean array, run once per distinct name (a trace has
+    millions of rows but few names); a missing name is False."""
+    codes, uniques = pd.factorize(names)
+    return _mask_of(codes, uniques, test)
+
+
+def _mask_of(codes: np.ndarray, uniques: Any, test: Callable[[str], Any]) -> np.ndarray:
+    hits = np.fromiter((bool(test(u)) for u in uniques), dtype=bool, count=len(uniques))
+    return np.append(hits, False)[codes]
+
 
 def _framing(cpu: pd.DataFrame) -> np.ndarray:
-    # Matched once per distinct name: a trace has millions of rows but few names.
-    names = cpu["name"]
-    hits = [n for n in pd.unique(names) if _FRAMING.match(str(n))]
-    return names.isin(hits).to_numpy(dtype=bool)
+    return name_mask(cpu["name"], lambda n: _FRAMING.match(str(n)))
 
 
 def annotation_mask(cpu: pd.DataFrame) -> np.ndarray:
@@ -117,11 +138,14 @@ def is_step_range(name: str) -> bool:
     return bool(PROFILER_STEP.match(name)) or name == STEP_RANGE
 
 
-def find_steps(tl: Timeline, marker: str | None = None) -> tuple[list[Step], str, list[str]]:
+def find_steps(
+    tl: Timeline, marker: str | None = None, annotations: np.ndarray | None = None
+) -> tuple[list[Step], str, list[str]]:
     """The active steps: ProfilerStep#N, else optimizer steps, else kerneltriage.step ranges,
-    else the whole trace (``marker``, a regex on annotation names, overrides all of these)."""
+    else the whole trace (``marker``, a regex on annotation names, overrides all of these).
+    ``annotations``: ``annotation_mask`` of the cpu table, when known already."""
     warnings: list[str] = []
-    ann = tl.cpu[annotation_mask(tl.cpu)]
+    ann = tl.cpu[annotation_mask(tl.cpu) if annotations is None else annotations]
     names = ann["name"].astype(str)
 
     def ranges(mask: pd.Series, source: str) -> tuple[list[Step], str, list[str]] | None:
@@ -220,101 +244,125 @@ def _extent(tl: Timeline) -> tuple[int, int]:
     return (min(starts), max(ends)) if starts else (0, 0)
 
 
-def _nest(cpu: pd.DataFrame) -> tuple[np.ndarray, list[int]]:
+def _nest(cpu: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Parent row of every cpu row on its thread (-1: top level), by interval containment,
-    and an order of the rows in which every parent comes before its children."""
+    and its depth (0: top level; a parent is one level above its children)."""
     n = len(cpu)
     parent = np.full(n, -1, dtype=np.int64)
+    depth = np.zeros(n, dtype=np.int64)
     if n == 0:
-        return parent, []
-    order = np.lexsort(
-        (-cpu["dur"].to_numpy(), cpu["start"].to_numpy(), cpu["tid"].to_numpy(), cpu["pid"].to_numpy())
-    )
+        return parent, depth
     start = cpu["start"].to_numpy()
     end = start + cpu["dur"].to_numpy()
     pid = cpu["pid"].to_numpy()
     tid = cpu["tid"].to_numpy()
-    stack: list[int] = []
-    last_thread = None
-    order_list = order.tolist()
-    for i in order_list:
-        thread = (pid[i], tid[i])
-        if thread != last_thread:
-            stack.clear()
-            last_thread = thread
-        s, e = start[i], end[i]
+    # Sorted by thread, then start, longest first: a parent always precedes its children.
+    order = np.lexsort((-cpu["dur"].to_numpy(), start, tid, pid))
+    sorted_pid, sorted_tid = pid[order], tid[order]
+    new_thread = np.ones(n, dtype=bool)
+    new_thread[1:] = (sorted_pid[1:] != sorted_pid[:-1]) | (sorted_tid[1:] != sorted_tid[:-1])
+    parents: list[int] = []
+    depths: list[int] = []
+    open_ends: list[int] = []  # the stack of ranges holding the current one: their ends, rows
+    open_rows: list[int] = []
+    tolerance = _NEST_TOLERANCE_NS
+    for s, e, row, new in zip(
+        start[order].tolist(), end[order].tolist(), order.tolist(), new_thread.tolist()
+    ):
+        if new:
+            open_ends.clear()
+            open_rows.clear()
         # Pop ranges that ended before this one starts, and ranges this one outlasts: such
         # partial overlaps happen between annotations (ProfilerStep#N+1 starts inside the
         # optimizer step whose hook started it). A child may end a little after its parent
         # from timestamp rounding, hence the tolerance.
-        while stack and (end[stack[-1]] <= s or e > end[stack[-1]] + _NEST_TOLERANCE_NS):
-            stack.pop()
-        if stack:
-            parent[i] = stack[-1]
-        stack.append(i)
-    # Sorted by start, longest first: a parent always precedes its children.
-    return parent, order_list
+        while open_ends and (open_ends[-1] <= s or e > open_ends[-1] + tolerance):
+            open_ends.pop()
+            open_rows.pop()
+        parents.append(open_rows[-1] if open_rows else -1)
+        depths.append(len(open_rows))
+        open_ends.append(e)
+        open_rows.append(row)
+    parent[order] = parents
+    depth[order] = depths
+    return parent, depth
+
+
+def _levels(depth: np.ndarray) -> list[np.ndarray]:
+    """The rows of each nesting depth, outermost first (each in row order)."""
+    if not len(depth):
+        return []
+    by_depth = np.argsort(depth, kind="stable")
+    bounds = np.searchsorted(depth[by_depth], np.arange(int(depth.max()) + 2))
+    return [by_depth[a:b] for a, b in itertools.pairwise(bounds.tolist())]
+
+
+def _own_places(uniques: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What an annotation names itself, per distinct name (and -1, no name): its module,
+    region and optimizer range; the caller reads it for annotation rows only."""
+    module = np.full(len(uniques) + 1, None, dtype=object)
+    region = np.full(len(uniques) + 1, None, dtype=object)
+    optimizer = np.zeros(len(uniques) + 1, dtype=bool)
+    for j, name in enumerate(uniques):
+        if not isinstance(name, str):
+            continue
+        if name.startswith(MODULE_PREFIX):
+            module[j] = name[len(MODULE_PREFIX) :]
+        elif name.startswith(REGION_PREFIX):
+            region[j] = name[len(REGION_PREFIX) :]
+        elif _OPTIMIZER.match(name):
+            optimizer[j] = True
+        # Other annotations (DistributedDataParallel.forward, FSDP ranges, a user's own
+        # record_function) frame work but are not fusion candidates: only explicit
+        # kerneltriage.region ranges group ops into one candidate.
+    return module, region, optimizer
 
 
 def attribute(tl: Timeline, marker: str | None = None) -> Attribution:
-    steps, source, warnings = find_steps(tl, marker)
     cpu = tl.cpu
     n = len(cpu)
-    parent, order = _nest(cpu)
     names = cpu["name"].astype(str).to_numpy()
-    is_op = op_mask(cpu)
+    codes, uniques = pd.factorize(cpu["name"])
+    uniques = np.asarray(uniques, dtype=object)
+    framing = _mask_of(codes, uniques, lambda x: _FRAMING.match(str(x)))
+    cat = cpu["cat"].to_numpy()
+    is_op = (cat == "cpu_op") & ~framing
+    is_annotation = (cat == "user_annotation") | ((cat == "cpu_op") & framing)
+    steps, source, warnings = find_steps(tl, marker, is_annotation)
+    parent, depth = _nest(cpu)
     seqs = cpu["seq"].to_numpy()
 
+    # Each row inherits its parent's top-level op, module, region and optimizer range (level
+    # by level, outermost first); an annotation then names its own module or region.
     root = np.full(n, -1, dtype=np.int64)
     module = np.full(n, None, dtype=object)
     region = np.full(n, None, dtype=object)
     optimizer = np.zeros(n, dtype=bool)
-    for i in order:
-        p = parent[i]
-        if p >= 0:
-            root[i] = root[p] if root[p] >= 0 else (i if is_op[i] else -1)
-            module[i], region[i], optimizer[i] = module[p], region[p], optimizer[p]
-        elif is_op[i]:
-            root[i] = i
-        if not is_op[i]:
-            name = names[i]
-            if name.startswith(MODULE_PREFIX):
-                module[i] = name[len(MODULE_PREFIX) :]
-            elif name.startswith(REGION_PREFIX):
-                region[i] = name[len(REGION_PREFIX) :]
-            elif _OPTIMIZER.match(name):
-                optimizer[i] = True
-            # Other annotations (DistributedDataParallel.forward, FSDP ranges, a user's own
-            # record_function) frame work but are not fusion candidates: only explicit
-            # kerneltriage.region ranges group ops into one candidate.
+    own_module, own_region, own_optimizer = _own_places(uniques)
+    own = [(own_module, pd.notna(own_module), module), (own_region, pd.notna(own_region), region)]
+    for rows in _levels(depth):
+        own_root = np.where(is_op[rows], rows, -1)
+        p = parent[rows]
+        if p.size and p[0] >= 0:  # a level below the top: every row has a parent
+            inherited = root[p]
+            root[rows] = np.where(inherited >= 0, inherited, own_root)
+            module[rows], region[rows], optimizer[rows] = module[p], region[p], optimizer[p]
+        else:
+            root[rows] = own_root
+        named = rows[~is_op[rows]]
+        c = codes[named]
+        for values, has, into in own:
+            hit = has[c]
+            into[named[hit]] = values[c[hit]]
+        optimizer[named[own_optimizer[c]]] = True
 
-    children: dict[int, list[int]] = {}
-    for i in np.flatnonzero(root >= 0).tolist():
-        children.setdefault(int(root[i]), []).append(i)
-
-    # Backward top-level op → forward top-level op, through the autograd sequence number.
     is_bwd_root = (
-        is_op
-        & (root == np.arange(n))
-        & cpu["name"].astype(str).str.match(_BACKWARD_ROOT).to_numpy(dtype=bool)
+        is_op & (root == np.arange(n)) & name_mask(cpu["name"], lambda x: _BACKWARD_ROOT.match(str(x)))
     )
-    fwd_by_seq: dict[int, list[int]] = {}
-    for i in np.flatnonzero(is_op & (seqs >= 0)).tolist():
-        r = root[i]
-        if r >= 0 and not is_bwd_root[r]:
-            fwd_by_seq.setdefault(int(seqs[i]), []).append(i)
-    starts = cpu["start"].to_numpy()
-    fwd_of = np.full(n, -1, dtype=np.int64)
-    for r in np.flatnonzero(is_bwd_root).tolist():
-        seq = seqs[r]
-        if seq < 0:
-            seq = next((seqs[c] for c in children.get(r, []) if seqs[c] >= 0), -1)
-        candidates = fwd_by_seq.get(int(seq), [])
-        before = [c for c in candidates if starts[c] <= starts[r]]
-        if before:
-            fwd_of[r] = root[max(before, key=lambda c: starts[c])]
+    fwd_of = _forward_of(root, is_op, is_bwd_root, seqs, cpu["start"].to_numpy())
 
-    kernels = _join_launches(tl, cpu, parent, root, fwd_of, is_bwd_root, optimizer, module, region, steps)
+    kernels = _join_launches(tl, is_op, parent, root, fwd_of, is_bwd_root, optimizer, module, region, steps)
+    windows = step_windows(steps, kernels)
     carried = kernels[(kernels["launch_start"] < 0)]
     carried_ns = 0
     if len(carried):
@@ -324,7 +372,7 @@ def attribute(tl: Timeline, marker: str | None = None) -> Attribution:
         if len(early):
             # Counted by launch they belong to an earlier, unrecorded step; but the GPU is busy
             # while they run, so idle.py counts them as busy time of the step they run in.
-            inside = _inside_windows(early, step_windows(steps, kernels))
+            inside = _inside_windows(early, windows)
             busy, rest = early[inside], early[~inside]
             parts = []
             if len(busy):
@@ -346,21 +394,72 @@ def attribute(tl: Timeline, marker: str | None = None) -> Attribution:
         kernels=kernels,
         cpu_parent=parent,
         cpu_root=root,
-        cpu_children_of_root=children,
         cpu_module=module,
         cpu_region=region,
         carried_over_ns=carried_ns,
         warnings=warnings,
+        cpu_names=names,
+        cpu_name_codes=codes,
+        cpu_name_uniques=uniques,
+        cpu_is_op=is_op,
+        cpu_is_annotation=is_annotation,
+        windows=windows,
     )
+
+
+def _forward_of(
+    root: np.ndarray, is_op: np.ndarray, is_bwd_root: np.ndarray, seqs: np.ndarray, starts: np.ndarray
+) -> np.ndarray:
+    """Backward top-level op → forward top-level op, through the autograd sequence number: the
+    forward op of that number that started last before the backward op (the first in row order
+    among those that started together); -1 when there is none.
+
+    A backward top-level op without a number takes that of its first op (in row order) that has
+    one."""
+    n = len(root)
+    fwd_of = np.full(n, -1, dtype=np.int64)
+    bwd = np.flatnonzero(is_bwd_root)
+    if not len(bwd):
+        return fwd_of
+    seq = seqs[bwd].copy()
+    unnumbered = seq < 0
+    if unnumbered.any():
+        numbered = np.flatnonzero((root >= 0) & (seqs >= 0))
+        held, first = np.unique(root[numbered], return_index=True)
+        seq_of_root = np.full(n, -1, dtype=np.int64)
+        seq_of_root[held] = seqs[numbered[first]]
+        seq[unnumbered] = seq_of_root[bwd[unnumbered]]
+    forward = np.flatnonzero(is_op & (seqs >= 0))
+    forward = forward[(root[forward] >= 0) & ~is_bwd_root[np.maximum(root[forward], 0)]]
+    if not len(forward):
+        return fwd_of
+    # Sorted by (number, start, row descending): the last entry at or before a backward op's
+    # (number, start) is its forward op.
+    forward = forward[np.lexsort((-forward, starts[forward], seqs[forward]))]
+    seq_values = np.unique(seqs[forward])
+    start_values = np.unique(np.concatenate([starts[forward], starts[bwd]]))
+    width = len(start_values) + 1
+
+    def key(s: np.ndarray, t: np.ndarray) -> np.ndarray:
+        return np.searchsorted(seq_values, s) * width + np.searchsorted(start_values, t)
+
+    at = np.searchsorted(key(seqs[forward], starts[forward]), key(seq, starts[bwd]), side="right") - 1
+    found = (at >= 0) & (seq >= 0)
+    found[found] = seqs[forward[at[found]]] == seq[found]
+    fwd_of[bwd[found]] = root[forward[at[found]]]
+    return fwd_of
 
 
 def step_windows(steps: list[Step], kernels: pd.DataFrame) -> list[tuple[int, int]]:
     """Each step's wall as an interval (ns): its CPU range, or its GPU period when that is
     longer (from its first kernel to the next step's first kernel; the last step: to its last
     kernel's end). The lengths are ``triage.step_walls``; kernels count by launch (``step``)."""
-    k = kernels[kernels["step"] >= 0]
-    first = k.groupby("step")["start"].min().to_dict()
-    last = (k["start"] + k["dur"]).groupby(k["step"]).max().to_dict()
+    step = kernels["step"].to_numpy()
+    held = step >= 0
+    start = pd.Series(kernels["start"].to_numpy()[held])
+    by_step = step[held]
+    first = start.groupby(by_step).min().to_dict()
+    last = (start + kernels["dur"].to_numpy()[held]).groupby(by_step).max().to_dict()
     out = []
     for i, s in enumerate(steps):
         if s.index not in first:
@@ -384,27 +483,28 @@ def _inside_windows(k: pd.DataFrame, windows: list[tuple[int, int]]) -> np.ndarr
 
 
 def _join_launches(
-    tl, cpu, parent, root, fwd_of, is_bwd_root, optimizer, module, region, steps
+    tl, is_op, parent, root, fwd_of, is_bwd_root, optimizer, module, region, steps
 ) -> pd.DataFrame:
+    cpu = tl.cpu
     k = tl.kernels.copy()
     rt = tl.runtime.drop_duplicates(subset=["correlation"], keep="first")
     rt = rt[rt["correlation"] >= 0].set_index("correlation")
     launch = rt.reindex(k["correlation"].to_numpy())
-    k["launch_start"] = launch["start"].fillna(-1).astype("int64").to_numpy()
-    k["launch_tid"] = launch["tid"].fillna(-1).astype("int64").to_numpy()
+    launch_start = launch["start"].fillna(-1).astype("int64").to_numpy()
+    launch_tid = launch["tid"].fillna(-1).astype("int64").to_numpy()
+    k["launch_start"] = launch_start
+    k["launch_tid"] = launch_tid
     ext = launch["ext_id"].fillna(-1).astype("int64").to_numpy()
 
     # External id → cpu op row (ops only: annotations share the id space).
-    ops = cpu[op_mask(cpu)]
-    by_ext = pd.Series(ops.index.to_numpy(), index=ops["ext_id"].to_numpy())
+    op_rows = np.flatnonzero(is_op)
+    by_ext = pd.Series(op_rows, index=cpu["ext_id"].to_numpy()[op_rows])
     by_ext = by_ext[~by_ext.index.duplicated(keep="first")]
     op = by_ext.reindex(ext).fillna(-1).astype("int64").to_numpy().copy()
     op[ext < 0] = -1
-    missing = np.flatnonzero((op < 0) & (k["launch_start"].to_numpy() >= 0))
+    missing = np.flatnonzero((op < 0) & (launch_start >= 0))
     if len(missing):
-        op[missing] = _innermost_at(
-            cpu, parent, k["launch_tid"].to_numpy()[missing], k["launch_start"].to_numpy()[missing]
-        )
+        op[missing] = _innermost_at(cpu, is_op, parent, launch_tid[missing], launch_start[missing])
 
     k["op"] = op
     has_op = op >= 0
@@ -423,31 +523,53 @@ def _join_launches(
     k["phase"] = np.where(opt, "opt", np.where(bwd, "bwd", np.where(has_op, "fwd", "none")))
     # Module / region of the forward op (backward work inherits its forward op's place).
     anchor = np.where(fwd_root >= 0, fwd_root, op)
-    k["module"] = [module[a] if a >= 0 else None for a in anchor.tolist()]
-    k["region"] = [region[a] if a >= 0 else None for a in anchor.tolist()]
+    placed = anchor >= 0
+    for column, of in (("module", module), ("region", region)):
+        values = np.full(len(k), None, dtype=object)
+        values[placed] = of[anchor[placed]]
+        k[column] = values.tolist()
     # For ops launched inside annotations but outside any cpu op (Triton kernels called from
     # Python), the annotation still names the region.
-    if (~has_op).any() and len(cpu):
-        inner = _innermost_at(
-            cpu, parent, k["launch_tid"].to_numpy(), k["launch_start"].to_numpy(), ops_only=False
-        )
-        for i in np.flatnonzero(~has_op & (inner >= 0)).tolist():
-            a = inner[i]
-            k.at[k.index[i], "module"] = module[a]
-            k.at[k.index[i], "region"] = region[a]
-            if optimizer[a]:
-                k.at[k.index[i], "phase"] = "opt"
-
-    step_idx = np.full(len(k), -1, dtype=np.int64)
-    ls = k["launch_start"].to_numpy()
-    for s in steps:
-        step_idx[(ls >= s.start) & (ls < s.end)] = s.index
-    k["step"] = step_idx
+    bare = np.flatnonzero(~has_op)
+    if len(bare) and len(cpu):
+        inner = _innermost_at(cpu, is_op, parent, launch_tid[bare], launch_start[bare], ops_only=False)
+        bare, inner = bare[inner >= 0], inner[inner >= 0]
+        if len(bare):
+            columns = k.columns.get_indexer(["module", "region", "phase"])
+            k.iloc[bare, columns[0]] = module[inner]
+            k.iloc[bare, columns[1]] = region[inner]
+            in_optimizer = optimizer[inner]
+            if in_optimizer.any():
+                k.iloc[bare[in_optimizer], columns[2]] = "opt"
+    k["step"] = _step_of(launch_start, steps)
     return k.reset_index(drop=True)
 
 
+def _step_of(launch_start: np.ndarray, steps: list[Step]) -> np.ndarray:
+    """The step each launch time lies in (-1: none); where steps overlap, the later one."""
+    out = np.full(len(launch_start), -1, dtype=np.int64)
+    if not steps:
+        return out
+    starts = np.array([s.start for s in steps], dtype=np.int64)
+    ends = np.array([s.end for s in steps], dtype=np.int64)
+    if (np.diff(starts) >= 0).all() and (np.diff(ends) >= 0).all():
+        # In order: only the last step starting at or before a launch can hold it.
+        at = np.searchsorted(starts, launch_start, side="right") - 1
+        held = (at >= 0) & (launch_start < ends[np.maximum(at, 0)])
+        out[held] = np.array([s.index for s in steps], dtype=np.int64)[at[held]]
+        return out
+    for s in steps:
+        out[(launch_start >= s.start) & (launch_start < s.end)] = s.index
+    return out
+
+
 def _innermost_at(
-    cpu: pd.DataFrame, parent: np.ndarray, tids: np.ndarray, times: np.ndarray, ops_only: bool = True
+    cpu: pd.DataFrame,
+    is_op: np.ndarray,
+    parent: np.ndarray,
+    tids: np.ndarray,
+    times: np.ndarray,
+    ops_only: bool = True,
 ) -> np.ndarray:
     """For each (thread, time): the innermost cpu row on that thread holding the time (-1).
 
@@ -459,7 +581,6 @@ def _innermost_at(
         return out
     start = cpu["start"].to_numpy()
     end = start + cpu["dur"].to_numpy()
-    is_op = op_mask(cpu)
     tid_all = cpu["tid"].to_numpy()
     for tid in np.unique(tids):
         rows = np.flatnonzero(tid_all == tid)

@@ -207,9 +207,9 @@ def compiled_graphs(
     cpu = timeline.cpu
     if cpu.empty or not attr.steps:
         return None
-    names = cpu["name"].astype(str).to_numpy()
+    names = attr.cpu_names
     starts = cpu["start"].to_numpy()
-    found = _compiled_records(names, starts, attr, rules)
+    found = _compiled_records(starts, attr, rules)
     if found is None:
         return None
     rows, launch_rows = found
@@ -243,22 +243,21 @@ def compiled_graphs(
 
 
 def _compiled_records(
-    names: np.ndarray, starts: np.ndarray, attr: Attribution, rules: Rules
+    starts: np.ndarray, attr: Attribution, rules: Rules
 ) -> tuple[list[int], np.ndarray] | None:
     """Rows of the steps' compiled-graph records (Dynamo regions, AOT graphs, cache lookups)
     and of Inductor's launch records; None when the trace has neither."""
     lo = min(s.start for s in attr.steps)
     hi = max(s.end for s in attr.steps)
-    distinct = np.unique(names)
-    unique = [n for n in distinct if rules.match(n, "compiled_ops") or n == "TorchDynamo Cache Lookup"]
+    compiled = attr.cpu_name_mask(lambda n: rules.match(n, "compiled_ops") or n == "TorchDynamo Cache Lookup")
     # Inductor's launch records (a range named after each kernel it launches): with no GPU
     # kernel under them (captured into a CUDA graph, as vLLM does) they hold no GPU time.
-    launch_names = [n for n in distinct if _INDUCTOR.match(n)]
+    launch = attr.cpu_name_mask(_INDUCTOR.match)
     window = (starts >= lo) & (starts < hi)
-    launch_rows = np.flatnonzero(np.isin(names, launch_names) & window) if launch_names else np.array([], int)
-    if not unique and not len(launch_rows):
+    launch_rows = np.flatnonzero(launch & window) if launch.any() else np.array([], int)
+    if not compiled.any() and not len(launch_rows):
         return None
-    return np.flatnonzero(np.isin(names, unique) & window).tolist(), launch_rows
+    return np.flatnonzero(compiled & window).tolist(), launch_rows
 
 
 def _count_records(

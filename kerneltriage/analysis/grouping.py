@@ -15,6 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import pandas as pd
+
 from kerneltriage.analysis.attribution import Attribution
 from kerneltriage.analysis.compiled import FLAVOURS, decode_inductor, inductor_work
 from kerneltriage.analysis.estimate import tensor_inputs
@@ -47,26 +50,21 @@ def _compute_types(
 ) -> dict[int, str | None]:
     """The dtype a GEMM-like top-level op computes in: its innermost matmul's input type
     (the rules' ``regions.gemm_leaf_ops``; under autocast ``aten::linear`` sees float inputs
-    and casts them inside)."""
-    cpu = timeline.cpu
-    names = cpu["name"].astype(str).to_numpy()
-    types = cpu["types"].to_numpy()
-    out: dict[int, str | None] = {}
-    for r in roots:
-        found = None
-        for c in attr.cpu_children_of_root.get(r, []):
-            if rules.match(names[c], "gemm_leaf_ops") and types[c] >= 0:
-                t = timeline.arg(int(types[c]))
-                if t:
-                    found = t[0]
-        out[r] = found
+    and casts them inside). Of several, the last in row order."""
+    types = timeline.cpu["types"].to_numpy()
+    out: dict[int, str | None] = dict.fromkeys(roots)
+    leaves = np.flatnonzero(attr.cpu_name_mask(lambda n: rules.match(n, "gemm_leaf_ops")) & (types >= 0))
+    for c, r in zip(leaves.tolist(), attr.cpu_root[leaves].tolist()):
+        if r in out:
+            t = timeline.arg(int(types[c]))
+            if t:
+                out[r] = t[0]
     return out
 
 
 def group_candidates(timeline: Timeline, attr: Attribution, rules: Rules) -> dict[tuple, Group]:
     """Groups by key: every in-step kernel in exactly one of them."""
-    cpu = timeline.cpu
-    names = cpu["name"].astype(str).to_numpy()
+    names = attr.cpu_names
     op_info = _op_info_maker(timeline)
     k = attr.kernels
     in_step = k[k["step"] >= 0]
@@ -88,9 +86,17 @@ def group_candidates(timeline: Timeline, attr: Attribution, rules: Rules) -> dic
         fwd = in_step[fwd_mask]
 
     row_group = _group_forward_ops(groups, fwd, timeline, attr, rules, kinds, op_info)
-    # Kernels of forward/backward work: their forward op's group (one lookup per kernel).
-    for index, step, fr in zip(fwd.index, fwd["step"].tolist(), fwd["fwd_root"].tolist()):
-        groups[row_group[(step, fr)]].kernel_index.append(index)
+    # Kernels of forward/backward work: their forward op's group (one lookup per instance).
+    steps, roots = fwd["step"].to_numpy(), fwd["fwd_root"].to_numpy()
+    codes, pairs = pd.factorize(steps * (len(names) + 1) + roots)
+    keys = list(groups)
+    number = {key: i for i, key in enumerate(keys)}
+    of_pair = np.array(
+        [number[row_group[(int(p) // (len(names) + 1), int(p) % (len(names) + 1))]] for p in pairs],
+        dtype=np.int64,
+    )
+    for i, part in _split_by(of_pair[codes], fwd.index.to_numpy()):
+        groups[keys[i]].kernel_index.extend(part.tolist())
 
     rest = in_step[~fwd_mask]
     launches = _group_other_kernels(groups, rest, rules, names, comm_names, compiled_roots, op_info)
@@ -101,6 +107,13 @@ def group_candidates(timeline: Timeline, attr: Attribution, rules: Rules) -> dic
             _launch_op_segments(groups[key], rows, rules, names, op_info)
     _dominant_first(groups, fwd)
     return {key: g for key, g in groups.items() if g.kernel_index}
+
+
+def _split_by(codes: np.ndarray, values: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """``values`` split by their code, in code order, each part in its original order."""
+    order = np.argsort(codes, kind="stable")
+    held, first = np.unique(codes[order], return_index=True)
+    return list(zip(held.tolist(), np.split(values[order], first[1:])))
 
 
 def _op_info_maker(timeline: Timeline) -> Callable[..., OpInfo]:
@@ -137,22 +150,39 @@ class _RootKinds:
 
     @classmethod
     def of(cls, fwd: Any, rules: Rules, names: Any) -> _RootKinds:
-        first = fwd.groupby("fwd_root")[["name", "kind"]].first()
+        roots = fwd["fwd_root"].to_numpy()
+        held, first = np.unique(roots, return_index=True)
+        kernel_names, activities = fwd["name"].to_numpy(), fwd["kind"].to_numpy()
         # An op whose GPU work is only copies and memsets is a memcpy, whatever its name says.
-        copy_only = (~(fwd["kind"] == "kernel").groupby(fwd["fwd_root"]).any()).to_dict()
+        is_kernel = pd.Series((fwd["kind"] == "kernel").to_numpy())
+        copy_only = (~is_kernel.groupby(roots).any()).to_dict()
         # Kinds follow kernels: an op whose kernel time is mostly GEMM, convolution, attention
         # or communication is of that kind and a boundary, whatever its name; ops of extension
         # namespaces (fbgemm::, vllm::, …) are candidates of their own, classed by their kernels.
-        kernel_kind = {
-            (n, a): rules.kernel_kind(n, a) for n, a in set(zip(fwd["name"].tolist(), fwd["kind"].tolist()))
-        }
-        kinds_of = fwd.assign(
-            _kk=[kernel_kind[(n, a)] for n, a in zip(fwd["name"].tolist(), fwd["kind"].tolist())]
-        )
+        name_codes, name_uniques = pd.factorize(fwd["name"])
+        kind_codes, kind_uniques = pd.factorize(fwd["kind"])
+        pair_codes, pairs = pd.factorize(name_codes * (len(kind_uniques) + 1) + kind_codes)
+        kinds = [
+            rules.kernel_kind(
+                name_uniques[p // (len(kind_uniques) + 1)], kind_uniques[p % (len(kind_uniques) + 1)]
+            )
+            for p in pairs.tolist()
+        ]
+        # Numbered in name order: the sums below come out by (op, kind name), as pandas sorts.
+        labels = sorted(set(kinds))
+        rank = np.array([labels.index(kk) for kk in kinds], dtype=np.int64)
+        sums = pd.Series(fwd["dur"].to_numpy()).groupby([roots, rank[pair_codes]]).sum()
         by_kind: dict[int, dict[str, float]] = {}
-        for (r, kk), dur in kinds_of.groupby(["fwd_root", "_kk"])["dur"].sum().items():
-            by_kind.setdefault(int(r), {})[kk] = float(dur)
-        return cls(names, rules, first["name"].to_dict(), first["kind"].to_dict(), copy_only, by_kind)
+        for (r, kk), dur in zip(sums.index.tolist(), sums.tolist()):
+            by_kind.setdefault(int(r), {})[labels[kk]] = float(dur)
+        return cls(
+            names,
+            rules,
+            dict(zip(held.tolist(), kernel_names[first].tolist())),
+            dict(zip(held.tolist(), activities[first].tolist())),
+            copy_only,
+            by_kind,
+        )
 
     def kernel_majority(self, r: int) -> tuple[str | None, str | None, bool]:
         """(most time's kind, the unabsorbed kind holding ≥ half the time or None, whether any
@@ -427,7 +457,10 @@ def _dominant_first(groups: dict[tuple, Group], fwd) -> None:
     """Name a group, and give its example, after the instance shape that holds most of its
     time, not the first one seen (TimeSformer's attention runs 3% of its time at one shape
     and 97% at another)."""
-    time_of = fwd.groupby(["step", "fwd_root"])["dur"].sum().to_dict()
+    sums = (
+        pd.Series(fwd["dur"].to_numpy()).groupby([fwd["step"].to_numpy(), fwd["fwd_root"].to_numpy()]).sum()
+    )
+    time_of = dict(zip(sums.index.tolist(), sums.tolist()))
     for g in groups.values():
         if len(g.segments) < 2 or g.level == "kernel":
             continue

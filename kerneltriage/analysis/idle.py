@@ -36,13 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from kerneltriage.analysis.attribution import (
-    Attribution,
-    annotation_mask,
-    is_step_range,
-    op_mask,
-    step_windows,
-)
+from kerneltriage.analysis.attribution import Attribution, is_step_range, name_mask
 from kerneltriage.analysis.model import Gap
 from kerneltriage.ingest.tables import Timeline
 from kerneltriage.resources import load_yaml
@@ -106,15 +100,33 @@ def union(starts: np.ndarray, ends: np.ndarray) -> list[tuple[Any, Any]]:
     """The intervals ``[starts[i], ends[i]]`` merged where they overlap or touch, in start
     order (the numbers keep their type: ns as ints, µs as floats)."""
     starts, ends = np.asarray(starts), np.asarray(ends)
+    if not len(starts):
+        return []
     order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    if (
+        (e < s).any()
+        or (s.dtype.kind == "f" and np.isnan(s).any())
+        or (e.dtype.kind == "f" and np.isnan(e).any())
+    ):
+        return _union_in_order(s, e)
+    # An interval opens a new merged one when it starts after every earlier interval ended;
+    # with no interval ending before it starts, the running end is the merged one's end.
+    reach = np.maximum.accumulate(e)
+    opens = np.flatnonzero(np.concatenate(([True], s[1:] > reach[:-1])))
+    closes = np.append(opens[1:] - 1, len(s) - 1)
+    return list(zip(s[opens].tolist(), reach[closes].tolist()))
+
+
+def _union_in_order(s: np.ndarray, e: np.ndarray) -> list[tuple[Any, Any]]:
+    """``union`` of intervals sorted by start, one at a time (any interval, reversed or NaN)."""
     merged: list[list[Any]] = []
-    for i in order.tolist():
-        s, e = starts[i].item(), ends[i].item()
-        if merged and s <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], e)
+    for a, b in zip(s.tolist(), e.tolist()):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
         else:
-            merged.append([s, e])
-    return [(s, e) for s, e in merged]
+            merged.append([a, b])
+    return [(a, b) for a, b in merged]
 
 
 @dataclass
@@ -144,12 +156,13 @@ def find_idle(attr: Attribution, timeline: Timeline, min_gap_ns: float) -> IdleF
     ends_all = starts_all + k["dur"].to_numpy()
     launches_all = k["launch_start"].to_numpy()
     tids_all = k["launch_tid"].to_numpy()
+    overlapping = _Overlapping(starts_all, ends_all)
     busy_steps: list[int] = []
     # (step, length ns, cause, class, fix) of every gap between kernels.
     between: list[tuple[int, int, str, str, _Fix | None]] = []
     edges: dict[str, list[tuple[int, int]]] = {BEFORE_FIRST: [], AFTER_LAST: []}
-    for step_i, (w0, w1) in enumerate(step_windows(attr.steps, k)):
-        sel = np.flatnonzero((starts_all < w1) & (ends_all > w0))
+    for step_i, (w0, w1) in enumerate(attr.windows):
+        sel = overlapping(w0, w1)
         if len(sel) == 0:
             busy_steps.append(0)
             if w1 - w0 >= min_gap_ns:
@@ -162,19 +175,18 @@ def find_idle(attr: Attribution, timeline: Timeline, min_gap_ns: float) -> IdleF
             edges[BEFORE_FIRST].append((w0, spans[0][0]))
         if w1 - spans[-1][1] >= min_gap_ns:
             edges[AFTER_LAST].append((spans[-1][1], w1))
-        first_launch: dict[int, tuple[int, int]] = {}
-        for s, launch, tid in zip(starts.tolist(), launches_all[sel].tolist(), tids_all[sel].tolist()):
-            if s not in first_launch or launch < first_launch[s][0]:
-                first_launch[s] = (launch, tid)
         for (_, prev_end), (next_start, _) in itertools.pairwise(spans):
             if next_start - prev_end < min_gap_ns:
                 continue
-            launch, tid = first_launch.get(next_start, (-1, -1))
+            # The kernel that ended the gap: of those starting then, the first launched.
+            starting = np.flatnonzero(starts == next_start)
+            first = sel[starting[int(np.argmin(launches_all[sel[starting]]))]] if len(starting) else -1
+            launch, tid = (int(launches_all[first]), int(tids_all[first])) if first >= 0 else (-1, -1)
             cause, kind, fix = host.classify(tid, prev_end, next_start, launch)
             between.append((step_i, next_start - prev_end, cause, kind, fix))
     n = max(1, len(attr.steps))
     busy_median = float(np.median(busy_steps)) if busy_steps else 0.0
-    stalls = _single_stalls(between, edges, step_windows(attr.steps, k), busy_median)
+    stalls = _single_stalls(between, edges, attr.windows, busy_median)
     by_cause: dict[str, list[float]] = defaultdict(list)
     meta: dict[str, tuple[str, _Fix | None]] = {}
     for j, (step_i, length, cause, kind, fix) in enumerate(between):
@@ -213,6 +225,24 @@ def find_idle(attr: Attribution, timeline: Timeline, min_gap_ns: float) -> IdleF
     return IdleFound(busy_ns=sum(busy_steps), busy_median_ns=busy_median, gaps=gaps)
 
 
+class _Overlapping:
+    """The activities overlapping a window, in row order, without a pass over all of them:
+    sorted by start, with the latest end so far (``reach``), a window's candidates are one
+    slice."""
+
+    def __init__(self, starts: np.ndarray, ends: np.ndarray):
+        self.order = np.argsort(starts, kind="stable")
+        self.starts = starts[self.order]
+        self.reach = np.maximum.accumulate(ends[self.order]) if len(ends) else ends
+        self.ends = ends
+
+    def __call__(self, w0: int, w1: int) -> np.ndarray:
+        lo = int(np.searchsorted(self.reach, w0, side="right"))
+        hi = int(np.searchsorted(self.starts, w1, side="left"))
+        rows = self.order[lo:hi]
+        return np.sort(rows[self.ends[rows] > w0])
+
+
 def _single_stalls(
     between: list[tuple[int, int, str, str, _Fix | None]],
     edges: dict[str, list[tuple[int, int]]],
@@ -228,16 +258,34 @@ def _single_stalls(
         idle_of[step_i] += length
         if step_i not in longest or length > between[longest[step_i]][1]:
             longest[step_i] = j
-    for a, b in itertools.chain.from_iterable(edges.values()):
-        for step_i, (w0, w1) in enumerate(windows):
-            if w0 <= a < w1:
-                idle_of[step_i] += b - a
-                break
+    edge_list = list(itertools.chain.from_iterable(edges.values()))
+    for (a, b), step_i in zip(edge_list, _first_window([a for a, _ in edge_list], windows)):
+        if step_i >= 0:
+            idle_of[step_i] += b - a
     return {
         j
         for step_i, j in longest.items()
         if busy_median > 0 and between[j][1] > busy_median and between[j][1] > idle_of[step_i] - between[j][1]
     }
+
+
+def _first_window(times: list[int], windows: list[tuple[int, int]]) -> list[int]:
+    """For each time, the first window (w0 <= t < w1) holding it (-1: none)."""
+    if not times or not windows:
+        return [-1] * len(times)
+    w0 = np.array([w[0] for w in windows])
+    w1 = np.array([w[1] for w in windows])
+    t = np.asarray(times)
+    if (np.diff(w0) >= 0).all() and (np.diff(w1) >= 0).all():
+        # In order: the windows holding t are those from the first ending after it, while they
+        # start at or before it.
+        at = np.searchsorted(w1, t, side="right")
+        ok = (at < len(windows)) & (w0[np.minimum(at, len(windows) - 1)] <= t)
+        return np.where(ok, at, -1).tolist()
+    out = []
+    for x in times:
+        out.append(next((i for i, (a, b) in enumerate(windows) if a <= x < b), -1))
+    return out
 
 
 def _fix_text(fix: _Fix | None) -> str | None:
@@ -255,7 +303,7 @@ def unlaunched_busy_ns(attr: Attribution) -> int:
     starts = early["start"].to_numpy()
     ends = starts + early["dur"].to_numpy()
     total = 0
-    for w0, w1 in step_windows(attr.steps, k):
+    for w0, w1 in attr.windows:
         sel = (starts < w1) & (ends > w0)
         if sel.any():
             total += sum(e - s for s, e in union(np.maximum(starts[sel], w0), np.minimum(ends[sel], w1)))
@@ -272,6 +320,37 @@ def _ms(x: float) -> str:
 _SYNC = ("Synchronize", "Memcpy", "cudaFree", "hipFree")
 
 
+class _Rows:
+    """CPU rows as the host index holds them: sorted by start, with the latest end so far and
+    their names, for one thread or for all."""
+
+    def __init__(self, start: np.ndarray, dur: np.ndarray, tid: np.ndarray, names: np.ndarray):
+        self.start, self.dur, self.tid, self.names = start, dur, tid, names
+
+    def index(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+        return self._sorted(rows[np.argsort(self.start[rows], kind="stable")])
+
+    def by_thread(self, rows: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]]:
+        """``index`` of each thread's rows, by thread id (in id order)."""
+        if not len(rows):
+            return {}
+        rows = rows[np.lexsort((self.start[rows], self.tid[rows]))]
+        tids = self.tid[rows]
+        cuts = np.flatnonzero(tids[1:] != tids[:-1]) + 1
+        return {
+            int(part_tid): self._sorted(part)
+            for part_tid, part in zip(tids[np.concatenate(([0], cuts))].tolist(), np.split(rows, cuts))
+        }
+
+    def _sorted(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+        start = self.start[rows]
+        end = start + self.dur[rows]
+        # Longest end so far: lets a bisect find every range that may overlap a window.
+        reach = np.maximum.accumulate(end) if len(end) else end
+        names = self.names[rows]
+        return start, end, reach, [n if isinstance(n, str) else str(n) for n in names.tolist()]
+
+
 class _HostIndex:
     """Per-thread sorted CPU activity, to ask "what was the host doing between t0 and t1"."""
 
@@ -280,26 +359,25 @@ class _HostIndex:
         self.annotations: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]] = {}
         self.runtime: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]] = {}
         cpu = timeline.cpu
-        is_op = op_mask(cpu)
-        ops = cpu[is_op]
-        for tid, g in ops.groupby("tid"):
-            self.threads[int(tid)] = self._index(g)
+        self._rows = _Rows(
+            cpu["start"].to_numpy(), cpu["dur"].to_numpy(), cpu["tid"].to_numpy(), attr.cpu_names
+        )
+        is_op = attr.cpu_is_op
+        self.threads = self._rows.by_thread(np.flatnonzero(is_op))
         # Annotations other than the steps themselves: a step range covers every gap.
-        ann = cpu[annotation_mask(cpu)]
-        ann = ann[~ann["name"].astype(str).map(is_step_range).to_numpy(dtype=bool)]
-        for tid, g in ann.groupby("tid"):
-            self.annotations[int(tid)] = self._index(g)
+        ann = np.flatnonzero(attr.cpu_is_annotation & ~attr.cpu_name_mask(is_step_range))
+        self.annotations = self._rows.by_thread(ann)
         rt = timeline.runtime
         sync = rt[rt["name"].astype(str).str.contains("|".join(_SYNC))]
         for tid, g in sync.groupby("tid"):
             self.runtime[int(tid)] = self._index(g)
         # For the step edges: top-level ops of every thread, and Python frames when the reader
         # kept them (cat "python_function").
-        top = is_op & (attr.cpu_root == np.arange(len(cpu)))
-        self.top = self._index(cpu[top]) if top.any() else None
-        self.ann_all = self._index(ann) if len(ann) else None
-        py = cpu[(cpu["cat"] == "python_function").to_numpy()]
-        self.python = self._index(py) if len(py) else None
+        top = np.flatnonzero(is_op & (attr.cpu_root == np.arange(len(cpu))))
+        self.top = self._rows.index(top) if len(top) else None
+        self.ann_all = self._rows.index(ann) if len(ann) else None
+        py = np.flatnonzero((cpu["cat"] == "python_function").to_numpy())
+        self.python = self._rows.index(py) if len(py) else None
 
     @staticmethod
     def _index(g):
@@ -460,15 +538,24 @@ def communication_overlap(attr: Attribution, is_comm) -> tuple[float, float]:
     """
     k = attr.kernels
     total = exposed = 0.0
+    rows = np.flatnonzero((k["step"] >= 0).to_numpy() & (k["kind"] == "kernel").to_numpy())
+    comm_all = name_mask(k["name"], is_comm)[rows]
+    if not comm_all.any():
+        return total, exposed
+    steps = k["step"].to_numpy()[rows]
+    order = np.argsort(steps, kind="stable")
+    held, first = np.unique(steps[order], return_index=True)
+    of_step = dict(zip(held.tolist(), np.split(order, first[1:])))
+    starts_all = k["start"].to_numpy()[rows]
+    ends_all = starts_all + k["dur"].to_numpy()[rows]
     for step in attr.steps:
-        mine = k[(k["step"] == step.index) & (k["kind"] == "kernel")]
-        if mine.empty:
+        mine = of_step.get(step.index)
+        if mine is None:
             continue
-        comm_mask = mine["name"].map(is_comm).to_numpy(dtype=bool)
+        comm_mask = comm_all[mine]
         if not comm_mask.any():
             continue
-        starts = mine["start"].to_numpy()
-        ends = starts + mine["dur"].to_numpy()
+        starts, ends = starts_all[mine], ends_all[mine]
         comm = union(starts[comm_mask], ends[comm_mask])
         compute = union(starts[~comm_mask], ends[~comm_mask])
         total += sum(e - s for s, e in comm)

@@ -20,6 +20,7 @@ import dataclasses
 import math
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from kerneltriage.analysis.model import Report
@@ -73,11 +74,20 @@ def clean_timeline(timeline: Timeline) -> Timeline:
 def _duplicated(df: pd.DataFrame, ints: tuple[str, ...], names: tuple[str, ...]) -> pd.Series | None:
     if len(df) < 2:
         return None
-    maybe = df.duplicated(list(ints), keep=False)
+    # A hash of the integer columns first (a million rows in one pass): rows whose hash is
+    # unique are no duplicate; only the rest are compared, column by column.
+    hashed = np.zeros(len(df), dtype=np.uint64)
+    for column in ints:
+        hashed = hashed * np.uint64(1_000_003) ^ df[column].to_numpy().astype(np.uint64)
+    candidates = pd.Series(hashed).duplicated(keep=False).to_numpy()
+    if not candidates.any():
+        return None
+    some = df[candidates]
+    maybe = some.duplicated(list(ints), keep=False).to_numpy()
     if not maybe.any():
         return None
     dup = pd.Series(False, index=df.index)
-    dup[maybe] = df[maybe].duplicated([*ints, *names])
+    dup.loc[some.index[maybe]] = some[maybe].duplicated([*ints, *names]).to_numpy()
     return dup if dup.any() else None
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kerneltriage.analysis.attribution import name_mask
 from kerneltriage.analysis.vocabulary import Reason, Verdict
 from kerneltriage.errors import TraceFormatError
 from kerneltriage.ingest.tables import Timeline
@@ -91,21 +92,23 @@ def check_launches(timeline: Timeline) -> list[str]:
     runtime = timeline.runtime
     if runtime.empty:
         return []
-    launches = runtime[runtime["name"].astype(str).str.match(_LAUNCH)]
-    if launches.empty:
+    is_launch = name_mask(runtime["name"], _LAUNCH.match)
+    if not is_launch.any():
         return []
-    kernels = timeline.kernels[timeline.kernels["kind"] == "kernel"]
-    if kernels.empty:
+    n_launches = int(is_launch.sum())
+    kernels = timeline.kernels
+    correlations = kernels["correlation"].to_numpy()[(kernels["kind"] == "kernel").to_numpy()]
+    if not len(correlations):
         raise TraceFormatError(
-            f"{len(launches)} kernel launches but no kernel event: the GPU side of the trace was not "
+            f"{n_launches} kernel launches but no kernel event: the GPU side of the trace was not "
             "recorded (CUPTI activity lost or filtered); idle time and shares would be invented",
             path=timeline.source,
         )
-    matched = launches["correlation"].isin(kernels["correlation"])
+    matched = pd.Series(runtime["correlation"].to_numpy()[is_launch]).isin(correlations)
     missing = 1.0 - float(matched.mean())
-    if missing > MISSING_WARN and kernels["correlation"].gt(0).any():
+    if missing > MISSING_WARN and (correlations > 0).any():
         return [
-            f"{missing:.0%} of the {len(launches)} kernel launches have no kernel event in the trace "
+            f"{missing:.0%} of the {n_launches} kernel launches have no kernel event in the trace "
             "(CUPTI activity lost?); GPU busy time and shares are understated"
         ]
     return []
@@ -116,27 +119,33 @@ def check_kernels(timeline: Timeline, kernels: pd.DataFrame) -> list[str]:
     the trace names one): their total duration in the steps, the longest of them against the
     host's recording, and the share of kernel time without a launch."""
     source = timeline.source
-    compute = kernels[kernels["kind"] == "kernel"]
-    in_step = compute[compute["step"] >= 0]
-    if len(in_step) and float(in_step["dur"].sum()) <= 0:
+    compute = (kernels["kind"] == "kernel").to_numpy()
+    dur = kernels["dur"].to_numpy()
+    in_step = compute & (kernels["step"].to_numpy() >= 0)
+    if in_step.any() and float(dur[in_step].sum()) <= 0:
         raise TraceFormatError(
-            f"the {len(in_step)} kernels inside the steps have zero total duration (durations zero "
+            f"the {int(in_step.sum())} kernels inside the steps have zero total duration (durations zero "
             "or missing): there is no GPU time to share out",
             path=source,
         )
-    longest = timeline.kernels.loc[timeline.kernels["dur"].idxmax()]
+    all_dur = timeline.kernels["dur"]
+    longest_at = int(np.argmax(all_dur.to_numpy()))
+    longest_dur = all_dur.iloc[longest_at]
     recorded = _host_span(timeline)
-    if recorded and float(longest["dur"]) > recorded:
+    if recorded and float(longest_dur) > recorded:
         # The profiler waits for the GPU before it stops: no kernel outlasts the host's record.
+        name = timeline.kernels["name"].iloc[longest_at]
         raise TraceFormatError(
-            f"kernel {str(longest['name'])[:60]!r} lasts {_human(float(longest['dur']))}, longer than "
+            f"kernel {str(name)[:60]!r} lasts {_human(float(longest_dur))}, longer than "
             f"the whole recording ({_human(recorded)} of host events) and so longer than its step: "
             "a corrupt duration",
             path=source,
         )
     warnings = []
-    total = float(compute["dur"].sum())
-    unlaunched = float(compute.loc[compute["launch_start"] < 0, "dur"].sum()) / total if total > 0 else 0.0
+    total = float(dur[compute].sum())
+    unlaunched = (
+        float(dur[compute & (kernels["launch_start"].to_numpy() < 0)].sum()) / total if total > 0 else 0.0
+    )
     if unlaunched > MISSING_WARN:
         warnings.append(
             f"{unlaunched:.0%} of kernel time has no launch in the trace (kernels without a "
@@ -150,15 +159,17 @@ def check_kernel_in_step(kernels: pd.DataFrame, walls_ns: Any) -> list[str]:
     """A kernel inside the steps that lasts longer than the longest step: the steps' host
     ranges do not bound the GPU's work (nothing in the step waits for it), so the shares of a
     step are shares of a window the GPU outran."""
-    compute = kernels[(kernels["kind"] == "kernel") & (kernels["step"] >= 0)]
-    if compute.empty or not len(walls_ns):
+    compute = np.flatnonzero((kernels["kind"] == "kernel").to_numpy() & (kernels["step"].to_numpy() >= 0))
+    if not len(compute) or not len(walls_ns):
         return []
-    longest = compute.loc[compute["dur"].idxmax()]
+    dur = kernels["dur"].to_numpy()
+    longest = int(compute[np.argmax(dur[compute])])
     widest = float(max(walls_ns))
-    if widest <= 0 or float(longest["dur"]) <= widest:
+    if widest <= 0 or float(dur[longest]) <= widest:
         return []
+    name = kernels["name"].iloc[longest]
     return [
-        f"kernel {str(longest['name'])[:60]!r} lasts {_human(float(longest['dur']))}, longer than the longest "
+        f"kernel {str(name)[:60]!r} lasts {_human(float(dur[longest]))}, longer than the longest "
         f"step ({_human(widest)}): the steps' host ranges do not bound the GPU's work (nothing in a step "
         "waits for it), so shares of the step can exceed what the step shows"
     ]

@@ -6,8 +6,8 @@ benchmark table measured faster on this GPU, else SDPA's fastest measured backen
 from __future__ import annotations
 
 from kerneltriage.analysis.attention_rates import (
-    HOW,
     attention_rates,
+    how,
 )
 from kerneltriage.analysis.gpus import GPUSpec, attention_perf
 from kerneltriage.analysis.model import Candidate
@@ -40,7 +40,7 @@ def choose_attention(c: Candidate, rec: Recommendation, gpu: GPUSpec) -> tuple[s
             rate=rate,
             head_dim=rates.head_dim,
             seq_len=rates.seq_len,
-            how=HOW[best],
+            how=how(best),
         )
     sdpa, built = perf
     if built > sdpa:

@@ -4,29 +4,82 @@ causality and sequence length: interpolated between measured lengths, never extr
 
 A library attention kernel is judged against the best backend measured on its GPU for the
 nearest row, never against the GEMM peak: FlashAttention-2 on an H100 runs at about 300
-TFLOP/s forward where cuDNN's fused SDPA runs at 450–600, and both are far from 989.
+TFLOP/s forward where cuDNN's fused SDPA runs at 450–600, and both are far from 989. The
+backends (section ``backends``: the kernel library each one is, how to ask PyTorch for it) and
+the first-principles fraction are the same file's; it is validated as it is read.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Literal
 
-from kerneltriage.resources import load_yaml
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
-#: Kernel library (kernel_classes.yaml) → backend name in the rates table.
-BACKENDS = {
-    "FlashAttention": "flash",
-    "cuDNN": "cudnn",
-    "xFormers": "efficient",
-}
+from kerneltriage.validation import load_shipped
 
-#: How to ask PyTorch for a backend (torch.nn.attention.sdpa_kernel).
-HOW = {
-    "cudnn": "SDPA's cuDNN backend: with torch.nn.attention.sdpa_kernel(SDPBackend.CUDNN_ATTENTION)",
-    "flash": "SDPA's FlashAttention backend: with torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION)",
-    "efficient": "SDPA's memory-efficient backend: with torch.nn.attention.sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION)",
-    "kerneltriage": "kerneltriage.kernels.flash_attention",
-}
+
+class _Backend(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    library: StrictStr | None  # the kernel library (kernel_classes.yaml) whose kernels it is
+    how: StrictStr  # how to ask PyTorch for it
+
+
+class _Row(BaseModel):
+    """One measured case: [forward, backward] TFLOP/s of each backend measured there."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    head_dim: StrictInt
+    causal: StrictBool
+    seq_len: StrictInt = Field(gt=0)
+
+
+class _Rates(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    source: StrictStr
+    rows: tuple[_Row, ...]
+
+
+class _FirstPrinciples(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    fused_fraction: float = Field(gt=0.0, le=1.0)
+    source: StrictStr
+
+
+class _AttentionPerf(BaseModel):
+    # ``measured`` and ``gpus`` (SDPA against the built-in) are read by ``gpus.attention_perf``.
+    model_config = ConfigDict(extra="allow", frozen=True)
+    schema_: Literal["kerneltriage.attention_perf/1"] = Field(alias="schema")
+    backends: dict[StrictStr, _Backend]
+    rates: dict[StrictStr, _Rates]
+    first_principles: _FirstPrinciples
+
+    @model_validator(mode="after")
+    def _rows_name_backends(self) -> _AttentionPerf:
+        for key, entry in self.rates.items():
+            for i, row in enumerate(entry.rows):
+                for name, pair in (row.model_extra or {}).items():
+                    if name not in self.backends:
+                        raise ValueError(f"rates.{key}.rows[{i}]: {name!r} is not one of the backends")
+                    if not (isinstance(pair, list) and len(pair) == 2 and all(x > 0 for x in pair)):
+                        raise ValueError(f"rates.{key}.rows[{i}].{name}: [forward, backward] TFLOP/s")
+        return self
+
+
+@functools.cache
+def _perf() -> _AttentionPerf:
+    return load_shipped(_AttentionPerf, "attention_perf.yaml")
+
+
+def backend_of(library: str | None) -> str | None:
+    """The backend of the rates table a kernel library's attention kernels are (None: none)."""
+    return next((name for name, b in _perf().backends.items() if library and b.library == library), None)
+
+
+def how(backend: str) -> str:
+    """How to ask PyTorch for ``backend`` (``torch.nn.attention.sdpa_kernel``), or the built-in."""
+    return _perf().backends[backend].how
 
 
 @dataclass(frozen=True)
@@ -54,14 +107,11 @@ class AttentionRates:
 
 
 def _rows(gpu_key: str, head_dim: int, causal: bool) -> tuple[list[dict], str]:
-    table = (load_yaml("attention_perf.yaml") or {}).get("rates") or {}
-    entry = table.get(gpu_key) or {}
-    rows = [
-        r
-        for r in entry.get("rows") or []
-        if int(r.get("head_dim", -1)) == head_dim and bool(r.get("causal")) == causal
-    ]
-    return sorted(rows, key=lambda r: int(r["seq_len"])), str(entry.get("source", ""))
+    entry = _perf().rates.get(gpu_key)
+    if entry is None:
+        return [], ""
+    rows = [r.model_dump() for r in entry.rows if r.head_dim == head_dim and r.causal == causal]
+    return sorted(rows, key=lambda r: int(r["seq_len"])), entry.source
 
 
 def measured_range(gpu_key: str, head_dim: int, causal: bool) -> tuple[int, int] | None:
@@ -93,7 +143,7 @@ def attention_rates(
     lo = hi if lengths[hi] == seq_len else hi - 1
     t = 0.0 if lo == hi else (seq_len - lengths[lo]) / (lengths[hi] - lengths[lo])
     rates = {}
-    for backend in (*BACKENDS.values(), "kerneltriage"):
+    for backend in _perf().backends:
         a, b = rows[lo].get(backend), rows[hi].get(backend)
         if not a or not b:
             continue
@@ -114,5 +164,5 @@ class FirstPrinciples:
 
 
 def first_principles() -> FirstPrinciples:
-    entry = (load_yaml("attention_perf.yaml") or {}).get("first_principles") or {}
-    return FirstPrinciples(float(entry.get("fused_fraction", 0.6)), str(entry.get("source", "")))
+    entry = _perf().first_principles
+    return FirstPrinciples(entry.fused_fraction, entry.source)

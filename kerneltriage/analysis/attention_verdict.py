@@ -21,11 +21,11 @@ from kerneltriage.analysis.attention_ceilings import (
     set_first_principles,
 )
 from kerneltriage.analysis.attention_rates import (
-    BACKENDS,
-    HOW,
     AttentionRates,
     attention_rates,
+    backend_of,
     first_principles,
+    how,
     measured_range,
 )
 from kerneltriage.analysis.conditions import shown_headroom
@@ -51,7 +51,7 @@ def library_attention(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
     case = library_attention_case(c)
     kernel = next((k.full_name for k in c.kernels if rules.kernel_kind(k.full_name) == "attention"), None)
     library = rules.kernel_class(kernel).library if kernel else None
-    lib = LibraryRate(library or "library", BACKENDS.get(library or ""), 0.0)
+    lib = LibraryRate(library or "library", backend_of(library), 0.0)
     rates = None
     if case is not None:
         head_dim, seq_len, causal, flops = case
@@ -121,7 +121,7 @@ def _switch_backend(
         and lib.achieved >= cut.switch_min_rate * this
     ):
         return False
-    c.verdict, c.builtin = Verdict.USE_BUILTIN, HOW[best_name]
+    c.verdict, c.builtin = Verdict.USE_BUILTIN, how(best_name)
     c.reason = Reason.FASTER_BACKEND.text(
         backend=best_name, best=best, this=this, current=lib.backend, basis=rates.basis
     )
@@ -157,7 +157,7 @@ def _switch_below_the_table(
     )
     if not (this and everywhere and best_name != lib.backend and best >= rules.cutoffs.switch_ratio * this):
         return False
-    c.verdict, c.builtin = Verdict.USE_BUILTIN, HOW[best_name]
+    c.verdict, c.builtin = Verdict.USE_BUILTIN, how(best_name)
     basis = f"S={shortest}, the shortest row (S={case[1]} is shorter; {best_name} is faster at every length measured)"
     c.reason = Reason.FASTER_BACKEND.text(
         backend=best_name, best=best, this=this, current=lib.backend, basis=basis

@@ -6,6 +6,9 @@ demangled C++ signatures, plain symbols (``nvjet_…``, ``Cijk_…``, Triton ker
 names (``_ZN5aiter…``); a mangled name is also tried in a light demangled form
 (``aiter::add_rmsnorm_quant_kernel``) so one pattern covers both spellings.
 
+What a name says beyond its class (FP32 SIMT, tensor-core, CUTLASS's unaligned variants, a
+backward kernel, a template's data type) is the table's ``traits``, read by ``has_trait``.
+
 Pure: no torch, no pandas. The YAML is read once per process, each name classified once.
 """
 
@@ -22,6 +25,16 @@ from kerneltriage.resources import data_path, load_yaml
 SCHEMA = "kerneltriage.kernel_classes/1"
 FILE = "kernel_classes.yaml"
 ACTIVITIES = ("kernel", "memcpy", "memset")
+#: What a kernel's name says beyond its class (``traits``), as the verdicts' advice reads it.
+TRAITS = (
+    "fp32_simt",
+    "fp32_template",
+    "tensor_op",
+    "unaligned",
+    "backward",
+    "half_template",
+    "float_template",
+)
 _FLAGS = {"ignorecase": re.IGNORECASE}
 
 
@@ -57,6 +70,7 @@ class _Table:
     libraries: tuple[_Library, ...]
     vendor: dict[str, bool]
     entries: tuple[_Entry, ...]
+    traits: dict[str, tuple[re.Pattern[str], ...]]
 
 
 def _fail(message: str) -> RulesError:
@@ -110,7 +124,15 @@ def _table() -> _Table:
         if not patterns:
             raise _fail(f"{where}: needs at least one pattern")
         entries.append(_Entry(item["kind"], library, activity, patterns))
-    return _Table(tuple(kinds), tuple(libraries), vendor, tuple(entries))
+    traits = raw.get("traits")
+    if not isinstance(traits, dict) or set(traits) != set(TRAITS):
+        raise _fail(f"traits must be a mapping of exactly {', '.join(TRAITS)}")
+    compiled = {}
+    for name, item in traits.items():
+        if not isinstance(item, dict) or not isinstance(item.get("source"), str):
+            raise _fail(f"traits.{name}: needs patterns and a source")
+        compiled[name] = _compile(item.get("patterns"), item.get("flags"), f"traits.{name}")
+    return _Table(tuple(kinds), tuple(libraries), vendor, tuple(entries), compiled)
 
 
 _SOURCE_NAME = re.compile(r"(\d+)")
@@ -194,3 +216,9 @@ def _vendor(table: _Table, library: str | None) -> bool:
 def known_kinds() -> tuple[str, ...]:
     """Every kind ``classify_kernel`` can return, in the table's order."""
     return _table().kinds
+
+
+@lru_cache(maxsize=1 << 14)
+def has_trait(name: str, trait: str) -> bool:
+    """Whether a kernel's name shows ``trait`` (one of ``TRAITS``, ``kernel_classes.yaml``)."""
+    return any(p.search(name) for p in _table().traits[trait])

@@ -14,26 +14,16 @@ from kerneltriage.analysis.estimate import (
 )
 from kerneltriage.analysis.gemm_shapes import gemm_dims
 from kerneltriage.analysis.gpus import GPUSpec
+from kerneltriage.analysis.kernel_classes import has_trait
 from kerneltriage.analysis.model import Candidate, Condition
 from kerneltriage.analysis.rules import Rules
 from kerneltriage.analysis.vocabulary import Reason, Verdict
 
-_FP32_SIMT = re.compile(r"(^|[_:\s])(sgemm|scudnn|sgemv)", re.IGNORECASE)
-
-
-# cuDNN's generic engines say their type in the template: dgrad_engine<float, …>.
-_FP32_TEMPLATE = re.compile(r"<float\s*,")
-
-
-_TENSOR_OP = re.compile(
-    r"tensorop|hmma|xmma|h884|h1688|s1688|s16816|i8816|bf16|f16|half|wgmma", re.IGNORECASE
-)
-
 
 def _fp32_simt(k) -> bool:
-    if _TENSOR_OP.search(k.full_name):
+    if has_trait(k.full_name, "tensor_op"):
         return False
-    return bool(_FP32_SIMT.search(k.name) or _FP32_TEMPLATE.search(k.full_name))
+    return has_trait(k.name, "fp32_simt") or has_trait(k.full_name, "fp32_template")
 
 
 def library_advice(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
@@ -72,9 +62,6 @@ def library_advice(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
         c.note = "; ".join([c.note, *advice]) if c.note else "; ".join(advice)
 
 
-_ALIGN = re.compile(r"align(1|2)\b|_align(1|2)(?!\d)", re.IGNORECASE)
-
-
 def _alignment_advice(c: Candidate) -> list[str]:
     """GEMM dimensions the tensor cores' aligned kernels cannot take: N or K not a multiple of
     8 (16-bit operands, 16 bytes) or 4 (fp32 / TF32), or kernels named ``align1`` / ``align2``
@@ -83,7 +70,7 @@ def _alignment_advice(c: Candidate) -> list[str]:
     its ceiling."""
 
     total = sum(k.time_ms_per_step for k in c.kernels) or 1.0
-    unaligned = sum(k.time_ms_per_step for k in c.kernels if _ALIGN.search(k.full_name))
+    unaligned = sum(k.time_ms_per_step for k in c.kernels if has_trait(k.full_name, "unaligned"))
     d = gemm_dims(c)
     if d is None:
         if unaligned >= 0.5 * total:
@@ -139,9 +126,6 @@ def _alignment_advice(c: Candidate) -> list[str]:
 _CONV_OPS = re.compile(r"^aten::(conv\d?d|convolution|_convolution|cudnn_convolution)$")
 
 
-_BACKWARD_KERNEL = re.compile(r"dgrad|wgrad|backward|grad_weight|grad_input|bprop", re.IGNORECASE)
-
-
 def _depthwise(c: Candidate) -> tuple[int, list[int]] | None:
     """(channels, kernel size) of a depthwise convolution (groups = input channels, one input
     channel per filter), from its recorded op."""
@@ -165,9 +149,7 @@ def _depthwise_advice(c: Candidate, rules: Rules) -> list[str]:
     if dw is None:
         return []
     total = sum(k.time_ms_per_step for k in c.kernels) or 1.0
-    bwd = sum(
-        k.time_ms_per_step for k in c.kernels if _BACKWARD_KERNEL.search(k.full_name) or k.phase == "bwd"
-    )
+    bwd = sum(k.time_ms_per_step for k in c.kernels if has_trait(k.full_name, "backward") or k.phase == "bwd")
     channels, size = dw
     what = f"depthwise {'×'.join(map(str, size))} convolution over {channels} channels"
     if bwd < 0.5 * total:

@@ -26,6 +26,7 @@ from kerneltriage.analysis.estimate import (
     kernel_precision,
 )
 from kerneltriage.analysis.gpus import GPUSpec
+from kerneltriage.analysis.kernel_classes import has_trait
 from kerneltriage.analysis.model import Candidate
 from kerneltriage.analysis.rules import Rules
 from kerneltriage.analysis.verdict_steps import (
@@ -36,12 +37,6 @@ from kerneltriage.analysis.vocabulary import Reason, Verdict
 _SDPA_OPS = re.compile(r"^aten::(_?scaled_dot_product_attention(_math)?)$")
 
 
-_FLOAT_TEMPLATE = re.compile(r"<float\b|\bfloat\s*>|_f32_|\bsgemm|\bfp32\b", re.IGNORECASE)
-
-
-_HALF_TEMPLATE = re.compile(r"BFloat16|bfloat16|\bbf16|c10::Half|\bhalf\b|\bfp16|\bf16", re.IGNORECASE)
-
-
 def _kernel_unit_name(name: str) -> str | None:
     """The precision a kernel of an unfused attention runs in, from its name: a GEMM's or
     convolution's name (``kernel_classes.yaml`` precisions), else the template type of a
@@ -49,9 +44,9 @@ def _kernel_unit_name(name: str) -> str | None:
     unit = kernel_precision(name)
     if unit is not None:
         return unit
-    if _HALF_TEMPLATE.search(name):
+    if has_trait(name, "half_template"):
         return "bf16"
-    if _FLOAT_TEMPLATE.search(name):
+    if has_trait(name, "float_template"):
         return "fp32"
     return None
 

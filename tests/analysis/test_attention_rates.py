@@ -37,3 +37,26 @@ def test_training_rates_combine_forward_and_backward():
     r = attention_rates("H100-SXM", 128, True, 4096, backward=True)
     fwd, bwd = 537, 432
     assert r.rates["cudnn"] == pytest.approx(3.5 / (1 / fwd + 2.5 / bwd))
+
+
+def test_the_backends_come_from_the_table_with_how_to_ask_for_them():
+    from kerneltriage.analysis.attention_rates import backend_of, how
+
+    assert backend_of("FlashAttention") == "flash" and backend_of("cuDNN") == "cudnn"
+    assert backend_of("Inductor") is None and backend_of(None) is None
+    assert how("cudnn").endswith("sdpa_kernel(SDPBackend.CUDNN_ATTENTION)")
+    assert how("kerneltriage") == "kerneltriage.kernels.flash_attention"
+
+
+def test_a_row_naming_an_unknown_backend_is_refused():
+    from pydantic import ValidationError
+
+    from kerneltriage.analysis.attention_rates import _AttentionPerf
+    from kerneltriage.resources import load_yaml
+
+    data = dict(load_yaml("attention_perf.yaml"))
+    data["rates"] = {
+        "X": {"source": "s", "rows": [{"head_dim": 64, "causal": False, "seq_len": 1, "magic": [1, 2]}]}
+    }
+    with pytest.raises(ValidationError, match="not one of the backends"):
+        _AttentionPerf.model_validate(data)

@@ -395,3 +395,30 @@ def test_table_data_is_declared_and_sourced():
     assert {lib.name for lib in _table().libraries if lib.vendor} == VENDOR | {
         "xFormers", "FlashInfer", "Transformer Engine", "DeepGEMM", "Marlin", "Liger", "cuFFT", "RCCL",
     }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "trait", "has"),
+    [
+        ("ampere_sgemm_128x64_nn", "fp32_simt", True),
+        ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4>", "tensor_op", True),
+        ("void cudnn::detail::dgrad_engine<float, 128, 6, 7, 3, 3, 5, true>(int)", "fp32_template", True),
+        ("cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x1_tn_align2", "unaligned", True),
+        ("cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x1_tn_align8", "unaligned", False),
+        ("void cudnn::engines_precompiled::wgrad_alg0_engine<float>", "backward", True),
+        ("void (anonymous namespace)::softmax_warp_forward<c10::BFloat16, float>", "half_template", True),
+        ("void (anonymous namespace)::softmax_warp_forward<float, float, float, 10>", "float_template", True),
+    ],
+)
+def test_traits_read_what_a_name_says_beyond_its_class(name, trait, has):
+    from kerneltriage.analysis.kernel_classes import has_trait
+
+    assert has_trait(name, trait) is has
+
+
+def test_every_trait_is_declared_with_its_source():
+    from kerneltriage.analysis.kernel_classes import TRAITS
+
+    traits = load_yaml("kernel_classes.yaml")["traits"]
+    assert tuple(traits) == TRAITS
+    assert all(t["source"] and t["patterns"] for t in traits.values())

@@ -321,9 +321,10 @@ def _own_places(uniques: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
 def attribute(tl: Timeline, marker: str | None = None) -> Attribution:
     cpu = tl.cpu
     n = len(cpu)
-    names = cpu["name"].astype(str).to_numpy()
     codes, uniques = pd.factorize(cpu["name"])
     uniques = np.asarray(uniques, dtype=object)
+    # One string object per distinct name, shared by its rows (a missing name is NaN).
+    names = np.append(uniques, np.nan)[codes]
     framing = _mask_of(codes, uniques, lambda x: _FRAMING.match(str(x)))
     cat = cpu["cat"].to_numpy()
     is_op = (cat == "cpu_op") & ~framing
@@ -486,7 +487,7 @@ def _join_launches(
     tl, is_op, parent, root, fwd_of, is_bwd_root, optimizer, module, region, steps
 ) -> pd.DataFrame:
     cpu = tl.cpu
-    k = tl.kernels.copy()
+    k = tl.kernels.copy(deep=False)  # the columns added below are the attribution's own
     rt = tl.runtime.drop_duplicates(subset=["correlation"], keep="first")
     rt = rt[rt["correlation"] >= 0].set_index("correlation")
     launch = rt.reindex(k["correlation"].to_numpy())

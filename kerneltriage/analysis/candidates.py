@@ -32,7 +32,7 @@ def build_candidate(
     rules: Rules,
 ) -> Candidate:
     """The candidate of group ``g``: its time per step, kernels, roofline and shapes."""
-    k = attr.kernels.loc[g.kernel_index]
+    k = attr.kernels.take(g.kernel_index)
     _follow_kernels(g, k, rules)
     total_ns = float(k["dur"].sum())
     per_step_ms = total_ns / n_steps / 1e6
@@ -109,13 +109,15 @@ def _follow_kernels(g: Group, k: pd.DataFrame, rules: Rules) -> None:
     total = float(k["dur"].sum())
     if not total:
         return
-    kinds = [rules.kernel_kind(n, a) for n, a in zip(k["name"].tolist(), k["kind"].tolist())]
-    libs = [rules.kernel_class(n, a) for n, a in zip(k["name"].tolist(), k["kind"].tolist())]
+    # Classed once per distinct (name, activity), summed in launch order.
+    pairs = list(zip(k["name"].tolist(), k["kind"].tolist()))
+    classes = {pair: (rules.kernel_kind(*pair), rules.kernel_class(*pair)) for pair in dict.fromkeys(pairs)}
     dur = k["dur"].to_numpy(dtype=float)
     by_kind: dict[str, float] = {}
     by_lib: dict[str, float] = {}
     vendor = 0.0
-    for kind, cls, d in zip(kinds, libs, dur):
+    for pair, d in zip(pairs, dur):
+        kind, cls = classes[pair]
         by_kind[kind] = by_kind.get(kind, 0.0) + d
         if cls.library:
             by_lib[cls.library] = by_lib.get(cls.library, 0.0) + d

@@ -230,8 +230,8 @@ def _group_forward_ops(
     starts = timeline.cpu["start"].to_numpy()
     row_group: dict[tuple[int, int], tuple] = {}
     compute_types = _compute_types(timeline, attr, set(fwd["fwd_root"].unique().tolist()), rules)
-    for step, frame in fwd.groupby("step"):
-        rows = sorted(set(frame["fwd_root"].tolist()), key=lambda r: starts[r])
+    for step, roots in _split_by(fwd["step"].to_numpy(), fwd["fwd_root"].to_numpy()):
+        rows = sorted(set(roots.tolist()), key=lambda r: starts[r])
         ops = []
         for r in rows:
             kind, boundary = kinds.kind(r)

@@ -76,12 +76,19 @@ def _estimate_total(g: Group, k: pd.DataFrame, sms: int = 0) -> tuple[Work | Non
     )
     total_bytes = total_flops = filled_flops = 0.0
     precision = None
+    # Instances share their shapes (the trace interns argument lists): each is estimated once.
+    known: dict[tuple, Work | None] = {}
     for step, seg in g.segments:
         if seg.level == "region":
             fwd = seg.ideal
         else:
             op = seg.ops[0]
-            fwd = estimate.op_work(seg.kind, op.name, op.dims, op.types, op.concrete, op.compute_type)
+            key = (seg.kind, op.name, id(op.dims), id(op.types), id(op.concrete), op.compute_type)
+            if key not in known:
+                known[key] = estimate.op_work(
+                    seg.kind, op.name, op.dims, op.types, op.concrete, op.compute_type
+                )
+            fwd = known[key]
         if fwd is None:
             return None, 1.0
         precision = fwd.precision

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+import numpy as np
 import pandas as pd
 
 from kerneltriage.analysis.estimate import tensor_inputs
@@ -25,22 +26,16 @@ def candidate_shapes(g: Group, k: pd.DataFrame) -> Shapes:
     counts: Counter = Counter()
     fallback = False
     if g.segments:
-        seg_time: dict[tuple[int, int], float] = defaultdict(float)
-        launches: dict[tuple[int, int], list[tuple]] = defaultdict(list)
-        config_columns = [
-            k[c].tolist() for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
-        ]
         # An Inductor kernel's instance is its launch (anchored on its launch record).
         compiled = bool(g.attrs.get("inductor"))
-        for step, fr, root, op, dur, *cfg in zip(
-            k["step"], k["fwd_root"], k["root"], k["op"], k["dur"], *config_columns
-        ):
-            anchor = int(op) if compiled else int(fr) if fr >= 0 else int(root)
-            seg_time[(int(step), anchor)] += float(dur)
-            if cfg[0] >= 0:
-                launches[(int(step), anchor)].append(tuple(int(c) for c in cfg))
-        for step, seg in g.segments:
-            sig = _signature(seg)
+        fr, root = k["fwd_root"].to_numpy(), k["root"].to_numpy()
+        anchors = k["op"].to_numpy() if compiled else np.where(fr >= 0, fr, root)
+        steps = k["step"].to_numpy()
+        sums = pd.Series(k["dur"].to_numpy()).groupby([steps, anchors]).sum()
+        seg_time = dict(zip(sums.index.tolist(), map(float, sums.tolist())))
+        signatures = [_signature(seg) for _, seg in g.segments]
+        launches = _launch_configs(k, steps, anchors) if not all(signatures) else {}
+        for (step, seg), sig in zip(g.segments, signatures):
             if not sig:
                 # No recorded shapes (Nsight Systems without emit_nvtx shapes): judge stability
                 # from the launch configurations instead.
@@ -73,6 +68,18 @@ def candidate_shapes(g: Group, k: pd.DataFrame) -> Shapes:
         and not any(v.endswith("[-1]") for v in varying),
         from_launch_config=fallback or not g.segments,
     )
+
+
+def _launch_configs(
+    k: pd.DataFrame, steps: np.ndarray, anchors: np.ndarray
+) -> dict[tuple[int, int], list[tuple[int, ...]]]:
+    """Each instance's launch configurations (grid and block), in launch order."""
+    launches: dict[tuple[int, int], list[tuple[int, ...]]] = defaultdict(list)
+    columns = [k[c].tolist() for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")]
+    for step, anchor, *cfg in zip(steps.tolist(), anchors.tolist(), *columns):
+        if cfg[0] >= 0:
+            launches[(step, anchor)].append(tuple(cfg))
+    return launches
 
 
 def _signature(seg: Segment) -> tuple:

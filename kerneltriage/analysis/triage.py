@@ -94,11 +94,10 @@ def triage(
     return check_report(report, timeline, attr.steps)  # nothing impossible is rendered
 
 
-def _in_step_kernels(attr: Attribution, timeline: Timeline) -> pd.DataFrame:
-    """The attributed kernels inside the active steps; none is a trace error."""
-    kernels = attr.kernels
-    in_step = kernels[kernels["step"] >= 0]
-    if in_step.empty:
+def _in_step_kernels(attr: Attribution, timeline: Timeline) -> np.ndarray:
+    """Rows of the attributed kernels inside the active steps; none is a trace error."""
+    in_step = np.flatnonzero(attr.kernels["step"].to_numpy() >= 0)
+    if not len(in_step):
         raise TraceFormatError(
             "no GPU kernel was launched inside the active steps "
             f"({len(attr.steps)} step(s) found from {attr.step_source})",
@@ -221,7 +220,7 @@ def _say_unsteady(plain: steady.Steady, warnings: list[str]) -> None:
 def _candidates(
     timeline: Timeline,
     attr: Attribution,
-    in_step: pd.DataFrame,
+    in_step: np.ndarray,
     join: JoinResult | None,
     counters: Counters | None,
     gpu: GPUSpec | None,
@@ -234,7 +233,7 @@ def _candidates(
     # Shares are of the step without its single stalls: a one-off must not dilute them all.
     share_step_ms = steps.idle.share_step_ms
     groups = group_candidates(timeline, attr, rules)
-    raised = raised_roofs(in_step, join.row, counters, gpu) if join is not None else []
+    raised = raised_roofs(attr.kernels.take(in_step), join.row, counters, gpu) if join is not None else []
     if raised:
         # A kernel measured above its roof: the roof was wrong. Raise it before placing anything.
         assert gpu is not None  # roofs to raise are a GPU's
@@ -268,7 +267,7 @@ def _compiled(
 def _assemble_report(
     timeline: Timeline,
     attr: Attribution,
-    in_step: pd.DataFrame,
+    in_step: np.ndarray,
     gpu: GPUSpec | None,
     rules: Rules,
     source: dict[str, Any],
@@ -279,10 +278,15 @@ def _assemble_report(
     warnings: list[str],
 ) -> Report:
     n_steps, step_ms, busy_ms, gaps = steps.n_steps, steps.step_ms, steps.busy_ms, steps.gaps
-    unattributed = in_step[(in_step["op"] < 0) & in_step["module"].isna() & in_step["region"].isna()]
+    k = attr.kernels
+    unattributed = in_step[
+        (k["op"].to_numpy()[in_step] < 0)
+        & k["module"].isna().to_numpy()[in_step]
+        & k["region"].isna().to_numpy()[in_step]
+    ]
     early_ms = unlaunched_busy_ns(attr) / n_steps / 1e6
     # Work launched before the profiled window that runs inside the steps has no op either.
-    unattributed_ms = float(unattributed["dur"].sum()) / n_steps / 1e6 + early_ms
+    unattributed_ms = float(k["dur"].to_numpy()[unattributed].sum()) / n_steps / 1e6 + early_ms
     return Report(
         gpu=gpu,
         source=source,
@@ -423,20 +427,10 @@ def step_walls(attr: Attribution) -> list[int]:
     With an asynchronous GPU the CPU range says little: a script that never synchronizes
     launches steps ahead of the GPU (its ranges are short), and one that synchronizes spends
     its range waiting for the previous step. The GPU period runs from the step's first kernel
-    to the next step's first kernel (the last step: to its last kernel's end).
+    to the next step's first kernel (the last step: to its last kernel's end): the length of
+    the step's window (``attribution.step_windows``).
     """
-    k = attr.kernels[attr.kernels["step"] >= 0]
-    first = k.groupby("step")["start"].min().to_dict()
-    last = (k["start"] + k["dur"]).groupby(k["step"]).max().to_dict()
-    walls = []
-    for i, s in enumerate(attr.steps):
-        if s.index not in first:
-            walls.append(s.dur)
-            continue
-        nxt = attr.steps[i + 1].index if i + 1 < len(attr.steps) else None
-        end = first.get(nxt) if nxt is not None and nxt in first else last[s.index]
-        walls.append(max(s.dur, int(end - first[s.index])))
-    return walls
+    return [end - start for start, end in attr.windows]
 
 
 def require_gpu_activity(timeline: Timeline) -> None:

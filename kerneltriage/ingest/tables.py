@@ -75,8 +75,16 @@ GPU_ANNOTATION_COLUMNS: dict[str, str] = {
 }
 
 
+#: The text columns' dtype: pandas' ``str``, its values kept as Python strings. The readers
+#: intern names, so a million rows of one kernel share one string; pyarrow's storage (pandas'
+#: default when it is installed) would copy every name into the table (0.14 GB of kernel
+#: names for a 1 GB trace) and again into every row selection.
+TEXT = pd.StringDtype("python", na_value=np.nan)
+
+
 def frame(columns: Mapping[str, list[Any] | np.ndarray], spec: dict[str, str]) -> pd.DataFrame:
-    """Build a DataFrame with exactly ``spec``'s columns and dtypes (missing columns → empty)."""
+    """Build a DataFrame with exactly ``spec``'s columns and dtypes (missing columns → empty;
+    ``object`` columns hold text, as ``TEXT``)."""
     n = len(next(iter(columns.values()))) if columns else 0
     data = {}
     for name, dtype in spec.items():
@@ -86,7 +94,7 @@ def frame(columns: Mapping[str, list[Any] | np.ndarray], spec: dict[str, str]) -
         if dtype == "object":
             array = np.empty(n, dtype=object)
             array[:] = values
-            data[name] = array
+            data[name] = pd.array(array, dtype=TEXT)
         else:
             data[name] = np.asarray(values, dtype=dtype)
     return pd.DataFrame(data, columns=list(spec))

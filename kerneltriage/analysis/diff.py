@@ -215,7 +215,8 @@ def ladder(
             row["applied_with"] = [r["id"] for r in members if r is not row]
     firsts = [members[0] for members in groups.values()]
     unmeasured = [r["id"] for r in firsts if r["realized_saving_share"] is None]
-    sum_realized = sum(r["realized_saving_share"] or 0.0 for r in firsts)
+    measured = [r["realized_saving_share"] for r in firsts if r["realized_saving_share"] is not None]
+    sum_realized = sum(measured) if measured else None  # None: no fix was measured alone
     sum_predicted = sum(r["predicted_saving_share"] or 0.0 for r in firsts)
     step_b, step_a = before.step_time_ms, after.step_time_ms
     combined = (step_b - step_a) / step_b if step_b else 0.0

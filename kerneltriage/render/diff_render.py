@@ -86,10 +86,16 @@ def ladder_combined_text(d: Diff) -> str:
     """The fixes together (the step time before → after) against the sum of their savings alone."""
     lad = d.ladder or {}
     s = d.step_time_ms
+    alone = lad["sum_realized_saving_share"]
+    if alone is None:
+        apart = "none was measured alone (verify)"
+    elif lad["unmeasured"]:
+        apart = f"those measured alone sum to {pct(alone)} (verify)"
+    else:
+        apart = f"alone they sum to {pct(alone)} (verify)"
     text = (
         f"together: {saving_text(lad['combined_realized_saving_share'])} of the step "
-        f"({ms(s['before'])} → {ms(s['after'])}); alone they sum to {pct(lad['sum_realized_saving_share'])} "
-        f"(verify), predicted {pct(lad['sum_predicted_saving_share'])}"
+        f"({ms(s['before'])} → {ms(s['after'])}); {apart}, predicted {pct(lad['sum_predicted_saving_share'])}"
     )
     inter = lad.get("interaction_share")
     if inter is None:

@@ -149,9 +149,10 @@ def test_ceilings_from_different_sources_are_flagged():
 # --- the second rung: AFTER profiled with BEFORE's verified fixes (profile --apply) -----------
 
 
-def _ladder_pair(tmp_path):
+def _ladder_pair(tmp_path, measured: bool = True):
     """gpt-naive-h200 with a verify.json (C1 verified; C4 and C5 one norm swap, measured in one
-    run) → gpt-sdpa-h200 as if profiled with those fixes applied."""
+    run) → gpt-sdpa-h200 as if profiled with those fixes applied. ``measured=False``: the fixes
+    were named by hand, none measured alone."""
     import shutil
 
     from kerneltriage import rundir
@@ -167,6 +168,8 @@ def _ladder_pair(tmp_path):
         ("C4", "builtin-norm", norm, 0.0583, 0.05),
         ("C5", "builtin-norm", norm, 0.0583, 0.05),
     ]
+    if not measured:
+        entries = [(cid, rid, apply, p, None) for cid, rid, apply, p, _ in entries]
     settings = {"repeats": 3, "warmup": 3, "steps": 10, "loss_steps": 3, "loss_rtol": 0.005, "seed": 0}
     record.write(
         first,
@@ -234,6 +237,16 @@ def test_the_fixes_applied_after_are_set_against_their_savings_alone(tmp_path):
         lad["combined_realized_saving_share"] == pytest.approx(combined) == pytest.approx(d.step_saving_share)
     )
     assert lad["interaction_share"] == pytest.approx(combined - 0.68)  # they overlap: < 0
+
+
+def test_fixes_none_measured_alone_are_not_summed_as_zero(tmp_path):
+    first, second = _ladder_pair(tmp_path, measured=False)
+    d = compare(build_report(first), build_report(second), (str(first), str(second)))
+    assert d.ladder is not None and d.ladder["sum_realized_saving_share"] is None
+    assert d.ladder["interaction_share"] is None and d.ladder["unmeasured"] == ["C1", "C4"]
+    out = " ".join(CliRunner().invoke(main, ["diff", str(first), str(second)]).output.split())
+    assert "none was measured alone (verify), predicted 71.1%; not measured alone: C1, C4" in out
+    assert "sum to 0.0%" not in out
 
 
 def test_every_diff_format_shows_the_fixes_and_their_combination(tmp_path):

@@ -8,11 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kerneltriage.analysis.attention_rates import (
-    AttentionRates,
-    attention_rates,
-    measured_range,
-)
+from kerneltriage.analysis.attention_rates import AttentionRates, attention_rates, measured_range
 from kerneltriage.analysis.conditions import shown_headroom
 from kerneltriage.analysis.estimate import (
     BWD_BYTES,

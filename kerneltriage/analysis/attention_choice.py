@@ -5,10 +5,7 @@ benchmark table measured faster on this GPU, else SDPA's fastest measured backen
 
 from __future__ import annotations
 
-from kerneltriage.analysis.attention_rates import (
-    attention_rates,
-    how,
-)
+from kerneltriage.analysis.attention_rates import attention_rates, how
 from kerneltriage.analysis.gpus import GPUSpec, attention_perf
 from kerneltriage.analysis.model import Candidate
 from kerneltriage.analysis.rules_schema import Recommendation

@@ -29,18 +29,13 @@ from kerneltriage.analysis.attention_rates import (
     measured_range,
 )
 from kerneltriage.analysis.conditions import shown_headroom
-from kerneltriage.analysis.estimate import (
-    TENSOR_PRECISION,
-)
+from kerneltriage.analysis.estimate import TENSOR_PRECISION
 from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.analysis.model import Candidate
 from kerneltriage.analysis.rules import Rules
 from kerneltriage.analysis.sdpa_math_path import math_path, unfused_attention
-from kerneltriage.analysis.verdict_steps import (
-    low_headroom,
-    skip_cold,
-    skip_unstable,
-)
+from kerneltriage.analysis.verdict_data import verdicts
+from kerneltriage.analysis.verdict_steps import low_headroom, skip_cold, skip_unstable
 from kerneltriage.analysis.vocabulary import Reason, Verdict
 
 
@@ -129,7 +124,7 @@ def _switch_backend(
     c.attrs["saving_basis"] = (
         f"share × (1 − {this:.0f}/{best:.0f}): {lib.backend}'s measured rate over {best_name}'s"
     )
-    c.note = f"the same attention through a faster backend on {gpu.name}"
+    c.note = verdicts().attention.faster_backend.format(gpu=gpu.name)
     return True
 
 
@@ -166,7 +161,7 @@ def _switch_below_the_table(
     c.attrs["saving_basis"] = (
         f"share × (1 − {this:.0f}/{best:.0f}): {lib.backend}'s measured rate over {best_name}'s at S={shortest}"
     )
-    c.note = f"the same attention through a faster backend on {gpu.name}"
+    c.note = verdicts().attention.faster_backend.format(gpu=gpu.name)
     return True
 
 
@@ -181,7 +176,7 @@ def _write_library_attention(
     c.verdict = Verdict.WRITE
     c.reason = Reason.BELOW_BEST_RATE.text(achieved=lib.achieved, best=best)
     c.expected_saving_share = c.time_share * (1.0 - lib.achieved / best)
-    c.note = "check the shapes first (tiny head counts or sequence lengths starve any attention kernel)"
+    c.note = verdicts().attention.check_shapes
     return True
 
 
@@ -248,11 +243,7 @@ def _first_principles_attention(c: Candidate, rules: Rules, gpu: GPUSpec, lib: L
         c.verdict = Verdict.WRITE
         c.reason = Reason.BELOW_FIRST_PRINCIPLES.text(achieved=lib.achieved, ceiling=rate / 1e12)
         c.expected_saving_share = c.time_share * (1.0 - 1.0 / (c.headroom or 1.0))
-        c.note = (
-            "first try the other SDPA backends (cuDNN, FlashAttention, memory-efficient) at this shape, and measure "
-            "this GPU at it (no backend rate was measured here); check the shapes (short sequences and few heads "
-            "starve any attention kernel)"
-        )
+        c.note = verdicts().attention.try_backends
         return
     c.verdict = Verdict.SKIP
     if skip_unstable(c):

@@ -7,16 +7,15 @@ gave (a hot skip off the tensor cores is a `use-builtin`).
 
 from __future__ import annotations
 
-import re
+from collections.abc import Callable
 
-from kerneltriage.analysis.estimate import (
-    dtype_bytes,
-)
+from kerneltriage.analysis.estimate import dtype_bytes
 from kerneltriage.analysis.gemm_shapes import gemm_dims
 from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.analysis.kernel_classes import has_trait
 from kerneltriage.analysis.model import Candidate, Condition
 from kerneltriage.analysis.rules import Rules
+from kerneltriage.analysis.verdict_data import verdicts
 from kerneltriage.analysis.vocabulary import Reason, Verdict
 
 
@@ -27,57 +26,61 @@ def _fp32_simt(k) -> bool:
 
 
 def library_advice(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
-    """What a GPU engineer checks first on library GEMMs and convolutions, from their kernels:
-    FP32 SIMT kernels on a GPU with tensor cores, and layout transposes around convolutions."""
-    if c.kind not in ("gemm", "convolution"):
+    """What a GPU engineer checks first on library GEMMs and convolutions, from their kernels
+    and shapes: the advice steps ``verdicts.yaml`` names for the candidate's kind, in order."""
+    steps = verdicts().advice.get(c.kind)
+    if not steps:
         return
-    cut = rules.cutoffs
     total = sum(k.time_ms_per_step for k in c.kernels) or 1.0
-    advice = []
-    fp32 = sum(k.time_ms_per_step for k in c.kernels if _fp32_simt(k))
-    if fp32 >= cut.fp32_simt_share * total:
-        advice += _fp32_advice(c, rules, gpu, fp32 / total)
-    layout = sum(
-        k.time_ms_per_step for k in c.kernels if any(p.search(k.full_name) for p in rules.layout_kernels)
-    )
-    if c.kind == "convolution" and layout >= cut.layout_share * total:
-        advice.append(
-            f"{layout / total:.0%} of its time is NCHW↔NHWC transposes: "
-            "model.to(memory_format=torch.channels_last) (and the inputs) removes them"
-        )
-        if c.verdict == Verdict.USE_BUILTIN and "cudnn.benchmark" in (c.builtin or ""):
-            # The transposes are the first thing to remove; the autotuner comes after.
-            c.builtin = "model.to(memory_format=torch.channels_last)"
-            advice.append("then torch.backends.cudnn.benchmark = True")
-            # What channels_last removes for sure: the transposes' time.
-            c.expected_saving_share = min(c.expected_saving_share, c.time_share * layout / total)
-            c.attrs["saving_basis"] = (
-                f"share × {layout / total:.0%} NCHW↔NHWC transpose time: the kernels channels_last removes"
-            )
-    if c.kind == "convolution":
-        advice += _depthwise_advice(c, rules)
-    if c.kind == "gemm":
-        advice += _alignment_advice(c)
+    advice: list[str] = []
+    for step in steps:
+        advice += ADVICE[step](c, rules, gpu, total)
     if advice:
         c.note = "; ".join([c.note, *advice]) if c.note else "; ".join(advice)
 
 
-def _alignment_advice(c: Candidate) -> list[str]:
+def _fp32_simt_advice(c: Candidate, rules: Rules, gpu: GPUSpec | None, total: float) -> list[str]:
+    """FP32 SIMT kernels (the rules' ``fp32_simt_share`` of its time) on a GPU with tensor cores."""
+    fp32 = sum(k.time_ms_per_step for k in c.kernels if _fp32_simt(k))
+    if fp32 < rules.cutoffs.fp32_simt_share * total:
+        return []
+    return _fp32_advice(c, rules, gpu, fp32 / total)
+
+
+def _channels_last_advice(c: Candidate, rules: Rules, gpu: GPUSpec | None, total: float) -> list[str]:
+    """Layout transposes (the rules' ``layout_kernels``, ``layout_share`` of its time) around a
+    convolution: channels_last removes them, before the autotuner."""
+    layout = sum(
+        k.time_ms_per_step for k in c.kernels if any(p.search(k.full_name) for p in rules.layout_kernels)
+    )
+    if layout < rules.cutoffs.layout_share * total:
+        return []
+    words = verdicts().channels_last
+    advice = [words.note.format(share=layout / total)]
+    if c.verdict == Verdict.USE_BUILTIN and "cudnn.benchmark" in (c.builtin or ""):
+        # The transposes are the first thing to remove; the autotuner comes after.
+        c.builtin = words.builtin
+        advice.append(words.then)
+        # What channels_last removes for sure: the transposes' time.
+        c.expected_saving_share = min(c.expected_saving_share, c.time_share * layout / total)
+        c.attrs["saving_basis"] = (
+            f"share × {layout / total:.0%} NCHW↔NHWC transpose time: the kernels channels_last removes"
+        )
+    return advice
+
+
+def _alignment_advice(c: Candidate, rules: Rules, gpu: GPUSpec | None, total: float) -> list[str]:
     """GEMM dimensions the tensor cores' aligned kernels cannot take: N or K not a multiple of
     8 (16-bit operands, 16 bytes) or 4 (fp32 / TF32), or kernels named ``align1`` / ``align2``
     (CUTLASS's unaligned variants). A library GEMM below its roof with such a dim gets
     `use-builtin` with the padding as its fix (apply by hand), predicted as the aligned GEMM at
     its ceiling."""
-
-    total = sum(k.time_ms_per_step for k in c.kernels) or 1.0
+    words = verdicts().alignment
     unaligned = sum(k.time_ms_per_step for k in c.kernels if has_trait(k.full_name, "unaligned"))
     d = gemm_dims(c)
     if d is None:
         if unaligned >= 0.5 * total:
-            return [
-                f"{unaligned / total:.0%} of its time runs CUTLASS's unaligned (align1/align2) kernels: a GEMM "
-                "dimension is not a multiple of 8 (16-bit) or 4 (TF32); padding it to one runs the aligned kernels"
-            ]
+            return [words.unaligned_kernels.format(share=unaligned / total)]
         return []
     m, n, k, dtype = d
     # The unit it runs on (under autocast an fp32 op's GEMM runs bf16): 16 bytes of operands.
@@ -87,50 +90,36 @@ def _alignment_advice(c: Candidate) -> list[str]:
     if not off and unaligned < 0.5 * total:
         return []
     if not off:
-        return [
-            f"{unaligned / total:.0%} of its time runs unaligned (align1/align2) kernels at M={m}, N={n}, K={k}"
-        ]
+        return [words.unaligned_at.format(share=unaligned / total, m=m, n=n, k=k)]
     padded = {name: -(-v // multiple) * multiple for name, v in off}
     what = ", ".join(f"{name}={v} → {padded[name]}" for name, v in off)
     edits = []
     for name, v in off:
         if name == "K":
-            edits.append(
-                f"x = torch.nn.functional.pad(x, (0, {padded[name] - v}))  # K {v} → {padded[name]}, and the weight's "
-                f"in_features padded with zero columns to {padded[name]}"
-            )
+            edits.append(words.pad_k.format(pad=padded[name] - v, dim=v, padded=padded[name]))
         else:
-            edits.append(
-                f"out_features {v} → {padded[name]} (zero rows in the weight), then y = y[..., :{v}]  # N {v} → {padded[name]}"
-            )
-            if re.search(r"lm_head|decoder|embed", c.module or ""):
-                edits.append(
-                    "# a Hugging Face model's vocabulary: model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64)"
-                )
+            edits.append(words.pad_n.format(dim=v, padded=padded[name]))
+            if words.vocabulary_modules.search(c.module or ""):
+                edits.append(words.pad_vocabulary)
     c.attrs["pad_edit"] = "\n".join(edits)
-    note = (
-        f"{what}: not a multiple of {multiple}, so cuBLAS/CUTLASS run their unaligned kernels; pad to a multiple of "
-        f"{multiple} (of 64 to fill whole tiles)"
-    )
+    note = words.note.format(what=what, multiple=multiple)
     if (
         c.verdict == Verdict.COMPILE
         and "max-autotune" in (c.builtin or "")
         and c.headroom
         and c.headroom > 1.0
     ):
-        c.verdict, c.builtin = Verdict.USE_BUILTIN, f"pad {what}"
-        c.note = "the library GEMM runs below its roof at this shape"
+        c.verdict, c.builtin = Verdict.USE_BUILTIN, words.builtin.format(what=what)
+        c.note = words.verdict_note
     return [note]
-
-
-_CONV_OPS = re.compile(r"^aten::(conv\d?d|convolution|_convolution|cudnn_convolution)$")
 
 
 def _depthwise(c: Candidate) -> tuple[int, list[int]] | None:
     """(channels, kernel size) of a depthwise convolution (groups = input channels, one input
     channel per filter), from its recorded op."""
+    ops = verdicts().depthwise.ops
     for op in c.example:
-        if not _CONV_OPS.match(op.get("name", "")):
+        if not ops.match(op.get("name", "")):
             continue
         dims = op.get("dims") or []
         if len(dims) < 2 or len(dims[0]) < 3 or len(dims[1]) < 3:
@@ -141,19 +130,19 @@ def _depthwise(c: Candidate) -> tuple[int, list[int]] | None:
     return None
 
 
-def _depthwise_advice(c: Candidate, rules: Rules) -> list[str]:
+def _depthwise_advice(c: Candidate, rules: Rules, gpu: GPUSpec | None, total: float) -> list[str]:
     """A depthwise convolution whose backward takes most of its time: cuDNN's and ATen's
     depthwise backward kernels run far below the roof, and no library or compile covers it;
     on a hot candidate below its roof it is a kernel to write (after the autotuner)."""
     dw = _depthwise(c)
     if dw is None:
         return []
-    total = sum(k.time_ms_per_step for k in c.kernels) or 1.0
+    words = verdicts().depthwise
     bwd = sum(k.time_ms_per_step for k in c.kernels if has_trait(k.full_name, "backward") or k.phase == "bwd")
     channels, size = dw
-    what = f"depthwise {'×'.join(map(str, size))} convolution over {channels} channels"
+    what = words.what.format(size="×".join(map(str, size)), channels=channels)
     if bwd < 0.5 * total:
-        return [f"{what}: torch.backends.cudnn.benchmark = True picks its fastest algorithm"]
+        return [words.forward.format(what=what)]
     if (
         c.verdict == Verdict.USE_BUILTIN
         and c.conditions["headroom"].passed
@@ -164,11 +153,7 @@ def _depthwise_advice(c: Candidate, rules: Rules) -> list[str]:
         c.attrs["saving_basis"] = (
             f"share × {bwd / total:.0%} backward time × (1 − 1/headroom): the backward kernels, which a kernel of its own replaces"
         )
-    return [
-        f"{what}, {bwd / total:.0%} of its time in its backward (dgrad/wgrad): cuDNN's depthwise backward runs far "
-        "below the roof and torch.compile leaves it to cuDNN; try torch.backends.cudnn.benchmark = True first, then "
-        "a kernel of its own for the backward (kerneltriage scaffold)"
-    ]
+    return [words.backward.format(what=what, share=bwd / total)]
 
 
 def _tensor_core_gain(c: Candidate, gpu: GPUSpec, tensor: str, ratio: float) -> tuple[float, str]:
@@ -197,10 +182,10 @@ def _tensor_core_gain(c: Candidate, gpu: GPUSpec, tensor: str, ratio: float) -> 
 def _fp32_advice(c: Candidate, rules: Rules, gpu: GPUSpec | None, share: float) -> list[str]:
     """FP32 SIMT kernels take ``share`` of its time: the tensor-core setting to try, and on a
     hot skip `use-builtin (fp32-off-tensor-cores)`, the cheapest win on the table."""
+    words = verdicts().fp32_simt
     tf32 = gpu is not None and "tf32" in gpu.peak_tflops
-    # Words, not code: the fix line (a recipe) gives the code for this GPU and PyTorch.
-    fix = "TF32 or bf16 autocast" if tf32 else "fp16 autocast with a GradScaler"
-    advice = [f"{share:.0%} of its time is FP32 SIMT kernels, off the tensor cores: {fix}"]
+    fix = words.fix_tf32 if tf32 else words.fix_fp16
+    advice = [words.note.format(share=share, fix=fix)]
     if (
         gpu is None
         or not c.conditions["hotness"].passed
@@ -226,5 +211,14 @@ def _fp32_advice(c: Candidate, rules: Rules, gpu: GPUSpec | None, share: float) 
         c.verdict, c.reason, c.builtin = Verdict.USE_BUILTIN, Reason.FP32_OFF_TENSOR_CORES, fix
         c.expected_saving_share = c.time_share * share * (1.0 - 1.0 / gain)
         c.attrs["saving_basis"] = f"share × {share:.0%} FP32 SIMT time × (1 − 1/{gain:.2g}): {why}"
-        advice.append(f"the saving counts those kernels only, {gain:.2g}× faster on the tensor cores")
+        advice.append(words.saving.format(gain=gain))
     return advice
+
+
+#: Advice step name (``verdicts.yaml``) -> the step: the lines it adds to the note.
+ADVICE: dict[str, Callable[[Candidate, Rules, GPUSpec | None, float], list[str]]] = {
+    "fp32-simt": _fp32_simt_advice,
+    "channels-last": _channels_last_advice,
+    "depthwise": _depthwise_advice,
+    "alignment": _alignment_advice,
+}

@@ -18,20 +18,14 @@ from kerneltriage.analysis.attention_ceilings import (
     set_first_principles,
     table_rate,
 )
-from kerneltriage.analysis.attention_rates import (
-    first_principles,
-)
-from kerneltriage.analysis.estimate import (
-    TENSOR_PRECISION,
-    kernel_precision,
-)
+from kerneltriage.analysis.attention_rates import first_principles
+from kerneltriage.analysis.estimate import TENSOR_PRECISION, kernel_precision
 from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.analysis.kernel_classes import has_trait
 from kerneltriage.analysis.model import Candidate
 from kerneltriage.analysis.rules import Rules
-from kerneltriage.analysis.verdict_steps import (
-    skip_cold,
-)
+from kerneltriage.analysis.verdict_data import verdicts
+from kerneltriage.analysis.verdict_steps import skip_cold
 from kerneltriage.analysis.vocabulary import Reason, Verdict
 
 _SDPA_OPS = re.compile(r"^aten::(_?scaled_dot_product_attention(_math)?)$")
@@ -92,31 +86,30 @@ _SHORT_DTYPE = {"float": "fp32", "c10::BFloat16": "bf16", "c10::Half": "fp16", "
 def _math_path_cause(c: Candidate, unit: str) -> tuple[str, str]:
     """Why SDPA took its math path, as far as the recorded op shows, and the edit."""
     op = next((o for o in c.example if _SDPA_OPS.match(o.get("name", ""))), None)
+    words = verdicts().attention.math_path
     if op is None:
-        return (
-            "the trace records no SDPA inputs to say why",
-            "run SDPA on 16-bit q, k, v (and mask) of D ≤ 256",
-        )
+        return words.no_inputs.cause, words.no_inputs.edit
     dims, types, conc = op.get("dims") or [], op.get("types") or [], op.get("concrete") or []
     q_type = types[0] if types else ""
     head_dim = dims[0][-1] if dims and dims[0] else None
     causes, edits = [], []
     if q_type in ("float", "double"):
-        causes.append(f"q, k, v are {_SHORT_DTYPE.get(q_type, q_type)}, which no fused kernel takes")
-        edits.append("run the attention under bf16 autocast (or cast q, k, v to bf16)")
+        causes.append(words.fp32_inputs.cause.format(dtype=_SHORT_DTYPE.get(q_type, q_type)))
+        edits.append(words.fp32_inputs.edit)
     mask_type = types[3] if len(types) > 3 else ""
     if mask_type and len(dims) > 3 and dims[3] and mask_type not in ("bool", q_type):
         shown = "x".join(map(str, dims[3]))
         causes.append(
-            f"the attention mask / position bias ({shown}) is {_SHORT_DTYPE.get(mask_type, mask_type)} while q is "
-            f"{_SHORT_DTYPE.get(q_type, q_type)}: the fused kernels take a mask of q's dtype only"
+            words.mask_dtype.cause.format(
+                shape=shown,
+                mask_dtype=_SHORT_DTYPE.get(mask_type, mask_type),
+                q_dtype=_SHORT_DTYPE.get(q_type, q_type),
+            )
         )
-        edits.append("attn_mask = attn_mask.to(q.dtype)  # the position bias in q's dtype")
+        edits.append(words.mask_dtype.edit)
     if head_dim and (head_dim > 256 or head_dim % 8):
-        causes.append(f"head dim D={head_dim}: the fused kernels take D ≤ 256, a multiple of 8")
-        edits.append(
-            f"pad the head dim to {min(256, -(-head_dim // 8) * 8)} (zeros in q, k, v; slice the output)"
-        )
+        causes.append(words.head_dim.cause.format(head_dim=head_dim))
+        edits.append(words.head_dim.edit.format(padded=min(256, -(-head_dim // 8) * 8)))
     dropout = None
     if len(conc) > 4:
         try:
@@ -124,13 +117,10 @@ def _math_path_cause(c: Candidate, unit: str) -> tuple[str, str]:
         except ValueError:
             dropout = None
     if dropout and mask_type and mask_type != "bool" and not causes:
-        causes.append(f"dropout {dropout:g} with an additive mask")
+        causes.append(words.dropout.format(p=dropout))
     if not causes:
-        return (
-            "the trace does not record why (q, k, v dtype, mask and head dim look fusable)",
-            "check torch.backends.cuda.can_use_flash_attention / can_use_efficient_attention(params, debug=True)",
-        )
-    return "; ".join(causes), "; ".join(edits) or "make the inputs fusable"
+        return words.unknown.cause, words.unknown.edit
+    return "; ".join(causes), "; ".join(edits) or words.any_edit
 
 
 def unfused_attention(c: Candidate, rules: Rules, gpu: GPUSpec, lib: LibraryRate, math: MathPath) -> None:
@@ -191,17 +181,12 @@ def unfused_attention(c: Candidate, rules: Rules, gpu: GPUSpec, lib: LibraryRate
         c.reason = Reason.LOW_HEADROOM
         c.note = f"{Reason.MATH_PATH.text(unit=math.unit, share=math.share, cause=math.cause)}; a fused kernel would not be faster here"
         return
-    c.verdict, c.builtin = (
-        Verdict.USE_BUILTIN,
-        f"scaled_dot_product_attention on its fused {gpu.unit(fused_unit)} kernels",
-    )
+    words = verdicts().attention.math_path
+    c.verdict, c.builtin = Verdict.USE_BUILTIN, words.builtin.format(unit=gpu.unit(fused_unit))
     c.expected_saving_share = c.time_share * (1.0 - fused_ms / c.time_ms_per_step)
     c.attrs["saving_scoped"] = (
         f"share × (1 − {fused_ms:.3g}/{c.time_ms_per_step:.3g} ms): fused attention at {fused / 1e12:.0f} TFLOP/s "
         f"({what})"
     )
     c.attrs["saving_basis"] = c.attrs["saving_scoped"]
-    c.note = (
-        f"the S×S scores go through HBM in {math.unit} instead of one fused pass; fix the cause and SDPA picks "
-        "its fused kernels"
-    )
+    c.note = words.note.format(unit=math.unit)

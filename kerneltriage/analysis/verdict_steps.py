@@ -1,15 +1,30 @@
-"""The steps of the decision ladder: each looks at a candidate whose conditions are set, and
-either decides its verdict (a skip and why, or launching less) and says so, or leaves it to the
-next step. ``verdict.py`` runs them in order; library attention runs the ones it shares.
+"""The steps of the decision ladder: each looks at a candidate whose conditions are set and
+either decides its verdict (a skip and why, launching less, the rules' verdict) and says so, or
+leaves it to the next step. Which steps a ladder runs, in which order and with which words is
+data (``verdicts.yaml``, ``verdict_data.py``); ``verdict.py`` runs them, and library attention
+runs the ones it shares (a cold candidate, unstable shapes, a low headroom).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+from kerneltriage.analysis.attention_choice import choose_attention
 from kerneltriage.analysis.conditions import shown_headroom
 from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.analysis.model import Candidate
 from kerneltriage.analysis.rules import Rules
 from kerneltriage.analysis.rules_schema import Recommendation
+from kerneltriage.analysis.verdict_data import (
+    BelowHeadroom,
+    FailedEstimate,
+    LaunchBound,
+    NoCeiling,
+    Recommend,
+    Unstable,
+    verdicts,
+)
 from kerneltriage.analysis.vocabulary import Reason, Verdict
 
 
@@ -20,17 +35,6 @@ def _launches_near_floor(c: Candidate, rules: Rules) -> bool:
     if not r.launches_per_step or not r.launch_floor_ms:
         return True
     return c.time_ms_per_step <= rules.cutoffs.near_floor * r.launch_floor_ms
-
-
-def failed_estimate(c: Candidate, rules: Rules) -> bool:
-    t = rules.thresholds
-    return (
-        c.headroom is not None
-        and c.roofline.source in ("estimate", "fused estimate")
-        and c.headroom > t.max_estimated_headroom
-        and c.time_share >= t.min_share_floor
-        and not (c.kind == "attention" and c.attrs.get("written") == "naive")
-    )
 
 
 def _implausible_estimate(c: Candidate, rules: Rules) -> bool:
@@ -48,48 +52,18 @@ def _times(headroom: float) -> str:
     return f"{1 / headroom:.1f}×" if headroom > 0 else "many times"
 
 
-def disagrees(c: Candidate, rules: Rules) -> bool:
-    """A headroom below 1: it ran faster than its ceiling allows. Shown as a disagreement
-    between measurement and ceiling, never a verdict input (``skip (ceiling-disagrees)``)."""
-    if c.headroom is None or c.headroom >= 1.0:
-        return False
-    c.verdict, c.reason, c.builtin = Verdict.SKIP, Reason.CEILING_DISAGREES, None
-    c.expected_saving_share = 0.0
-    faster = f"measured {_times(c.headroom)} faster than its ceiling allows"
-    if "ncu" in c.roofline.source:
-        c.note = (
-            f"{faster}: the roof is too low for this kernel (run kerneltriage calibrate with this run "
-            "to measure it); no verdict rests on it"
-        )
-    elif _implausible_estimate(c, rules):
-        c.note = (
-            f"{faster}: its kernels did not move the tensors its shapes name (a fill, a gather, a custom "
-            "op whose work runs elsewhere); run kerneltriage profile for Nsight Compute counters"
-        )
-    else:
-        c.note = (
-            f"{faster}: within the error of a shape model (caches, or bytes the model over-counts); "
-            "run kerneltriage profile for Nsight Compute counters"
-        )
-    return True
-
-
-def low_headroom(c: Candidate, rules: Rules, library: str) -> None:
+def low_headroom(c: Candidate, rules: Rules, what: str) -> None:
     """Below the rules' headroom but not at the roof: not worth a kernel by the rules, with
     what a fix could take (not counted as a saving: the row is a skip)."""
     h = c.headroom or 1.0
     c.reason = Reason.LOW_HEADROOM
-    c.note = (
-        f"{library}kernel at {1 / h:.0%} of its ceiling ({shown_headroom(h):g}× headroom, the rules ask "
-        f"≥ {rules.thresholds.min_headroom:g}×); if fixed, up to {c.time_share * (1 - 1 / h):.1%} of the step"
+    c.note = verdicts().words.low_headroom.format(
+        what=what,
+        achieved=1 / h,
+        headroom=shown_headroom(h),
+        min_headroom=rules.thresholds.min_headroom,
+        saving=c.time_share * (1 - 1 / h),
     )
-
-
-def skip_failed_estimate(c: Candidate, why: str) -> None:
-    """No verdict is built on an estimate that cannot be right; counters would place it."""
-    c.verdict, c.reason = Verdict.SKIP, Reason.ESTIMATE_FAILED
-    c.expected_saving_share = 0.0
-    c.note = f"{why}; run kerneltriage profile for Nsight Compute counters"
 
 
 def rules_reason(rec: Recommendation) -> str:
@@ -110,69 +84,6 @@ def skip_cold(c: Candidate, keep_note: bool = False) -> bool:
     return True
 
 
-def skip_without_ceiling(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> bool:
-    """No ceiling: tuned library kernels (cuDNN, cuBLAS, MIOpen, …) are no kernel to write
-    (counters would say whether the library is at its roof); anything else needs one."""
-    if c.conditions["headroom"].passed is not None:
-        return False
-    c.verdict = Verdict.SKIP
-    if c.attrs.get("vendor_share", 0.0) >= rules.cutoffs.library_vendor_share:
-        lib = c.attrs.get("kernel_library") or "library"
-        c.reason = Reason.LIBRARY_KERNEL
-        c.note = (
-            f"{lib} kernels, no ceiling without counters (kerneltriage profile runs Nsight Compute on them)"
-        )
-        return True
-    c.reason = Reason.NO_CEILING
-    c.note = (
-        "no GPU spec: pass --gpu to place it on the roofline"
-        if gpu is None
-        else "run with Nsight Compute counters (kerneltriage profile) to place it on the roofline"
-    )
-    return True
-
-
-def skip_failed_shape_model(c: Candidate, rules: Rules) -> bool:
-    if not failed_estimate(c, rules):
-        return False
-    skip_failed_estimate(
-        c,
-        f"the shape model puts the ceiling at 1/{c.headroom:.0f} of the measured time: the estimate "
-        "is missing shapes or ops, not a finding",
-    )
-    return True
-
-
-def launch_bound(c: Candidate, rules: Rules) -> bool:
-    """Its launches, not its bytes or FLOPs, set its time: a faster kernel cannot help."""
-    if not (c.roofline.launch_bound and c.level != "region" and _launches_near_floor(c, rules)):
-        return False
-    if c.conditions["headroom"].passed:
-        c.verdict, c.reason = Verdict.COMPILE, Reason.LAUNCH_BOUND
-        c.builtin = 'torch.compile (fuse with the neighbouring ops), or mode="reduce-overhead" (CUDA graphs)'
-        c.note = (
-            f"{c.roofline.launches_per_step:.3g} launches per step doing almost no work each: "
-            "fewer launches pay, a faster kernel does not"
-        )
-    else:
-        c.verdict, c.reason = Verdict.SKIP, Reason.LAUNCH_BOUND
-        c.note = "each launch already runs near the GPU's per-launch floor"
-    return True
-
-
-def skip_below_headroom(c: Candidate, rules: Rules, rec: Recommendation) -> bool:
-    """At its roof (a library's op: ``library-at-roof``), or short of the rules' headroom."""
-    if c.conditions["headroom"].passed:
-        return False
-    library = c.attrs.get("library_op") or already_uses(c, rec)
-    c.verdict, c.note = Verdict.SKIP, ""
-    if shown_headroom(c.headroom or 1.0) < rules.thresholds.at_roof:
-        c.reason = Reason.LIBRARY_AT_ROOF if library else Reason.AT_ROOF
-    else:
-        low_headroom(c, rules, "library " if library else "")
-    return True
-
-
 def skip_unstable(c: Candidate, note: str | None = None) -> bool:
     if c.conditions["stability"].passed:
         return False
@@ -189,3 +100,159 @@ def already_uses(c: Candidate, rec: Recommendation) -> str | None:
             if pattern.search(op):
                 return op
     return None
+
+
+# --- the steps, by the name a ladder gives them ------------------------------------------------
+# Each takes the candidate, the rules, the GPU, the recommendation the ladder reads and the
+# step's own data, and returns whether it decided.
+
+
+def _disagrees(c: Candidate, rules: Rules, gpu: GPUSpec | None, rec: Recommendation, step: Any) -> bool:
+    """A headroom below 1: it ran faster than its ceiling allows. Shown as a disagreement
+    between measurement and ceiling, never a verdict input (``skip (ceiling-disagrees)``)."""
+    if c.headroom is None or c.headroom >= 1.0:
+        return False
+    c.verdict, c.reason, c.builtin = Verdict.SKIP, Reason.CEILING_DISAGREES, None
+    c.expected_saving_share = 0.0
+    words = verdicts().words.disagrees
+    if "ncu" in c.roofline.source:
+        text = words.counters
+    elif _implausible_estimate(c, rules):
+        text = words.implausible
+    else:
+        text = words.shape_model
+    c.note = text.format(times=_times(c.headroom))
+    return True
+
+
+def _cold(c: Candidate, rules: Rules, gpu: GPUSpec | None, rec: Recommendation, step: Any) -> bool:
+    return skip_cold(c)
+
+
+def _no_ceiling(
+    c: Candidate, rules: Rules, gpu: GPUSpec | None, rec: Recommendation, step: NoCeiling
+) -> bool:
+    """No ceiling: tuned library kernels (cuDNN, cuBLAS, MIOpen, …) are no kernel to write
+    (counters would say whether the library is at its roof); anything else needs one."""
+    if c.conditions["headroom"].passed is not None:
+        return False
+    c.verdict = Verdict.SKIP
+    if step.library_kernels and c.attrs.get("vendor_share", 0.0) >= rules.cutoffs.library_vendor_share:
+        c.reason = Reason.LIBRARY_KERNEL
+        c.note = step.library_kernels.format(library=c.attrs.get("kernel_library") or "library")
+        return True
+    c.reason = Reason.NO_CEILING
+    words, why = verdicts().words, c.attrs.get("estimate")
+    if gpu is None:
+        c.note = words.no_gpu
+    elif step.estimate_unavailable and why:
+        c.note = str(rec.get("estimate_unavailable", "{why}")).format(why=why)
+    else:
+        c.note = words.no_counters
+    return True
+
+
+def _failed_estimate(
+    c: Candidate, rules: Rules, gpu: GPUSpec | None, rec: Recommendation, step: FailedEstimate
+) -> bool:
+    """No verdict is built on a shape estimate that cannot be right (beyond the rules'
+    ``max_estimated_headroom`` on a candidate that matters); counters would place it."""
+    t = rules.thresholds
+    failed = (
+        c.headroom is not None
+        and c.roofline.source in ("estimate", "fused estimate")
+        and c.headroom > t.max_estimated_headroom
+        and c.time_share >= t.min_share_floor
+        and not (c.kind == "attention" and c.attrs.get("written") == "naive")
+    )
+    if not failed:
+        return False
+    c.verdict, c.reason = Verdict.SKIP, Reason.ESTIMATE_FAILED
+    c.expected_saving_share = 0.0
+    c.note = verdicts().words.failed_estimate.format(why=step.why.format(headroom=c.headroom))
+    return True
+
+
+def _launch_bound(
+    c: Candidate, rules: Rules, gpu: GPUSpec | None, rec: Recommendation, step: LaunchBound
+) -> bool:
+    """Its launches, not its bytes or FLOPs, set its time: a faster kernel cannot help."""
+    if not c.roofline.launch_bound:
+        return False
+    if step.near_floor_only and (c.level == "region" or not _launches_near_floor(c, rules)):
+        return False
+    if c.conditions["headroom"].passed:
+        c.verdict, c.reason = Verdict.COMPILE, Reason.LAUNCH_BOUND
+        c.builtin = step.builtin
+        c.note = step.note.format(launches=c.roofline.launches_per_step)
+    else:
+        c.verdict, c.reason = Verdict.SKIP, Reason.LAUNCH_BOUND
+        c.note = verdicts().words.launch_floor
+    return True
+
+
+def _below_headroom(
+    c: Candidate, rules: Rules, gpu: GPUSpec | None, rec: Recommendation, step: BelowHeadroom
+) -> bool:
+    """At its roof (a library's op: ``library-at-roof``), or short of the rules' headroom."""
+    if c.conditions["headroom"].passed:
+        return False
+    library = step.library_at_roof is not None and (c.attrs.get("library_op") or already_uses(c, rec))
+    c.verdict, c.note = Verdict.SKIP, ""
+    headroom = shown_headroom(c.headroom or 1.0)
+    if headroom < rules.thresholds.at_roof:
+        c.reason = step.library_at_roof if library and step.library_at_roof else step.at_roof
+        if step.rules_at_roof_note:
+            c.note = str(rec.get("at_roof_note", "")).format(headroom=f"{headroom:g}×")
+    else:
+        low_headroom(c, rules, step.library_what if library and step.library_what is not None else step.what)
+    return True
+
+
+def _unstable(c: Candidate, rules: Rules, gpu: GPUSpec | None, rec: Recommendation, step: Unstable) -> bool:
+    return skip_unstable(c, step.note)
+
+
+def _recommend(c: Candidate, rules: Rules, gpu: GPUSpec | None, rec: Recommendation, step: Recommend) -> bool:
+    """All three conditions hold: the rules' verdict and built-in (for naive attention the
+    faster of SDPA and the built-in), unless it already runs the fused kernel they name."""
+    c.verdict = Verdict(rec["verdict"])
+    c.builtin = rec.get("builtin")
+    if c.kind == "attention" and gpu is not None:  # a ceiling passed: there is a GPU
+        c.builtin, c.reason = choose_attention(c, rec, gpu)
+    else:
+        c.reason = Reason.ALL_CONDITIONS
+    used = already_uses(c, rec)
+    if used:
+        # It already runs the fused kernel the rules would recommend: nothing to swap in, and
+        # torch.compile still covers it, so this is not yet a kernel to write by hand.
+        c.verdict, c.builtin = Verdict.COMPILE, step.already_builtin
+        c.reason = Reason.ALREADY_USES.text(op=used)
+        c.note = step.already_note
+    return True
+
+
+def _compiled_write(c: Candidate, rules: Rules, gpu: GPUSpec | None, rec: Recommendation, step: Any) -> bool:
+    """An Inductor kernel, hot and below its roof: `write`, after what Inductor could try
+    first (its fix), on the rung of the optimization ladder its bound says."""
+    bound = c.roofline.bound or "memory"
+    c.verdict = Verdict.WRITE
+    achieved = f"{1.0 / c.headroom:.0%}" if c.headroom else "?"
+    c.reason = str(rec.get("reason", Reason.ALL_CONDITIONS)).format(achieved=achieved, bound=bound)
+    rung = (rec.get("rungs") or {}).get(bound, "")
+    c.note = str(rec.get("note", "{rung}")).format(rung=rung)
+    return True
+
+
+#: Step name (``verdicts.yaml``) -> the step.
+STEPS: dict[str, Callable[[Candidate, Rules, GPUSpec | None, Recommendation, Any], bool]] = {
+    "disagrees": _disagrees,
+    "cold": _cold,
+    "no-ceiling": _no_ceiling,
+    "failed-estimate": _failed_estimate,
+    "launch-bound": _launch_bound,
+    "below-headroom": _below_headroom,
+    "unstable": _unstable,
+    "recommend": _recommend,
+    "compiled-write": _compiled_write,
+}

@@ -455,3 +455,34 @@ def test_sdpa_math_path_is_a_finding_with_its_cause_and_an_edit():
     assert c.fix and c.fix.startswith("attn_mask = attn_mask.to(q.dtype)")
     assert c.recipe["id"] == "sdpa-fused-path" and c.recipe["apply"] is None
     assert "apply by hand" in c.recipe["apply_why_not"]
+
+
+def test_the_ladders_are_data_and_every_step_they_name_exists():
+    from typing import get_args
+
+    from kerneltriage.analysis.library_advice import ADVICE
+    from kerneltriage.analysis.verdict_data import Step, verdicts
+    from kerneltriage.analysis.verdict_steps import STEPS
+
+    union = get_args(get_args(Step)[0])
+    assert set(STEPS) == {get_args(m.model_fields["step"].annotation)[0] for m in union}
+    data = verdicts()
+    assert [s.step for s in data.ladders["eager"].steps][-1] == "recommend"
+    assert [s.step for s in data.ladders["compiled"].steps][-1] == "compiled-write"
+    assert {a for steps in data.advice.values() for a in steps} <= set(ADVICE)
+
+
+def test_a_template_naming_an_unknown_field_is_refused():
+    from pydantic import ValidationError
+
+    from kerneltriage.analysis.verdict_data import VerdictsFile
+    from kerneltriage.resources import load_yaml
+
+    data = json.loads(json.dumps(load_yaml("verdicts.yaml")))
+    data["words"]["low_headroom"] = "{what} at {nope}"
+    with pytest.raises(ValidationError, match=r"unknown field \{nope\}"):
+        VerdictsFile.model_validate(data)
+    data = json.loads(json.dumps(load_yaml("verdicts.yaml")))
+    data["ladders"]["eager"]["steps"].append({"step": "cold"})
+    with pytest.raises(ValidationError, match="a ladder ends with"):
+        VerdictsFile.model_validate(data)

@@ -53,6 +53,7 @@ _BACKWARD_ROOT = re.compile(
     r"^(autograd::engine::evaluate_function|torch::autograd::AccumulateGrad$|[A-Za-z0-9_]+Backward\d*$)"
 )
 _NEST_TOLERANCE_NS = 1000
+_NEST_BLOCK = 1 << 16
 #: A step shorter than this fraction of the median step is a stub (a ProfilerStep opened just
 #: before the profiler stopped), not a step.
 STUB_FRACTION = 0.1
@@ -97,6 +98,8 @@ class Attribution:
     cpu_is_op: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     cpu_is_annotation: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     windows: list[tuple[int, int]] = field(default_factory=list)  # ``step_windows``
+    kernel_name_codes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.intp))
+    kernel_name_uniques: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
 
     def in_steps(self) -> pd.DataFrame:
         return self.kernels[self.kernels["step"] >= 0]
@@ -104,6 +107,10 @@ class Attribution:
     def cpu_name_mask(self, test: Callable[[str], Any]) -> np.ndarray:
         """``name_mask`` of the cpu rows' names."""
         return _mask_of(self.cpu_name_codes, self.cpu_name_uniques, test)
+
+    def kernel_name_mask(self, test: Callable[[str], Any]) -> np.ndarray:
+        """``name_mask`` of the kernels' names."""
+        return _mask_of(self.kernel_name_codes, self.kernel_name_uniques, test)
 
 
 def name_mask(names: pd.Series | np.ndarray, test: Callable[[str], Any]) -> np.ndarray:
@@ -249,9 +256,8 @@ def _nest(cpu: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     and its depth (0: top level; a parent is one level above its children)."""
     n = len(cpu)
     parent = np.full(n, -1, dtype=np.int64)
-    depth = np.zeros(n, dtype=np.int64)
     if n == 0:
-        return parent, depth
+        return parent, np.zeros(0, dtype=np.int64)
     start = cpu["start"].to_numpy()
     end = start + cpu["dur"].to_numpy()
     pid = cpu["pid"].to_numpy()
@@ -261,30 +267,41 @@ def _nest(cpu: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     sorted_pid, sorted_tid = pid[order], tid[order]
     new_thread = np.ones(n, dtype=bool)
     new_thread[1:] = (sorted_pid[1:] != sorted_pid[:-1]) | (sorted_tid[1:] != sorted_tid[:-1])
-    parents: list[int] = []
-    depths: list[int] = []
-    open_ends: list[int] = []  # the stack of ranges holding the current one: their ends, rows
-    open_rows: list[int] = []
     tolerance = _NEST_TOLERANCE_NS
-    for s, e, row, new in zip(
-        start[order].tolist(), end[order].tolist(), order.tolist(), new_thread.tolist()
-    ):
-        if new:
-            open_ends.clear()
-            open_rows.clear()
-        # Pop ranges that ended before this one starts, and ranges this one outlasts: such
-        # partial overlaps happen between annotations (ProfilerStep#N+1 starts inside the
-        # optimizer step whose hook started it). A child may end a little after its parent
-        # from timestamp rounding, hence the tolerance.
-        while open_ends and (open_ends[-1] <= s or e > open_ends[-1] + tolerance):
-            open_ends.pop()
-            open_rows.pop()
-        parents.append(open_rows[-1] if open_rows else -1)
-        depths.append(len(open_rows))
-        open_ends.append(e)
-        open_rows.append(row)
-    parent[order] = parents
-    depth[order] = depths
+    stack: list[tuple[int, int]] = []  # (end, row) of the ranges holding the current one
+    top_end, top_row = None, -1
+    out = np.empty(n, dtype=np.int64)
+    for a in range(0, n, _NEST_BLOCK):  # Python values a block at a time: bounded memory
+        b = min(n, a + _NEST_BLOCK)
+        parents: list[int] = []
+        found = parents.append
+        rows = order[a:b]
+        for s, e, row, new in zip(
+            start[rows].tolist(), end[rows].tolist(), rows.tolist(), new_thread[a:b].tolist()
+        ):
+            if new:
+                stack.clear()
+                top_end, top_row = None, -1
+            # Pop ranges that ended before this one starts, and ranges this one outlasts: such
+            # partial overlaps happen between annotations (ProfilerStep#N+1 starts inside the
+            # optimizer step whose hook started it). A child may end a little after its parent
+            # from timestamp rounding, hence the tolerance.
+            while top_end is not None and (top_end <= s or e > top_end + tolerance):
+                stack.pop()
+                top_end, top_row = stack[-1] if stack else (None, -1)
+            found(top_row)
+            top_end, top_row = e, row
+            stack.append((e, row))
+        out[a:b] = parents
+    parent[order] = out
+    # Depth: how many parents up to the top (a few passes, one per level).
+    depth = np.zeros(n, dtype=np.int64)
+    above = parent.copy()
+    held = np.flatnonzero(above >= 0)
+    while len(held):
+        depth[held] += 1
+        above[held] = parent[above[held]]
+        held = held[above[held] >= 0]
     return parent, depth
 
 
@@ -358,12 +375,13 @@ def attribute(tl: Timeline, marker: str | None = None) -> Attribution:
         optimizer[named[own_optimizer[c]]] = True
 
     is_bwd_root = (
-        is_op & (root == np.arange(n)) & name_mask(cpu["name"], lambda x: _BACKWARD_ROOT.match(str(x)))
+        is_op & (root == np.arange(n)) & _mask_of(codes, uniques, lambda x: _BACKWARD_ROOT.match(str(x)))
     )
     fwd_of = _forward_of(root, is_op, is_bwd_root, seqs, cpu["start"].to_numpy())
 
     kernels = _join_launches(tl, is_op, parent, root, fwd_of, is_bwd_root, optimizer, module, region, steps)
     windows = step_windows(steps, kernels)
+    kernel_codes, kernel_names = pd.factorize(kernels["name"])
     carried = kernels[(kernels["launch_start"] < 0)]
     carried_ns = 0
     if len(carried):
@@ -405,6 +423,8 @@ def attribute(tl: Timeline, marker: str | None = None) -> Attribution:
         cpu_is_op=is_op,
         cpu_is_annotation=is_annotation,
         windows=windows,
+        kernel_name_codes=kernel_codes,
+        kernel_name_uniques=np.asarray(kernel_names, dtype=object),
     )
 
 

@@ -27,6 +27,8 @@ from kerneltriage.ingest.kernel_names import base_name
 from kerneltriage.ingest.tables import Timeline
 
 _BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
+# The kernel columns grouping reads.
+_COLUMNS = ["name", "kind", "step", "phase", "op", "root", "fwd_root", "dur", "module", "region"]
 
 
 @dataclass
@@ -67,7 +69,7 @@ def group_candidates(timeline: Timeline, attr: Attribution, rules: Rules) -> dic
     names = attr.cpu_names
     op_info = _op_info_maker(timeline)
     k = attr.kernels
-    in_step = k[k["step"] >= 0]
+    in_step = k[_COLUMNS][k["step"].to_numpy() >= 0]
     groups: dict[tuple, Group] = {}
 
     # Communication kernels are their own candidates, whatever op launched them: they are

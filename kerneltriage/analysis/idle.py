@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from kerneltriage.analysis.attribution import Attribution, is_step_range, name_mask
+from kerneltriage.analysis.attribution import Attribution, is_step_range
 from kerneltriage.analysis.model import Gap
 from kerneltriage.ingest.tables import Timeline
 from kerneltriage.resources import load_yaml
@@ -539,7 +539,7 @@ def communication_overlap(attr: Attribution, is_comm) -> tuple[float, float]:
     k = attr.kernels
     total = exposed = 0.0
     rows = np.flatnonzero((k["step"] >= 0).to_numpy() & (k["kind"] == "kernel").to_numpy())
-    comm_all = name_mask(k["name"], is_comm)[rows]
+    comm_all = attr.kernel_name_mask(is_comm)[rows]
     if not comm_all.any():
         return total, exposed
     steps = k["step"].to_numpy()[rows]

@@ -58,7 +58,7 @@ def kernel_unit(g: Group, k: pd.DataFrame) -> str | None:
     if g.kind not in _UNIT_KINDS or k.empty:
         return None
     by: dict[str, float] = {}
-    for name, dur in zip(k["name"].astype(str).tolist(), k["dur"].to_numpy(dtype=float).tolist()):
+    for name, dur in zip(k["name"].tolist(), k["dur"].to_numpy(dtype=float).tolist()):
         p = estimate.kernel_precision(name)
         if p is not None:
             by[p] = by.get(p, 0.0) + dur

@@ -21,7 +21,6 @@ import yaml
 from kerneltriage.analysis.fix_recipes import Recipe, load_recipes, parse_recipes
 from kerneltriage.analysis.kernel_classes import KernelClass, classify_kernel
 from kerneltriage.analysis.rules_schema import (
-    CUTOFF_DEFAULTS,
     Norm,
     OpClassEntry,
     Recommendation,
@@ -68,7 +67,7 @@ class Cutoffs:
     """The cut-offs the verdicts apply beyond the three conditions, under ``thresholds:`` in
     the rules beside the named thresholds (default.yaml says what each is and where its figure
     came from). Not command-line flags and not in the report's JSON ``thresholds``; a rules
-    file that leaves one out keeps ``rules_schema.CUTOFF_DEFAULTS``, the shipped figure."""
+    file that leaves one out keeps default.yaml's, the one source of every figure."""
 
     near_floor: float
     library_vendor_share: float
@@ -428,10 +427,13 @@ def _thresholds(given: dict[str, Any], where: str, overridden: set[str]) -> Thre
 
 
 def _cutoffs(given: dict[str, Any], where: str) -> Cutoffs:
-    """The verdicts' cut-offs: each one given, else its shipped figure, in its range."""
+    """The verdicts' cut-offs, each in its range (default.yaml gives every one; a user's file
+    merged over it keeps those it leaves out)."""
     values: dict[str, float] = {}
     for name, (low, high, meaning) in CUTOFF_RANGES.items():
-        value = given.get(name, CUTOFF_DEFAULTS[name])
+        if name not in given:
+            raise RulesError(f"cut-off {name!r} is missing", path=where)
+        value = given[name]
         try:
             if isinstance(value, bool) or not math.isfinite(float(value)):
                 raise ValueError

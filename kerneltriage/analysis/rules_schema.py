@@ -103,28 +103,27 @@ def _merged(info: ValidationInfo) -> bool:
 
 
 Number = StrictFloat | StrictInt
+#: The default of a key a file may leave out and no code gives a figure for.
+_GIVEN: Any = Field(default=None, validate_default=False)
 
 
 class Thresholds(BaseModel):
     """``thresholds:``. The named thresholds (``rules.Thresholds``) are numbers checked by
     rules.py, which names a command-line flag when one gave it; the verdicts' cut-offs
-    (``rules.Cutoffs``) are typed here, each defaulting to its figure in default.yaml."""
+    (``rules.Cutoffs``) are typed here. Neither has a default in code: default.yaml gives every
+    figure, and a user's file merged over it keeps those it leaves out."""
 
     model_config = _Open
-    near_floor: Number = 3.0
-    library_vendor_share: Number = 0.5
-    switch_ratio: Number = 1.15
-    switch_min_rate: Number = 0.8
-    fp32_simt_share: Number = 0.5
-    fp32_min_speedup: Number = 2.0
-    layout_share: Number = 0.1
-    compiles_also_min_share: Number = 0.01
-
-
-#: The cut-offs a rules file leaves out take these (default.yaml gives the same figures).
-CUTOFF_DEFAULTS: dict[str, float] = {
-    name: float(field.default) for name, field in Thresholds.model_fields.items()
-}
+    # A cut-off a file leaves out is not set here (default.yaml is merged under a user's file);
+    # one given must be a number, null included.
+    near_floor: Number = _GIVEN
+    library_vendor_share: Number = _GIVEN
+    switch_ratio: Number = _GIVEN
+    switch_min_rate: Number = _GIVEN
+    fp32_simt_share: Number = _GIVEN
+    fp32_min_speedup: Number = _GIVEN
+    layout_share: Number = _GIVEN
+    compiles_also_min_share: Number = _GIVEN
 
 
 class OpClassEntry(BaseModel):

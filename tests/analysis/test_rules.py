@@ -139,3 +139,19 @@ def test_a_bad_pattern_fails_at_load_naming_its_file_and_key(tmp_path, text, key
         load_rules(user)
     message = str(err.value)
     assert message.startswith(f"{user}: {key}: ") and len(message.splitlines()) == 1, message
+
+
+def test_the_cutoffs_come_from_the_shipped_rules_file_only(tmp_path):
+    import yaml
+
+    from kerneltriage.analysis.rules import CUTOFF_RANGES
+
+    shipped = yaml.safe_load(default_rules_path().read_text())["thresholds"]
+    assert set(CUTOFF_RANGES) <= set(shipped)  # every figure is default.yaml's
+    user = tmp_path / "mine.yaml"
+    user.write_text("schema: kerneltriage.rules/1\nthresholds: {switch_ratio: 1.5}\n")
+    cut = load_rules(user).cutoffs
+    assert cut.switch_ratio == 1.5 and cut.near_floor == shipped["near_floor"]
+    user.write_text("schema: kerneltriage.rules/1\nthresholds: {near_floor: null}\n")
+    with pytest.raises(RulesError, match="expected a number"):
+        load_rules(user)

@@ -7,7 +7,6 @@ unit; the fix puts it on its fused kernels, predicted at what fused attention re
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 
 from kerneltriage.analysis.attention_ceilings import (
@@ -27,8 +26,6 @@ from kerneltriage.analysis.rules import Rules
 from kerneltriage.analysis.verdict_data import verdicts
 from kerneltriage.analysis.verdict_steps import skip_cold
 from kerneltriage.analysis.vocabulary import Reason, Verdict
-
-_SDPA_OPS = re.compile(r"^aten::(_?scaled_dot_product_attention(_math)?)$")
 
 
 def _kernel_unit_name(name: str) -> str | None:
@@ -59,7 +56,7 @@ def math_path(c: Candidate, rules: Rules) -> MathPath | None:
     """SDPA that ran GEMMs and a softmax instead of a fused attention kernel (its math path),
     with the unit they ran on and the cause the recorded op shows (q's or the mask's dtype,
     the head dim, dropout); None when fused attention kernels ran."""
-    if not any(_SDPA_OPS.match(op) for op in c.ops):
+    if not any(verdicts().attention.math_path.sdpa_ops.match(op) for op in c.ops):
         return None
     total = sum(k.time_ms_per_step for k in c.kernels)
     if not total:
@@ -85,8 +82,8 @@ _SHORT_DTYPE = {"float": "fp32", "c10::BFloat16": "bf16", "c10::Half": "fp16", "
 
 def _math_path_cause(c: Candidate, unit: str) -> tuple[str, str]:
     """Why SDPA took its math path, as far as the recorded op shows, and the edit."""
-    op = next((o for o in c.example if _SDPA_OPS.match(o.get("name", ""))), None)
     words = verdicts().attention.math_path
+    op = next((o for o in c.example if words.sdpa_ops.match(o.get("name", ""))), None)
     if op is None:
         return words.no_inputs.cause, words.no_inputs.edit
     dims, types, conc = op.get("dims") or [], op.get("types") or [], op.get("concrete") or []

@@ -221,6 +221,7 @@ class MathPath(_Texts):
         "head_dim": (("head_dim",), ("padded",)),
         "unknown": ((), ()),
     }
+    sdpa_ops: re.Pattern[str]
     builtin: StrictStr
     note: StrictStr
     no_inputs: CauseEdit

@@ -164,17 +164,23 @@ def _json_attrs(g: Group) -> dict[str, Any]:
 
 
 def _kernel_info(k: pd.DataFrame, rows: pd.Series, n_steps: int) -> list[KernelInfo]:
-    frame = k.assign(_joined=(rows >= 0).to_numpy())
+    # One entry per (name, phase), in order of first launch.
+    names, name_values = pd.factorize(k["name"])
+    phases, phase_values = pd.factorize(k["phase"])
+    pairs, pair_values = pd.factorize(names * (len(phase_values) + 1) + phases)
+    by_pair = pd.DataFrame({"dur": k["dur"].to_numpy(), "joined": (rows >= 0).to_numpy()}).groupby(pairs)
+    launches, time, joined = by_pair.size(), by_pair["dur"].sum(), by_pair["joined"].all()
     out = []
-    for (name, phase), g in frame.groupby(["name", "phase"], sort=False):
+    for p, n, t, j in zip(pair_values.tolist(), launches.tolist(), time.tolist(), joined.tolist()):
+        name = name_values[p // (len(phase_values) + 1)]
         out.append(
             KernelInfo(
                 name=base_name(name),
                 full_name=name,
-                launches_per_step=len(g) / n_steps,
-                time_ms_per_step=float(g["dur"].sum()) / n_steps / 1e6,
-                phase=phase,
-                joined=bool(g["_joined"].all()),
+                launches_per_step=n / n_steps,
+                time_ms_per_step=float(t) / n_steps / 1e6,
+                phase=phase_values[p % (len(phase_values) + 1)],
+                joined=bool(j),
             )
         )
     out.sort(key=lambda x: -x.time_ms_per_step)

@@ -9,6 +9,7 @@ their own. A ``Group`` names its candidate and holds the kernels and instances i
 
 from __future__ import annotations
 
+import copy
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -141,14 +142,16 @@ def _op_info_maker(timeline: Timeline) -> Callable[..., OpInfo]:
 @dataclass
 class _RootKinds:
     """What a forward top-level op's kernels say of its kind: the first kernel (name and
-    activity), whether it launches only copies and memsets, and its kernel time by kind."""
+    activity), whether it launches only copies and memsets, and which kinds hold its kernel
+    time (``kernel_majority``)."""
 
     names: Any
     rules: Rules
     first_kernel: dict[int, str]
     first_activity: dict[int, str]
     copy_only: dict[int, bool]
-    by_kind: dict[int, dict[str, float]]
+    majority: dict[int, tuple[str | None, str | None, bool]]
+    known: dict[tuple, tuple[str, bool]] = field(default_factory=dict)  # ``kind``'s, by what it reads
 
     @classmethod
     def of(cls, fwd: Any, rules: Rules, names: Any) -> _RootKinds:
@@ -170,33 +173,23 @@ class _RootKinds:
             )
             for p in pairs.tolist()
         ]
-        # Numbered in name order: the sums below come out by (op, kind name), as pandas sorts.
+        # Numbered in name order: of kinds holding the same time, the first by name leads.
         labels = sorted(set(kinds))
         rank = np.array([labels.index(kk) for kk in kinds], dtype=np.int64)
-        sums = pd.Series(fwd["dur"].to_numpy()).groupby([roots, rank[pair_codes]]).sum()
-        by_kind: dict[int, dict[str, float]] = {}
-        for (r, kk), dur in zip(sums.index.tolist(), sums.tolist()):
-            by_kind.setdefault(int(r), {})[labels[kk]] = float(dur)
+        time = pd.Series(fwd["dur"].to_numpy()).groupby([roots, rank[pair_codes]]).sum()
         return cls(
             names,
             rules,
             dict(zip(held.tolist(), kernel_names[first].tolist())),
             dict(zip(held.tolist(), activities[first].tolist())),
             copy_only,
-            by_kind,
+            _majority(time, labels, rules),
         )
 
     def kernel_majority(self, r: int) -> tuple[str | None, str | None, bool]:
         """(most time's kind, the unabsorbed kind holding ≥ half the time or None, whether any
         unabsorbed kernel runs in it at all)."""
-        shares = self.by_kind.get(r)
-        if not shares:
-            return None, None, False
-        total = sum(shares.values()) or 1.0
-        top = max(shares, key=shares.__getitem__)
-        unabsorbed = (kk for kk in shares if kk in self.rules.unabsorbed_kinds)
-        strong = max(unabsorbed, key=shares.__getitem__, default=None)
-        return top, strong if strong and shares[strong] >= 0.5 * total else None, strong is not None
+        return self.majority.get(r, (None, None, False))
 
     def kind(self, r: int) -> tuple[str, bool]:
         """(kind, boundary) of forward top-level op ``r``. An op's class comes from the op;
@@ -204,17 +197,40 @@ class _RootKinds:
         attention or communication kernels (a boundary)."""
         rules, name = self.rules, self.names[r]
         top, strong, boundary = self.kernel_majority(r)
-        if self.copy_only.get(r):
+        copy_only = self.copy_only.get(r)
+        first = (self.first_kernel.get(r), self.first_activity.get(r, "kernel"))
+        reads = (name, copy_only, top, strong, boundary, first)
+        known = self.known.get(reads)
+        if known is not None:
+            return known
+        if copy_only:
             kind = "memcpy"
         elif rules.is_extension_op(name):
             kind, boundary = strong or top or "other", True
         elif strong and rules.classify_op(name) not in rules.unabsorbed_kinds:
             kind = strong
         else:
-            kind = rules.classify_op(name) or rules.classify(
-                None, self.first_kernel.get(r), self.first_activity.get(r, "kernel")
-            )
+            kind = rules.classify_op(name) or rules.classify(None, *first)
+        self.known[reads] = (kind, boundary)
         return kind, boundary
+
+
+def _majority(
+    time: pd.Series, labels: list[str], rules: Rules
+) -> dict[int, tuple[str | None, str | None, bool]]:
+    """``_RootKinds.kernel_majority`` of every op, from its kernel time by (op, kind number)."""
+    by_op = time.groupby(level=0)
+    total = by_op.sum()
+    top = by_op.idxmax()  # the first of equal times: kinds are numbered in name order
+    unabsorbed = [i for i, label in enumerate(labels) if label in rules.unabsorbed_kinds]
+    some = time[np.isin(time.index.get_level_values(1), unabsorbed)].groupby(level=0)
+    strongest, strong_time = some.idxmax().to_dict(), some.max().to_dict()
+    out: dict[int, tuple[str | None, str | None, bool]] = {}
+    for r, (_, kk), whole in zip(top.index.tolist(), top.tolist(), total.tolist()):
+        strong = strongest.get(r)
+        held = strong is not None and float(strong_time[r]) >= 0.5 * (float(whole) or 1.0)
+        out[int(r)] = (labels[kk], labels[strong[1]] if held else None, strong is not None)
+    return out
 
 
 def _group_forward_ops(
@@ -229,9 +245,14 @@ def _group_forward_ops(
     """Each step's forward top-level ops segmented (regions, single ops) into ``groups``;
     returns the group key of every (step, forward top-level op row)."""
     names = kinds.names
-    starts = timeline.cpu["start"].to_numpy()
+    cpu = timeline.cpu
+    starts = cpu["start"].to_numpy()
+    arguments = np.stack([cpu[c].to_numpy() for c in ("dims", "types", "concrete")], axis=1)
     row_group: dict[tuple[int, int], tuple] = {}
     compute_types = _compute_types(timeline, attr, set(fwd["fwd_root"].unique().tolist()), rules)
+    # Steps repeat: a sequence of ops is segmented once, and its cuts serve every step that
+    # runs the same ops with the same shapes.
+    cuts: dict[tuple, list[_Cut] | None] = {}
     for step, roots in _split_by(fwd["step"].to_numpy(), fwd["fwd_root"].to_numpy()):
         rows = sorted(set(roots.tolist()), key=lambda r: starts[r])
         ops = []
@@ -242,8 +263,27 @@ def _group_forward_ops(
             info.module = attr.cpu_module[r]
             ops.append(info)
         region_of = [attr.cpu_region[r] for r in rows]
-        for seg in _segments_with_regions(ops, region_of, rules):
-            key = _segment_key(seg)
+        sequence = tuple(
+            zip(
+                (o.name for o in ops),
+                (o.kind for o in ops),
+                (o.boundary for o in ops),
+                (o.module for o in ops),
+                (o.compute_type for o in ops),
+                region_of,
+                map(tuple, arguments[rows].tolist()),
+            )
+        )
+        known = cuts.get(sequence)
+        if known is None:
+            segments = _segments_with_regions(ops, region_of, rules)
+            keys = [_segment_key(seg) for seg in segments]
+            if sequence not in cuts:
+                cuts[sequence] = _cuts(segments, keys, ops)
+        else:
+            segments = [cut.segment(ops) for cut in known]
+            keys = [cut.key for cut in known]
+        for seg, key in zip(segments, keys):
             g = groups.get(key)
             if g is None:
                 g = groups[key] = _new_group(key, seg, rules)
@@ -253,6 +293,59 @@ def _group_forward_ops(
             for r in seg.rows:
                 row_group[(int(step), r)] = key
     return row_group
+
+
+@dataclass
+class _Cut:
+    """One segment of a step's ops, as a template: its place among the ops and all it holds
+    but them."""
+
+    start: int
+    stop: int
+    level: str
+    kind: str
+    variant: str | None
+    attrs: dict[str, Any]
+    ideal: Any
+    key: tuple
+    label: str
+
+    def segment(self, ops: list[OpInfo]) -> Segment:
+        attrs = copy.deepcopy(self.attrs) if self.attrs else {}
+        return Segment(
+            self.level,
+            self.kind,
+            self.variant,
+            ops[self.start : self.stop],
+            attrs,
+            copy.copy(self.ideal),
+            self.label,
+        )
+
+
+def _cuts(segments: list[Segment], keys: list[tuple], ops: list[OpInfo]) -> list[_Cut] | None:
+    """``segments`` of ``ops`` as templates; None when one is not a run of consecutive ops."""
+    out = []
+    at = {id(op): i for i, op in enumerate(ops)}
+    for seg, key in zip(segments, keys):
+        start = at.get(id(seg.ops[0]), -1) if seg.ops else -1
+        stop = start + len(seg.ops)
+        if start < 0 or any(a is not b for a, b in zip(seg.ops, ops[start:stop])) or stop > len(ops):
+            return None
+        out.append(
+            _Cut(
+                start,
+                stop,
+                seg.level,
+                seg.kind,
+                seg.variant,
+                copy.deepcopy(seg.attrs),
+                copy.copy(seg.ideal),
+                key,
+                _segment_name(seg),
+            )
+        )
+    return out
 
 
 def _note_enclosing_module(g: Group, seg: Segment) -> None:
@@ -584,6 +677,12 @@ def _new_group(key: tuple, seg: Segment, rules: Rules) -> Group:
 
 
 def _segment_name(seg: Segment) -> str:
+    if seg.label is None:
+        seg.label = _name_of(seg)
+    return seg.label
+
+
+def _name_of(seg: Segment) -> str:
     if "region" in seg.attrs:
         return f"region '{seg.attrs['region']}'"
     if seg.level == "op":

@@ -297,11 +297,11 @@ def unlaunched_busy_ns(attr: Attribution) -> int:
     (launched before the profiled window) running inside the steps' walls. It is part of
     ``idle_gaps``' busy time but of no candidate: a time breakdown shows it apart."""
     k = attr.kernels
-    early = k[k["launch_start"] < 0]
-    if early.empty:
+    early = k["launch_start"].to_numpy() < 0
+    if not early.any():
         return 0
-    starts = early["start"].to_numpy()
-    ends = starts + early["dur"].to_numpy()
+    starts = k["start"].to_numpy()[early]
+    ends = starts + k["dur"].to_numpy()[early]
     total = 0
     for w0, w1 in attr.windows:
         sel = (starts < w1) & (ends > w0)

@@ -47,6 +47,8 @@ class Segment:
     ops: list[OpInfo]
     attrs: dict[str, Any] = field(default_factory=dict)
     ideal: Work | None = None  # forward work of a fused kernel (regions only)
+    # Its name in a report, once made (``grouping``): instances of one shape share it.
+    label: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def rows(self) -> list[int]:

@@ -33,7 +33,7 @@ def candidate_shapes(g: Group, k: pd.DataFrame) -> Shapes:
         steps = k["step"].to_numpy()
         sums = pd.Series(k["dur"].to_numpy()).groupby([steps, anchors]).sum()
         seg_time = dict(zip(sums.index.tolist(), map(float, sums.tolist())))
-        signatures = [_signature(seg) for _, seg in g.segments]
+        signatures = _signatures([seg for _, seg in g.segments])
         launches = _launch_configs(k, steps, anchors) if not all(signatures) else {}
         for (step, seg), sig in zip(g.segments, signatures):
             if not sig:
@@ -80,6 +80,23 @@ def _launch_configs(
         if cfg[0] >= 0:
             launches[(step, anchor)].append(tuple(cfg))
     return launches
+
+
+def _signatures(segments: list[Segment]) -> list[tuple]:
+    """``_signature`` of each segment; instances of one shape (the trace interns argument
+    lists) are read once."""
+    known: dict[tuple, tuple] = {}
+    out = []
+    for seg in segments:
+        if seg.kind == "attention" and seg.level == "region" and "q" in seg.attrs:
+            out.append(_signature(seg))
+            continue
+        ops = seg.ops if seg.level == "op" else seg.ops[:1]
+        key = tuple((id(op.dims), id(op.types)) for op in ops)
+        if key not in known:
+            known[key] = _signature(seg)
+        out.append(known[key])
+    return out
 
 
 def _signature(seg: Segment) -> tuple:

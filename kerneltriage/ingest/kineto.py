@@ -678,7 +678,7 @@ class _Builder:
     def __init__(self) -> None:
         self.events = 0
         self.parts: dict[str, list[dict[str, Any]]] = {"kernels": [], "runtime": [], "cpu": [], "gpu_ann": []}
-        self.arg_index: dict[tuple[str, bytes], int] = {}  # (column, JSON) -> id, -1: malformed
+        self.arg_index: dict[str, dict[bytes, int]] = {}  # column -> JSON -> id, -1: malformed
         self.args: list[Any] = []
         self.skipped: dict[str, int] = dict.fromkeys(SKIPPED_KINDS, 0)
 
@@ -702,27 +702,30 @@ class _Builder:
         """Interned ids of an argument column; each distinct value is checked against its
         schema once (``schemas.OP_ARGUMENTS``), and one of the wrong shape counts as not
         recorded (-1)."""
-        index, args, dumps = self.arg_index, self.args, orjson.dumps
-        valid = OP_ARGUMENTS[column]
-        out = np.empty(len(values), dtype=np.int64)
-        for i, value in enumerate(values):
-            if value is None:
-                out[i] = -1
-                continue
-            key = (column, dumps(value))
-            j = index.get(key)
-            if j is None:
-                if valid(value) and column == "dims" and implausible_dims(value) is not None:
-                    j = index[key] = -1
-                    self.skipped["shapes"] += 1
-                elif valid(value):
-                    j = index[key] = len(args)
-                    args.append(value)
-                else:
-                    j = index[key] = -1
-                    self.skipped["arguments"] += 1
-            out[i] = j
-        return out
+        index = self.arg_index.get(column)
+        if index is None:
+            index = self.arg_index[column] = {b"null": -1}  # not recorded
+        keys = list(map(orjson.dumps, values))
+        out = list(map(index.get, keys))
+        if None in out:  # values not seen before: checked and numbered in order
+            args, valid = self.args, OP_ARGUMENTS[column]
+            for i, j in enumerate(out):
+                if j is not None:
+                    continue
+                key, value = keys[i], values[i]
+                j = index.get(key)
+                if j is None:
+                    if valid(value) and column == "dims" and implausible_dims(value) is not None:
+                        j = index[key] = -1
+                        self.skipped["shapes"] += 1
+                    elif valid(value):
+                        j = index[key] = len(args)
+                        args.append(value)
+                    else:
+                        j = index[key] = -1
+                        self.skipped["arguments"] += 1
+                out[i] = j
+        return np.array(out, dtype=np.int64)
 
     def compact(self) -> None:
         """One block of columns per table (fewer, larger objects to send between processes)."""
@@ -738,36 +741,44 @@ class _Builder:
         runtime: list[dict[str, Any]] = []
         gpu_ann: list[dict[str, Any]] = []
         skipped = self.skipped
+        # Where each category's events go: (bucket, tag; None: the event itself), skip counter.
+        into: dict[str, tuple[Any, str | None, str]] = {
+            **{c: (gpu, kind, "kernels") for c, kind in GPU_KINDS.items()},
+            "cpu_op": (cpu, "cpu_op", "cpu"),
+            "user_annotation": (cpu, "user_annotation", "cpu"),
+            "cuda_runtime": (runtime, None, "runtime"),
+            "cuda_driver": (runtime, None, "runtime"),
+            "gpu_user_annotation": (gpu_ann, None, "gpu_ann"),
+        }
+        aliases, numbers, args_types = _CATEGORY_ALIASES, _NUMBER, _ARGS
         for e in events:
-            if type(e) is not dict or e.get("ph") != "X":
+            if type(e) is not dict:
                 continue
-            cat = e.get("cat")
+            get = e.get
+            if get("ph") != "X":
+                continue
+            cat = get("cat")
             if type(cat) is not str:  # a list, a number: not a category anyone wrote
                 if cat is not None:
                     skipped["other"] += 1
                 continue
             if cat == "Operator":  # Kineto's categories before PyTorch 1.10
                 skipped["legacy"] = skipped.get("legacy", 0) + 1
-            cat = _CATEGORY_ALIASES.get(cat) or _CATEGORY_ALIASES.get(cat.lower())
+            cat = aliases.get(cat) or aliases.get(cat.lower())
             if cat is None:
                 continue
+            bucket, tag, table = into[cat]
             # The schema of the fields read (types only; values are checked per column):
             # ts and dur numbers, name a string, args a mapping when present.
             if (
-                type(e.get("ts")) not in _NUMBER
-                or type(e.get("dur", 0)) not in _NUMBER
-                or type(e.get("name")) is not str
-                or type(e.get("args")) not in _ARGS
+                type(get("ts")) not in numbers
+                or type(get("dur", 0)) not in numbers
+                or type(get("name")) is not str
+                or type(get("args")) not in args_types
             ):
-                skipped[_TABLE_OF.get(cat, "other")] += 1
-            elif cat in GPU_KINDS:
-                gpu.append((e, GPU_KINDS[cat]))
-            elif cat == "cpu_op" or cat == "user_annotation":
-                cpu.append((e, cat))
-            elif cat == "cuda_runtime" or cat == "cuda_driver":
-                runtime.append(e)
-            elif cat == "gpu_user_annotation":
-                gpu_ann.append(e)
+                skipped[table] += 1
+            else:
+                bucket.append(e if tag is None else (e, tag))
         for table, rows, make in (
             ("kernels", gpu, self._gpu),
             ("cpu", cpu, self._cpu),
@@ -807,7 +818,7 @@ class _Builder:
     def _common(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         args = [e.get("args") or {} for e in rows]
         return args, {
-            "name": [sys.intern(str(e["name"])) for e in rows],
+            "name": [sys.intern(e["name"]) for e in rows],  # a str: checked by ``add``
             "start": _ns_array([e["ts"] for e in rows]),
             "dur": _ns_array([e.get("dur", 0) for e in rows]),
         }

@@ -32,12 +32,15 @@ def gemm_dims(c: Any) -> tuple[int, int, int, str] | None:
     return None
 
 
+#: Leaf module names of projections that read the same input (q/k/v, gate/up): one GEMM on
+#: their concatenated weights could run them.
 _PROJECTIONS = (
     {"q_proj", "k_proj", "v_proj"},
     {"query", "key", "value"},
     {"gate_proj", "up_proj"},
     {"wq", "wk", "wv"},
 )
+#: The output tile a cuBLAS/CUTLASS GEMM of these sizes typically runs, for the wave count.
 _TILE = 128
 
 

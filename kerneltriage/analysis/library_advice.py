@@ -13,13 +13,13 @@ from kerneltriage.analysis.estimate import dtype_bytes
 from kerneltriage.analysis.gemm_shapes import gemm_dims
 from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.analysis.kernel_classes import has_trait
-from kerneltriage.analysis.model import Candidate, Condition
+from kerneltriage.analysis.model import Candidate, Condition, KernelInfo
 from kerneltriage.analysis.rules import Rules
 from kerneltriage.analysis.verdict_data import verdicts
 from kerneltriage.analysis.vocabulary import Reason, Verdict
 
 
-def _fp32_simt(k) -> bool:
+def _fp32_simt(k: KernelInfo) -> bool:
     if has_trait(k.full_name, "tensor_op"):
         return False
     return has_trait(k.name, "fp32_simt") or has_trait(k.full_name, "fp32_template")

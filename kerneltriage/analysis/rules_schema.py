@@ -107,7 +107,7 @@ Number = StrictFloat | StrictInt
 _GIVEN: Any = Field(default=None, validate_default=False)
 
 
-class Thresholds(BaseModel):
+class ThresholdsSection(BaseModel):
     """``thresholds:``. The named thresholds (``rules.Thresholds``) are numbers checked by
     rules.py, which names a command-line flag when one gave it; the verdicts' cut-offs
     (``rules.Cutoffs``) are typed here. Neither has a default in code: default.yaml gives every
@@ -219,7 +219,7 @@ class RulesFile(BaseModel):
 
     model_config = _Open
     schema_: StrictStr | None = Field(default=None, alias="schema")
-    thresholds: Thresholds = Thresholds()
+    thresholds: ThresholdsSection = ThresholdsSection()
     op_classes: tuple[OpClassEntry, ...] = ()
     kernel_kinds: dict[StrictStr, StrictStr] = {}
     extension_ops: Patterns = ()
@@ -227,7 +227,7 @@ class RulesFile(BaseModel):
     layout_kernels: Patterns = ()
     regions: Regions = Regions()
     recommendations: dict[StrictStr, Recommendation] = {}
-    # Fix recipes in fixes.yaml's shape; analysis/fixes.py validates each one.
+    # Fix recipes in fixes.yaml's shape; analysis/fix_recipes.py validates each one.
     fixes: list[dict[StrictStr, Any]] = []
 
     @model_validator(mode="after")

@@ -48,7 +48,7 @@ class _Texts(BaseModel):
         return self
 
 
-class Disagrees(_Texts):
+class DisagreesWords(_Texts):
     TEMPLATES = dict.fromkeys(("counters", "implausible", "shape_model"), ("times",))
     counters: StrictStr
     implausible: StrictStr
@@ -60,7 +60,7 @@ class Words(_Texts):
         "low_headroom": ("what", "achieved", "headroom", "min_headroom", "saving"),
         "failed_estimate": ("why",),
     }
-    disagrees: Disagrees
+    disagrees: DisagreesWords
     low_headroom: StrictStr
     failed_estimate: StrictStr
     no_gpu: StrictStr
@@ -71,28 +71,28 @@ class Words(_Texts):
 # --- the ladders' steps ----------------------------------------------------------------------
 
 
-class Disagreement(_Texts):
+class DisagreesStep(_Texts):
     step: Literal["disagrees"]
 
 
-class Cold(_Texts):
+class ColdStep(_Texts):
     step: Literal["cold"]
 
 
-class NoCeiling(_Texts):
+class NoCeilingStep(_Texts):
     TEMPLATES = {"library_kernels": ("library",)}
     step: Literal["no-ceiling"]
     library_kernels: StrictStr | None = None  # None: vendor library kernels get no skip of their own
     estimate_unavailable: StrictBool = False  # say why, in the rules' words (estimate_unavailable)
 
 
-class FailedEstimate(_Texts):
+class FailedEstimateStep(_Texts):
     TEMPLATES = {"why": ("headroom",)}
     step: Literal["failed-estimate"]
     why: StrictStr
 
 
-class LaunchBound(_Texts):
+class LaunchBoundStep(_Texts):
     TEMPLATES = {"note": ("launches",)}
     step: Literal["launch-bound"]
     near_floor_only: StrictBool
@@ -100,7 +100,7 @@ class LaunchBound(_Texts):
     note: StrictStr
 
 
-class BelowHeadroom(_Texts):
+class BelowHeadroomStep(_Texts):
     step: Literal["below-headroom"]
     at_roof: Reason
     library_at_roof: Reason | None = None  # None: library ops are not told apart
@@ -109,31 +109,31 @@ class BelowHeadroom(_Texts):
     rules_at_roof_note: StrictBool = False  # at the roof, the rules' at_roof_note
 
 
-class Unstable(_Texts):
+class UnstableStep(_Texts):
     step: Literal["unstable"]
     note: StrictStr | None = None  # None: the rules' note stays
 
 
-class Recommend(_Texts):
+class RecommendStep(_Texts):
     step: Literal["recommend"]
     already_builtin: StrictStr
     already_note: StrictStr
 
 
-class CompiledWrite(_Texts):
+class CompiledWriteStep(_Texts):
     step: Literal["compiled-write"]
 
 
 Step = Annotated[
-    Disagreement
-    | Cold
-    | NoCeiling
-    | FailedEstimate
-    | LaunchBound
-    | BelowHeadroom
-    | Unstable
-    | Recommend
-    | CompiledWrite,
+    DisagreesStep
+    | ColdStep
+    | NoCeilingStep
+    | FailedEstimateStep
+    | LaunchBoundStep
+    | BelowHeadroomStep
+    | UnstableStep
+    | RecommendStep
+    | CompiledWriteStep,
     Field(discriminator="step"),
 ]
 #: The steps that end a ladder: what is left after every other step gets its verdict there.
@@ -159,7 +159,7 @@ class Ladder(_Texts):
 # --- the advice on library GEMMs and convolutions ----------------------------------------------
 
 
-class Fp32Simt(_Texts):
+class Fp32SimtWords(_Texts):
     TEMPLATES = {"note": ("share", "fix"), "saving": ("gain",)}
     fix_tf32: StrictStr
     fix_fp16: StrictStr
@@ -167,14 +167,14 @@ class Fp32Simt(_Texts):
     saving: StrictStr
 
 
-class ChannelsLast(_Texts):
+class ChannelsLastWords(_Texts):
     TEMPLATES = {"note": ("share",)}
     note: StrictStr
     builtin: StrictStr
     then: StrictStr
 
 
-class Depthwise(_Texts):
+class DepthwiseWords(_Texts):
     TEMPLATES = {"what": ("size", "channels"), "forward": ("what",), "backward": ("what", "share")}
     ops: re.Pattern[str]
     what: StrictStr
@@ -182,7 +182,7 @@ class Depthwise(_Texts):
     backward: StrictStr
 
 
-class Alignment(_Texts):
+class AlignmentWords(_Texts):
     TEMPLATES = {
         "unaligned_kernels": ("share",),
         "unaligned_at": ("share", "m", "n", "k"),
@@ -211,7 +211,7 @@ class CauseEdit(BaseModel):
     edit: StrictStr
 
 
-class MathPath(_Texts):
+class MathPathWords(_Texts):
     TEMPLATES = {"builtin": ("unit",), "note": ("unit",), "dropout": ("p",)}
     #: (cause's fields, edit's fields) of each cause.
     CAUSES: ClassVar[dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
@@ -233,7 +233,7 @@ class MathPath(_Texts):
     any_edit: StrictStr
 
     @model_validator(mode="after")
-    def _causes(self) -> MathPath:
+    def _causes(self) -> MathPathWords:
         for key, (cause, edit) in self.CAUSES.items():
             pair = getattr(self, key)
             check_template(pair.cause, cause, f"{key}.cause")
@@ -241,12 +241,12 @@ class MathPath(_Texts):
         return self
 
 
-class Attention(_Texts):
+class AttentionWords(_Texts):
     TEMPLATES = {"faster_backend": ("gpu",)}
     faster_backend: StrictStr
     check_shapes: StrictStr
     try_backends: StrictStr
-    math_path: MathPath
+    math_path: MathPathWords
 
 
 class VerdictsFile(_Texts):
@@ -254,11 +254,11 @@ class VerdictsFile(_Texts):
     words: Words
     ladders: dict[Literal["eager", "compiled"], Ladder]
     advice: dict[StrictStr, tuple[Literal["fp32-simt", "channels-last", "depthwise", "alignment"], ...]]
-    fp32_simt: Fp32Simt
-    channels_last: ChannelsLast
-    depthwise: Depthwise
-    alignment: Alignment
-    attention: Attention
+    fp32_simt: Fp32SimtWords
+    channels_last: ChannelsLastWords
+    depthwise: DepthwiseWords
+    alignment: AlignmentWords
+    attention: AttentionWords
 
     @model_validator(mode="after")
     def _both_ladders(self) -> VerdictsFile:

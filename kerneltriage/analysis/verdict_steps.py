@@ -17,12 +17,12 @@ from kerneltriage.analysis.model import Candidate
 from kerneltriage.analysis.rules import Rules
 from kerneltriage.analysis.rules_schema import Recommendation
 from kerneltriage.analysis.verdict_data import (
-    BelowHeadroom,
-    FailedEstimate,
-    LaunchBound,
-    NoCeiling,
-    Recommend,
-    Unstable,
+    BelowHeadroomStep,
+    FailedEstimateStep,
+    LaunchBoundStep,
+    NoCeilingStep,
+    RecommendStep,
+    UnstableStep,
     verdicts,
 )
 from kerneltriage.analysis.vocabulary import Reason, Verdict
@@ -130,7 +130,7 @@ def _cold(c: Candidate, rules: Rules, gpu: GPUSpec | None, rec: Recommendation, 
 
 
 def _no_ceiling(
-    c: Candidate, rules: Rules, gpu: GPUSpec | None, rec: Recommendation, step: NoCeiling
+    c: Candidate, rules: Rules, gpu: GPUSpec | None, rec: Recommendation, step: NoCeilingStep
 ) -> bool:
     """No ceiling: tuned library kernels (cuDNN, cuBLAS, MIOpen, …) are no kernel to write
     (counters would say whether the library is at its roof); anything else needs one."""
@@ -153,7 +153,7 @@ def _no_ceiling(
 
 
 def _failed_estimate(
-    c: Candidate, rules: Rules, gpu: GPUSpec | None, rec: Recommendation, step: FailedEstimate
+    c: Candidate, rules: Rules, gpu: GPUSpec | None, rec: Recommendation, step: FailedEstimateStep
 ) -> bool:
     """No verdict is built on a shape estimate that cannot be right (beyond the rules'
     ``max_estimated_headroom`` on a candidate that matters); counters would place it."""
@@ -174,7 +174,7 @@ def _failed_estimate(
 
 
 def _launch_bound(
-    c: Candidate, rules: Rules, gpu: GPUSpec | None, rec: Recommendation, step: LaunchBound
+    c: Candidate, rules: Rules, gpu: GPUSpec | None, rec: Recommendation, step: LaunchBoundStep
 ) -> bool:
     """Its launches, not its bytes or FLOPs, set its time: a faster kernel cannot help."""
     if not c.roofline.launch_bound:
@@ -192,7 +192,7 @@ def _launch_bound(
 
 
 def _below_headroom(
-    c: Candidate, rules: Rules, gpu: GPUSpec | None, rec: Recommendation, step: BelowHeadroom
+    c: Candidate, rules: Rules, gpu: GPUSpec | None, rec: Recommendation, step: BelowHeadroomStep
 ) -> bool:
     """At its roof (a library's op: ``library-at-roof``), or short of the rules' headroom."""
     if c.conditions["headroom"].passed:
@@ -209,11 +209,15 @@ def _below_headroom(
     return True
 
 
-def _unstable(c: Candidate, rules: Rules, gpu: GPUSpec | None, rec: Recommendation, step: Unstable) -> bool:
+def _unstable(
+    c: Candidate, rules: Rules, gpu: GPUSpec | None, rec: Recommendation, step: UnstableStep
+) -> bool:
     return skip_unstable(c, step.note)
 
 
-def _recommend(c: Candidate, rules: Rules, gpu: GPUSpec | None, rec: Recommendation, step: Recommend) -> bool:
+def _recommend(
+    c: Candidate, rules: Rules, gpu: GPUSpec | None, rec: Recommendation, step: RecommendStep
+) -> bool:
     """All three conditions hold: the rules' verdict and built-in (for naive attention the
     faster of SDPA and the built-in), unless it already runs the fused kernel they name."""
     c.verdict = Verdict(rec["verdict"])

@@ -24,7 +24,7 @@ from kerneltriage.analysis.kernel_classes import (
     known_kinds,
 )
 from kerneltriage.resources import load_yaml
-from tests.helpers import EXTERNAL, corpus
+from tests.helpers import DATA, EXTERNAL, corpus
 
 ROOT = Path(__file__).resolve().parents[2]
 OWN_RUNS = {
@@ -422,3 +422,11 @@ def test_every_trait_is_declared_with_its_source():
     traits = load_yaml("kernel_classes.yaml")["traits"]
     assert tuple(traits) == TRAITS
     assert all(t["source"] and t["patterns"] for t in traits.values())
+
+
+def test_cutlass_grouped_gemms_left_mangled_by_the_profiler_are_gemm():
+    # torch._grouped_mm's CUTLASS 3 kernels, as an H100 MoE trace spells them (mangled: CUPTI
+    # does not demangle them); their template arguments name cute::Copy_Atom.
+    symbols = (DATA / "cutlass_grouped_gemm_symbols.txt").read_text().split()
+    assert len(symbols) == 3 and all("Copy_Atom" in s for s in symbols)
+    assert {classify_kernel(s) for s in symbols} == {KernelClass("gemm", "CUTLASS", True)}

@@ -38,7 +38,7 @@ PARAMS = (
     "label-smoothing",
     "residual-add",
 )
-#: Apply kind -> its fields (contract: recipes-contract.md, "Apply kinds").
+#: Apply kind -> its fields (what verify/apply.py installs for each).
 APPLY_KINDS: dict[str, tuple[str, ...]] = {
     "norm-swap": ("classes",),
     "liger": ("arch", "kernel"),
@@ -46,6 +46,7 @@ APPLY_KINDS: dict[str, tuple[str, ...]] = {
     "compile-model": ("mode",),
     "compile-mode": ("mode", "options"),
     "sdpa-backend": ("backend",),
+    "sdpa-mask-dtype": (),
     "hf-attention": ("causal", "softcap", "scale", "sliding_window", "gqa"),
     "autocast": ("dtype",),
     "tf32": (),

@@ -2,8 +2,8 @@
 
 The kinds and what each does are the contract's table (``design``: fix recipes). Two moments:
 
-- *before the script runs*: ``liger``, ``compile-mode``, ``sdpa-backend``, ``tf32``,
-  ``cudnn-benchmark``, ``fused-optimizer`` change a library or torch's global state;
+- *before the script runs*: ``liger``, ``compile-mode``, ``sdpa-backend``, ``sdpa-mask-dtype``,
+  ``tf32``, ``cudnn-benchmark``, ``fused-optimizer`` change a library or torch's global state;
 - *at the first forward*: a global module forward pre-hook treats the first module that runs
   as the root, changes ``root.modules()`` and removes itself. Children run after the root's
   pre-hook, so they already take the new forward (``norm-swap``, ``compile-module``,
@@ -29,6 +29,7 @@ KINDS = (
     "compile-model",
     "compile-mode",
     "sdpa-backend",
+    "sdpa-mask-dtype",
     "hf-attention",
     "autocast",
     "tf32",
@@ -88,6 +89,8 @@ class Applied:
             return f"the script built no torch.optim {'/'.join(_OPTIMIZERS)} optimizer"
         if self.kind == "ddp":
             return "the script built no torch.nn.parallel.DistributedDataParallel"
+        if self.kind == "sdpa-mask-dtype":
+            return "no scaled_dot_product_attention call had a floating mask of another dtype than q"
         return "the fix was not applied"
 
     def remove(self) -> None:
@@ -402,6 +405,33 @@ def _sdpa_backend(torch, applied: Applied, fields: dict[str, Any]) -> None:
     applied._undo.append(lambda: context.__exit__(None, None, None))
 
 
+def _sdpa_mask_dtype(torch, applied: Applied, fields: dict[str, Any]) -> None:
+    """A floating ``attn_mask`` (an additive bias: T5's relative position bias, ALiBi) in q's
+    dtype. SDPA's fused kernels take a mask of q's dtype only, and under autocast an fp32 bias
+    promotes q, k and v to fp32 too: its math path runs. The cast keeps the bias's gradient
+    (SDPA's memory-efficient kernel returns it); the bias is rounded to q's 16 bits."""
+    functional = torch.nn.functional
+    original = functional.scaled_dot_product_attention
+
+    @functools.wraps(original)
+    def sdpa(query, key, value, attn_mask=None, *args, **kwargs):
+        if (
+            attn_mask is not None
+            and attn_mask.is_floating_point()
+            and query.dtype in (torch.float16, torch.bfloat16)
+            and attn_mask.dtype != query.dtype
+        ):
+            applied.details.setdefault(
+                "mask_dtype", f"{attn_mask.dtype} -> {query.dtype}".replace("torch.", "")
+            )
+            applied.done = True
+            attn_mask = attn_mask.to(query.dtype)
+        return original(query, key, value, attn_mask, *args, **kwargs)
+
+    functional.scaled_dot_product_attention = sdpa
+    applied._undo.append(functools.partial(setattr, functional, "scaled_dot_product_attention", original))
+
+
 def _tf32(torch, applied: Applied, fields: dict[str, Any]) -> None:
     before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
@@ -452,6 +482,7 @@ _INSTALLERS: dict[str, Callable[[Any, Applied, dict[str, Any]], None]] = {
     "compile-model": _compile_model,
     "compile-mode": _compile_mode,
     "sdpa-backend": _sdpa_backend,
+    "sdpa-mask-dtype": _sdpa_mask_dtype,
     "hf-attention": _hf_attention,
     "autocast": _autocast,
     "tf32": _tf32,

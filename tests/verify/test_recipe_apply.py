@@ -203,3 +203,53 @@ def test_t5_layer_norm_candidate_is_swapped_by_the_runner_and_keeps_the_loss():
     assert applied.done and applied.details["swapped"] == 1
     assert type(fixed_model.layer_norm) is T5RMSNorm
     _same(eager, fixed)
+
+
+def test_t5_position_bias_is_cast_to_q_dtype_by_the_runner_and_keeps_its_gradient():
+    """T5 under bf16 autocast: its fp32 relative position bias beside bf16 q keeps SDPA on its
+    math path. The report offers the cast as a runner fix (``sdpa-mask-dtype``); applied to a
+    tiny T5, SDPA gets the bias in q's dtype and the loss and the bias's gradient stay eager's."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from tests.analysis.test_verdict import H100 as H100_TABLE
+    from tests.analysis.test_verdict import judge, t5_attention
+
+    c = judge(t5_attention(), H100_TABLE)  # T5-base's SDPA as its trace records it
+    assert c.recipe["id"] == "sdpa-mask-dtype" and c.recipe["apply"] == {"kind": "sdpa-mask-dtype"}
+
+    config = T5Config(
+        vocab_size=64,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=1,
+        num_decoder_layers=1,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        dropout_rate=0.0,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+    )
+    config._attn_implementation = "sdpa"
+    ids = torch.randint(1, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+
+    def loss_and_bias_grad(apply: dict | None):
+        torch.manual_seed(0)
+        model = T5ForConditionalGeneration(config)
+        applied = install(apply) if apply else None
+        try:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+        finally:
+            if applied:
+                applied.remove()
+        bias = model.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight
+        return loss.detach(), bias.grad, applied
+
+    loss, grad, _ = loss_and_bias_grad(None)
+    fixed_loss, fixed_grad, applied = loss_and_bias_grad(c.recipe["apply"])
+    assert applied.done and applied.details["mask_dtype"] == "float32 -> bfloat16"
+    torch.testing.assert_close(fixed_loss, loss, rtol=1e-2, atol=1e-3)
+    assert grad.abs().max() > 0 and fixed_grad is not None
+    torch.testing.assert_close(fixed_grad, grad, rtol=5e-2, atol=1e-3)

@@ -140,9 +140,9 @@ _READ = (
     """
 import json, re, resource, sys, time
 t = time.perf_counter()
-from kerneltriage.ingest import kineto
+from kerneltriage.ingest import json_stream, kineto
 if sys.argv[2:] == ["exact"]:  # no guessed cuts: the exact scan cuts every piece (the fallback)
-    kineto._CANDIDATE = re.compile(rb"(?!)")
+    json_stream._CANDIDATE = re.compile(rb"(?!)")
 tl = kineto.read_trace(sys.argv[1])
 """
     + _USAGE

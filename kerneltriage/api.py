@@ -13,20 +13,19 @@ Nothing here needs torch or a GPU. Errors are ``kerneltriage.errors`` exceptions
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kerneltriage.analysis import frames
-from kerneltriage.analysis.diff import Diff as _Diff
+from kerneltriage.analysis.diff import Diff
 from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.analysis.model import Report
 from kerneltriage.analysis.rules import Rules, load_rules
 from kerneltriage.errors import InputError, ToolError
-from kerneltriage.ingest.source import Profile as _Loaded
-from kerneltriage.ingest.source import load_profile
-from kerneltriage.parallel import only_rank, plan_ranks, rank_report, report_ranks, with_waits
+from kerneltriage.ingest.source import LoadedProfile, load_profile
+from kerneltriage.parallel import report_ranks
+from kerneltriage.pipeline import rank_report, with_waits
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -62,7 +61,7 @@ class Profile:
 
     def __init__(
         self,
-        loaded: _Loaded,
+        loaded: LoadedProfile,
         *,
         rules_file: str | Path | None = None,
         step_marker: str | None = None,
@@ -258,18 +257,19 @@ def report(
     is read."""
     check_options(rank=rank)
     rules = _checked_rules(rules, rules_file, gpu, step_marker, min_headroom, min_share, max_shapes)
-    shell = plan_ranks(path, ncu=ncu, ranks=None if rank is None else [rank], progress=progress)
-    rank = shell.default_rank if rank is None else rank
     made = report_ranks(
         path,
-        shell=only_rank(shell, rank),
         rules=rules,
+        ncu=ncu,
+        ranks=None if rank is None else [rank],
+        one=True,
         gpu=gpu,
         step_marker=step_marker,
         workers=1,
         progress=progress,
     )
-    return made[rank]
+    (only,) = made.values()
+    return only
 
 
 def build_reports(
@@ -350,15 +350,6 @@ def _is_rank(value: Any) -> bool:
 # --- diff ------------------------------------------------------------------------------------
 
 
-@dataclass
-class Diff(_Diff):
-    """``kerneltriage diff`` as an object (schema ``kerneltriage.diff/1``), with ``to_frame``."""
-
-    def to_frame(self) -> pd.DataFrame:
-        """One row per matched candidate (columns: ``frames.DIFF_COLUMNS``)."""
-        return frames.diff_frame(self)
-
-
 def diff(
     before: str | Path,
     after: str | Path,
@@ -369,11 +360,9 @@ def diff(
     rules_file: str | Path | None = None,
     gpu: str | GPUSpec | None = None,
 ) -> Diff:
-    """``kerneltriage diff BEFORE AFTER``: the saving each predicted candidate realized.
-    For multi-rank runs, each side's rank as in ``report()``: ``rank``, else the one Nsight
-    Compute profiled."""
-    from dataclasses import fields
-
+    """``kerneltriage diff BEFORE AFTER``: the saving each predicted candidate realized
+    (``Diff.to_frame()``: as a table). For multi-rank runs, each side's rank as in
+    ``report()``: ``rank``, else the one Nsight Compute profiled."""
     from kerneltriage.analysis.diff import compare
 
     rules = load_rules(rules_file)  # read once; what it warns about is said once, as report says it
@@ -383,7 +372,7 @@ def diff(
     ]
     result = compare(sides[0], sides[1], (str(before), str(after)))
     result.warnings = [*rules.warnings, *(w for w in result.warnings if w not in rules.warnings)]
-    return Diff(**{f.name: getattr(result, f.name) for f in fields(_Diff)})
+    return result
 
 
 # --- exports ---------------------------------------------------------------------------------

@@ -10,10 +10,18 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 from pathlib import Path
 
 from kerneltriage.errors import InputError
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def is_url(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` names a protocol (``s3://…``, ``file://…``): read through fsspec."""
+    return bool(_URL.match(str(path)))
 
 
 def check_file(path: str | os.PathLike[str], what: str, error: type[InputError] = InputError) -> Path:

@@ -2,8 +2,8 @@
 
 A folder of per-rank traces or a run directory with several ranks is planned in this process
 (which file is which rank, the counters, the manifest's warnings: ``load_profile(…,
-read_traces=False)``), then each rank is a task: read its trace, make its report, return the
-report. Only the reports come back (a few hundred kB each, whatever the trace's size), and a
+read_traces=False)``), then each rank is a task: read its trace, make its report
+(``pipeline.rank_report``), return the report. Only the reports come back (a few hundred kB each, whatever the trace's size), and a
 worker holds one rank's tables at a time, so memory is bounded by the workers, not the ranks.
 
 - ``workers=1``: in this process, one rank after another;
@@ -19,7 +19,6 @@ Input named by a URL is a folder of per-rank traces. dask, distributed and fsspe
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import tempfile
 import uuid
@@ -29,27 +28,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kerneltriage.analysis import plausibility
-from kerneltriage.analysis.gpus import (
-    GPUSpec,
-    implausible_calibration,
-    known_gpus,
-    resolve_gpu,
-    unresolved_reason,
-)
+from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.analysis.model import Report
 from kerneltriage.analysis.rules import Rules
-from kerneltriage.analysis.triage import require_gpu_activity, triage
 from kerneltriage.errors import InputError, ToolError
 from kerneltriage.ingest import source
+from kerneltriage.inputs import is_url
+from kerneltriage.pipeline import collectives, communication_fixes, last_collective, rank_report, with_waits
+from kerneltriage.worker_pool import completed, worker_pool
 
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _EXTRA = "pip install 'kerneltriage[dask]'"
-
-
-def is_url(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` names a protocol (``s3://…``, ``file://…``): read through fsspec."""
-    return bool(_URL.match(str(path)))
 
 
 def default_workers(n_ranks: int) -> int:
@@ -61,145 +49,6 @@ def default_workers(n_ranks: int) -> int:
     return max(1, min(cores, n_ranks))
 
 
-# --- one rank ---------------------------------------------------------------------------------
-
-
-def rank_report(
-    profile: source.Profile,
-    rank: int,
-    *,
-    rules: Rules,
-    gpu: str | GPUSpec | None = None,
-    step_marker: str | None = None,
-    progress: Callable[[str], None] | None = None,
-) -> Report:
-    """One rank's report from what was read. ``gpu``: a ``--gpu`` key or device name, or a
-    ready ``GPUSpec``; left out, the GPU comes from the run's calibration, the trace's name or
-    deviceProperties, and without any of them the report has no ceilings (``report.gpu`` is
-    None). ``gpu`` and ``step_marker`` are checked by the caller (``api.check_options``)."""
-    timeline = profile.timelines[rank]
-    require_gpu_activity(timeline)
-    properties = timeline.gpu_properties
-    doubt = None  # why the run's calibration is not applied
-    if isinstance(gpu, GPUSpec):
-        spec: GPUSpec | None = gpu
-    else:
-        calibration = profile.manifest.calibration if profile.manifest else None
-        doubt = implausible_calibration(calibration, timeline.gpu_name)
-        if doubt:
-            calibration = None
-        spec = resolve_gpu(timeline.gpu_name, gpu, calibration, properties)
-    if progress:
-        progress(f"analysing {Path(timeline.source).name}")
-    # Counters are measured on one rank (the one ncu profiled); join them there only.
-    counters = profile.counters if rank == profile.counters_rank else None
-    timing = rank_timing(profile, rank)
-    result = triage(
-        timeline,
-        spec,
-        rules,
-        counters,
-        step_marker=step_marker,
-        source=profile.source_info(),
-        hot_kernels=profile.hot_kernels,
-        timing=timing,
-    )
-    result.warnings = profile.warnings + result.warnings
-    if result.source.get("timing") is not None and timing:
-        # The plain steps themselves: the step time's interval (stragglers across ranks).
-        result.source["timing"]["plain_ms"] = list(timing.get("plain_ms") or [])
-    if doubt:
-        result.warnings.append(doubt)
-    elif not isinstance(gpu, GPUSpec) and profile.manifest is not None:
-        unusable = plausibility.unusable_calibration(profile.manifest.calibration)
-        if unusable:
-            result.warnings.append(unusable)
-    _verified(result, profile.source_info().get("path"))
-    if spec is None:
-        # No ceilings: the report still gives shares, idle time, kinds, shapes and a ranking.
-        reason = unresolved_reason(timeline.gpu_name, properties)
-        result.source["gpu_unresolved"] = reason
-        result.notes.insert(0, _no_gpu_note(reason))
-    return result
-
-
-def rank_timing(profile: source.Profile, rank: int) -> dict[str, Any] | None:
-    """``rank``'s own plain steps, as ``Profile.step_timing`` gives the first rank's: the
-    manifest's ``phases.timeline.step_time`` for that rank, else its
-    ``phases.timeline.step_time_ranks`` entry, else (a run made before those) the
-    ``step_times`` of its status file ``logs/status.timeline.rank<r>.json``, whose clean steps
-    have no busy time (the GPU busy time is then the recorded steps'). None: no plain steps.
-
-    A rank's recorded steps are no measure of its step time: in DDP every rank finishes every
-    step together, and a rank waits in its all-reduce while another is being profiled."""
-    timing = profile.step_timing(rank)
-    if timing is not None or profile.manifest is None:
-        return timing
-    from kerneltriage import rundir
-
-    phase = profile.manifest.phases.timeline
-    if phase is None or (phase.step_time is not None and phase.step_time.rank == rank):
-        return None  # the first rank's own record said no
-    extra = (phase.model_extra or {}).get("step_time_ranks")
-    entry: Any = extra.get(str(rank)) if isinstance(extra, dict) else None
-    if entry is None and profile.run_dir is not None:
-        entry = _status_step_times(profile.run_dir, rank)
-    if not isinstance(entry, dict):
-        return None
-    try:
-        own = rundir.StepTime.model_validate({**entry, "rank": rank})
-    except ValueError:
-        return None
-    # As the first rank's: plain steps, and clean steps that ran (``Profile.step_timing``).
-    if not own.plain_median_ms or "clean_ms" not in own.model_fields_set:
-        return None
-    return own.to_json()
-
-
-def _status_step_times(run_dir: Path, rank: int) -> dict[str, Any] | None:
-    """The plain, clean and recorded steps' times in a rank's status file (None: none)."""
-    import json
-
-    from kerneltriage import rundir
-
-    path = Path(run_dir) / rundir.LOGS / f"status.timeline.rank{rank}.json"
-    try:
-        times = json.loads(path.read_text()).get("step_times") or {}
-    except (OSError, ValueError, AttributeError):
-        return None
-    keys = ("clock", "clean_profiler", "plain_ms", "clean_ms", "recorded_ms")
-    out = {k: times[k] for k in keys if times.get(k) is not None}
-    for key in ("plain", "clean", "recorded"):
-        if times.get(f"{key}_median_ms"):
-            out[f"{key}_median_ms"] = times[f"{key}_median_ms"]
-    return out
-
-
-def _verified(report: Report, path: Any) -> None:
-    """Put RUN/verify.json (``kerneltriage verify``) on the report, when the run has one."""
-    if not path or is_url(path) or not Path(path).is_dir():
-        return
-    from kerneltriage.analysis.verification import attach
-    from kerneltriage.errors import RunDirError
-    from kerneltriage.verify.record import read
-
-    try:
-        data = read(path)
-    except RunDirError as exc:  # the report stands without it
-        report.warnings.append(f"{exc}; the report shows no verification")
-        return
-    if data is not None:
-        attach(report, data.to_json())
-
-
-def _no_gpu_note(reason: str) -> str:
-    """The report's note when no GPU row fits the trace."""
-    return (
-        f"GPU unknown ({reason}): no ceilings, so no headroom and no write or compile verdict; "
-        f"pass --gpu KEY, one of: {', '.join(known_gpus())}"
-    )
-
-
 # --- many ranks -------------------------------------------------------------------------------
 
 
@@ -209,7 +58,7 @@ class RankTask:
 
     rank: int
     trace: str  # a path, or a URL
-    shell: source.Profile  # the plan, without timelines; counters only for the counters rank
+    shell: source.LoadedProfile  # the plan, without timelines; counters only for the counters rank
     rules: Rules
     gpu: str | GPUSpec | None
     step_marker: str | None
@@ -231,52 +80,12 @@ def analyse_rank(task: RankTask) -> Report:
     report = rank_report(profile, task.rank, rules=task.rules, gpu=task.gpu, step_marker=task.step_marker)
     # The rank's collectives come back with its report (taken off again by ``report_ranks``):
     # their wait for the other ranks is known only once every rank is read.
-    report.source[_COLLECTIVES] = _collectives(timeline, task.rules)
-    _last_collective(report, timeline, task.rules)
+    report.source[_COLLECTIVES] = collectives(timeline, task.rules)
+    last_collective(report, timeline, task.rules)
     return report
 
 
 _COLLECTIVES = "_collectives"
-
-
-def _last_collective(report: Report, timeline: Any, rules: Rules) -> None:
-    """The exposed time of each step's last collective, on the report (``source``)."""
-    from kerneltriage.analysis.ranks import COMMUNICATION, last_collective
-
-    last = last_collective(timeline, lambda name: rules.classify(None, name) == COMMUNICATION)
-    if last is not None:
-        report.source["last_collective"] = last
-
-
-def with_waits(reports: dict[int, Report], timelines: dict[int, Any], rules: Rules) -> dict[int, Report]:
-    """Several ranks' reports with their communication split into wait and transfer
-    (``analysis.ranks.split_communication``), from the ranks' timelines."""
-    if len(reports) > 1:
-        from kerneltriage.analysis.ranks import split_communication
-
-        split_communication(
-            reports, {r: _collectives(timelines[r], rules) for r in reports if r in timelines}
-        )
-        for r, report in reports.items():
-            if r in timelines:
-                _last_collective(report, timelines[r], rules)
-        _communication_fixes(reports, rules)
-    return reports
-
-
-def _communication_fixes(reports: dict[int, Report], rules: Rules) -> None:
-    """DDP's settings on the ranks whose communication is exposed, once their wait for the
-    other ranks is known (``analysis.ranks.communication_fix``)."""
-    from kerneltriage.analysis.ranks import communication_fix
-
-    for report in reports.values():
-        communication_fix(report, rules.recipes)
-
-
-def _collectives(timeline: Any, rules: Rules) -> list[Any]:
-    from kerneltriage.analysis.ranks import COMMUNICATION, collectives
-
-    return collectives(timeline, lambda name: rules.classify(None, name) == COMMUNICATION)
 
 
 def plan_ranks(
@@ -285,7 +94,7 @@ def plan_ranks(
     ncu: str | os.PathLike[str] | None = None,
     ranks: list[int] | None = None,
     progress: Callable[[str], None] | None = None,
-) -> source.Profile:
+) -> source.LoadedProfile:
     """What ``path`` holds, its ranks' traces unread: which file is which rank, the counters,
     the manifest. A single trace or an Nsight Systems export (one file for every rank) is read
     here, as the only way to know its ranks."""
@@ -295,8 +104,8 @@ def plan_ranks(
     return source.load_profile(path, ncu=ncu, ranks=ranks, progress=say, read_traces=False)
 
 
-def only_rank(shell: source.Profile, rank: int) -> source.Profile:
-    """``shell`` narrowed to one of its ranks (as planned with ``ranks=[rank]``)."""
+def _only_rank(shell: source.LoadedProfile, rank: int) -> source.LoadedProfile:
+    """``shell`` narrowed to one of its ranks."""
     return replace(
         shell,
         timelines={r: t for r, t in shell.timelines.items() if r == rank},
@@ -315,13 +124,14 @@ def report_ranks(
     workers: int | None = None,
     scheduler: str | None = None,
     progress: Callable[[str], None] | None = None,
-    shell: source.Profile | None = None,
+    one: bool = False,
 ) -> dict[int, Report]:
     """Every rank's report (or those of ``ranks``), each rank read and reduced by a worker:
     ``{rank: Report}`` in rank order, the same reports as ``api.load(…).reports()`` makes in
     one process. A single trace or an Nsight Systems export (one file for every rank) is read
-    here. ``rules``: ready rules (``api.load_rules``), else the shipped ones. ``shell``: the
-    plan (``plan_ranks``) when made already; then ``ncu`` and ``ranks`` are not read."""
+    here. ``rules``: ready rules (``api.load_rules``), else the shipped ones. ``one``: only
+    the rank a single report is of: that of ``ranks``, else the plan's ``default_rank`` (the
+    only one, else the one Nsight Compute profiled); the input is planned once either way."""
     say = progress or (lambda _m: None)
     if rules is None:
         from kerneltriage.analysis.rules import load_rules
@@ -329,8 +139,9 @@ def report_ranks(
         rules = load_rules(None)
     if workers is not None and workers < 1:
         raise InputError(f"--workers must be at least 1, not {workers}")
-    if shell is None:
-        shell = plan_ranks(path, ncu=ncu, ranks=ranks, progress=say)
+    shell = plan_ranks(path, ncu=ncu, ranks=ranks, progress=say)
+    if one:
+        shell = _only_rank(shell, ranks[0] if ranks else shell.default_rank)
     from kerneltriage.analysis.ranks import split_communication
 
     if shell.timelines:  # read already: a bare trace, or an export holding every rank
@@ -381,7 +192,7 @@ def report_ranks(
         _run_processes(tasks, processes, reduce)
     if len(out) > 1:
         split_communication(out, comms)
-        _communication_fixes(out, rules)
+        communication_fixes(out, rules)
     return {r: out[r] for r in sorted(out)}
 
 
@@ -397,7 +208,7 @@ def _reader_workers(workers: int | None) -> int | None:
     return spare if spare >= 2 else 0
 
 
-def _as_planned(report: Report, shell: source.Profile, path: str, files: dict[int, str]) -> Report:
+def _as_planned(report: Report, shell: source.LoadedProfile, path: str, files: dict[int, str]) -> Report:
     """A worker's report names only its own trace; give it the whole input, as one process would."""
     report.source["traces"] = {str(r): f for r, f in files.items()}
     report.source["counters"] = shell.counters.source if shell.counters else None
@@ -412,35 +223,10 @@ def _as_planned(report: Report, shell: source.Profile, path: str, files: dict[in
 
 
 def _run_processes(tasks: list[RankTask], workers: int, reduce: Callable[[Report], None]) -> None:
-    import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-
-    # fork: the workers start at once with what is imported here, and never re-run a __main__.
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init)
-    try:
-        # At most two tasks queued per worker: a failing rank stops the rest early.
-        todo = list(reversed(tasks))
-        running: set[Any] = set()
-        while todo or running:
-            while todo and len(running) < 2 * workers:
-                running.add(pool.submit(analyse_rank, todo.pop()))
-            done, running = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                reduce(future.result())
-    except BaseException:
-        for process in list(getattr(pool, "_processes", {}).values()):
-            process.terminate()  # a Ctrl-C or a failing rank: stop the other ranks' work now
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown()
-
-
-def _worker_init() -> None:
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    # At most two tasks queued per worker: a failing rank stops the rest early.
+    with worker_pool(workers) as pool:
+        for report in completed(pool, analyse_rank, tasks, 2 * workers):
+            reduce(report)
 
 
 def _run_dask(
@@ -532,7 +318,9 @@ def _local_file(trace: str) -> Iterator[str]:
         Path(tmp).unlink(missing_ok=True)
 
 
-def _plan_url(url: str, ncu: Any, ranks: list[int] | None, say: Callable[[str], None]) -> source.Profile:
+def _plan_url(
+    url: str, ncu: Any, ranks: list[int] | None, say: Callable[[str], None]
+) -> source.LoadedProfile:
     """A folder of per-rank traces named by a URL: which object is which rank."""
     fsspec = _fsspec()
     fs, root = _url_to_fs(url)
@@ -561,6 +349,6 @@ def _plan_url(url: str, ncu: Any, ranks: list[int] | None, say: Callable[[str], 
         from kerneltriage.ingest.ncu_csv import read_counters
 
         counters = read_counters(ncu)
-    shell = source.Profile({}, counters, None, None, warnings=warnings)
+    shell = source.LoadedProfile({}, counters, None, None, warnings=warnings)
     shell.trace_files = {r: traces[r] for r in wanted}
     return shell

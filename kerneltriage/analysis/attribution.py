@@ -6,7 +6,7 @@ The chain, with the trace fields it uses:
 - kernel ``correlation`` = runtime call ``correlation`` (cudaLaunchKernel, cuLaunchKernelEx …);
 - runtime call ``External id`` = the launching cpu op's ``External id`` (else: the innermost
   cpu op on the calling thread whose interval holds the call);
-- cpu ops nest by time on each thread: the outermost cpu op is the *top-level* op
+- cpu ops nest by time on each thread (``cpu_tree.py``): the outermost cpu op is the *top-level* op
   (``aten::linear``, not ``aten::mm``); annotations on the stack give the module path
   (``kerneltriage.module:``) or a named region;
 - a backward top-level op (``autograd::engine::evaluate_function: MmBackward0``) carries the
@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kerneltriage.analysis.cpu_tree import forward_of, innermost_at, levels, nest
 from kerneltriage.annotate import MODULE_PREFIX, REGION_PREFIX, STEP_RANGE
 from kerneltriage.ingest.tables import Timeline
 from kerneltriage.patterns import Pattern, compile_user_pattern
@@ -52,8 +53,6 @@ _FRAMING = re.compile("|".join((PROFILER_STEP.pattern, _OPTIMIZER.pattern, r"^en
 _BACKWARD_ROOT = re.compile(
     r"^(autograd::engine::evaluate_function|torch::autograd::AccumulateGrad$|[A-Za-z0-9_]+Backward\d*$)"
 )
-_NEST_TOLERANCE_NS = 1000
-_NEST_BLOCK = 1 << 16
 #: A step shorter than this fraction of the median step is a stub (a ProfilerStep opened just
 #: before the profiler stopped), not a step.
 STUB_FRACTION = 0.1
@@ -251,69 +250,6 @@ def _extent(tl: Timeline) -> tuple[int, int]:
     return (min(starts), max(ends)) if starts else (0, 0)
 
 
-def _nest(cpu: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Parent row of every cpu row on its thread (-1: top level), by interval containment,
-    and its depth (0: top level; a parent is one level above its children)."""
-    n = len(cpu)
-    parent = np.full(n, -1, dtype=np.int64)
-    if n == 0:
-        return parent, np.zeros(0, dtype=np.int64)
-    start = cpu["start"].to_numpy()
-    end = start + cpu["dur"].to_numpy()
-    pid = cpu["pid"].to_numpy()
-    tid = cpu["tid"].to_numpy()
-    # Sorted by thread, then start, longest first: a parent always precedes its children.
-    order = np.lexsort((-cpu["dur"].to_numpy(), start, tid, pid))
-    sorted_pid, sorted_tid = pid[order], tid[order]
-    new_thread = np.ones(n, dtype=bool)
-    new_thread[1:] = (sorted_pid[1:] != sorted_pid[:-1]) | (sorted_tid[1:] != sorted_tid[:-1])
-    tolerance = _NEST_TOLERANCE_NS
-    stack: list[tuple[int, int]] = []  # (end, row) of the ranges holding the current one
-    top_end, top_row = None, -1
-    out = np.empty(n, dtype=np.int64)
-    for a in range(0, n, _NEST_BLOCK):  # Python values a block at a time: bounded memory
-        b = min(n, a + _NEST_BLOCK)
-        parents: list[int] = []
-        found = parents.append
-        rows = order[a:b]
-        for s, e, row, new in zip(
-            start[rows].tolist(), end[rows].tolist(), rows.tolist(), new_thread[a:b].tolist()
-        ):
-            if new:
-                stack.clear()
-                top_end, top_row = None, -1
-            # Pop ranges that ended before this one starts, and ranges this one outlasts: such
-            # partial overlaps happen between annotations (ProfilerStep#N+1 starts inside the
-            # optimizer step whose hook started it). A child may end a little after its parent
-            # from timestamp rounding, hence the tolerance.
-            while top_end is not None and (top_end <= s or e > top_end + tolerance):
-                stack.pop()
-                top_end, top_row = stack[-1] if stack else (None, -1)
-            found(top_row)
-            top_end, top_row = e, row
-            stack.append((e, row))
-        out[a:b] = parents
-    parent[order] = out
-    # Depth: how many parents up to the top (a few passes, one per level).
-    depth = np.zeros(n, dtype=np.int64)
-    above = parent.copy()
-    held = np.flatnonzero(above >= 0)
-    while len(held):
-        depth[held] += 1
-        above[held] = parent[above[held]]
-        held = held[above[held] >= 0]
-    return parent, depth
-
-
-def _levels(depth: np.ndarray) -> list[np.ndarray]:
-    """The rows of each nesting depth, outermost first (each in row order)."""
-    if not len(depth):
-        return []
-    by_depth = np.argsort(depth, kind="stable")
-    bounds = np.searchsorted(depth[by_depth], np.arange(int(depth.max()) + 2))
-    return [by_depth[a:b] for a, b in itertools.pairwise(bounds.tolist())]
-
-
 def _own_places(uniques: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """What an annotation names itself, per distinct name (and -1, no name): its module,
     region and optimizer range; the caller reads it for annotation rows only."""
@@ -347,7 +283,7 @@ def attribute(tl: Timeline, marker: str | None = None) -> Attribution:
     is_op = (cat == "cpu_op") & ~framing
     is_annotation = (cat == "user_annotation") | ((cat == "cpu_op") & framing)
     steps, source, warnings = find_steps(tl, marker, is_annotation)
-    parent, depth = _nest(cpu)
+    parent, depth = nest(cpu)
     seqs = cpu["seq"].to_numpy()
 
     # Each row inherits its parent's top-level op, module, region and optimizer range (level
@@ -358,7 +294,7 @@ def attribute(tl: Timeline, marker: str | None = None) -> Attribution:
     optimizer = np.zeros(n, dtype=bool)
     own_module, own_region, own_optimizer = _own_places(uniques)
     own = [(own_module, pd.notna(own_module), module), (own_region, pd.notna(own_region), region)]
-    for rows in _levels(depth):
+    for rows in levels(depth):
         own_root = np.where(is_op[rows], rows, -1)
         p = parent[rows]
         if p.size and p[0] >= 0:  # a level below the top: every row has a parent
@@ -377,7 +313,7 @@ def attribute(tl: Timeline, marker: str | None = None) -> Attribution:
     is_bwd_root = (
         is_op & (root == np.arange(n)) & _mask_of(codes, uniques, lambda x: _BACKWARD_ROOT.match(str(x)))
     )
-    fwd_of = _forward_of(root, is_op, is_bwd_root, seqs, cpu["start"].to_numpy())
+    fwd_of = forward_of(root, is_op, is_bwd_root, seqs, cpu["start"].to_numpy())
 
     kernels = _join_launches(tl, is_op, parent, root, fwd_of, is_bwd_root, optimizer, module, region, steps)
     windows = step_windows(steps, kernels)
@@ -426,49 +362,6 @@ def attribute(tl: Timeline, marker: str | None = None) -> Attribution:
         kernel_name_codes=kernel_codes,
         kernel_name_uniques=np.asarray(kernel_names, dtype=object),
     )
-
-
-def _forward_of(
-    root: np.ndarray, is_op: np.ndarray, is_bwd_root: np.ndarray, seqs: np.ndarray, starts: np.ndarray
-) -> np.ndarray:
-    """Backward top-level op → forward top-level op, through the autograd sequence number: the
-    forward op of that number that started last before the backward op (the first in row order
-    among those that started together); -1 when there is none.
-
-    A backward top-level op without a number takes that of its first op (in row order) that has
-    one."""
-    n = len(root)
-    fwd_of = np.full(n, -1, dtype=np.int64)
-    bwd = np.flatnonzero(is_bwd_root)
-    if not len(bwd):
-        return fwd_of
-    seq = seqs[bwd].copy()
-    unnumbered = seq < 0
-    if unnumbered.any():
-        numbered = np.flatnonzero((root >= 0) & (seqs >= 0))
-        held, first = np.unique(root[numbered], return_index=True)
-        seq_of_root = np.full(n, -1, dtype=np.int64)
-        seq_of_root[held] = seqs[numbered[first]]
-        seq[unnumbered] = seq_of_root[bwd[unnumbered]]
-    forward = np.flatnonzero(is_op & (seqs >= 0))
-    forward = forward[(root[forward] >= 0) & ~is_bwd_root[np.maximum(root[forward], 0)]]
-    if not len(forward):
-        return fwd_of
-    # Sorted by (number, start, row descending): the last entry at or before a backward op's
-    # (number, start) is its forward op.
-    forward = forward[np.lexsort((-forward, starts[forward], seqs[forward]))]
-    seq_values = np.unique(seqs[forward])
-    start_values = np.unique(np.concatenate([starts[forward], starts[bwd]]))
-    width = len(start_values) + 1
-
-    def key(s: np.ndarray, t: np.ndarray) -> np.ndarray:
-        return np.searchsorted(seq_values, s) * width + np.searchsorted(start_values, t)
-
-    at = np.searchsorted(key(seqs[forward], starts[forward]), key(seq, starts[bwd]), side="right") - 1
-    found = (at >= 0) & (seq >= 0)
-    found[found] = seqs[forward[at[found]]] == seq[found]
-    fwd_of[bwd[found]] = root[forward[at[found]]]
-    return fwd_of
 
 
 def step_windows(steps: list[Step], kernels: pd.DataFrame) -> list[tuple[int, int]]:
@@ -525,7 +418,7 @@ def _join_launches(
     op[ext < 0] = -1
     missing = np.flatnonzero((op < 0) & (launch_start >= 0))
     if len(missing):
-        op[missing] = _innermost_at(cpu, is_op, parent, launch_tid[missing], launch_start[missing])
+        op[missing] = innermost_at(cpu, is_op, parent, launch_tid[missing], launch_start[missing])
 
     k["op"] = op
     has_op = op >= 0
@@ -553,7 +446,7 @@ def _join_launches(
     # Python), the annotation still names the region.
     bare = np.flatnonzero(~has_op)
     if len(bare) and len(cpu):
-        inner = _innermost_at(cpu, is_op, parent, launch_tid[bare], launch_start[bare], ops_only=False)
+        inner = innermost_at(cpu, is_op, parent, launch_tid[bare], launch_start[bare], ops_only=False)
         bare, inner = bare[inner >= 0], inner[inner >= 0]
         if len(bare):
             columns = k.columns.get_indexer(["module", "region", "phase"])
@@ -581,41 +474,4 @@ def _step_of(launch_start: np.ndarray, steps: list[Step]) -> np.ndarray:
         return out
     for s in steps:
         out[(launch_start >= s.start) & (launch_start < s.end)] = s.index
-    return out
-
-
-def _innermost_at(
-    cpu: pd.DataFrame,
-    is_op: np.ndarray,
-    parent: np.ndarray,
-    tids: np.ndarray,
-    times: np.ndarray,
-    ops_only: bool = True,
-) -> np.ndarray:
-    """For each (thread, time): the innermost cpu row on that thread holding the time (-1).
-
-    The latest row starting at or before ``t`` holds ``t`` unless it already ended; then the
-    innermost holder is its nearest ancestor that still holds ``t`` (rows nest per thread).
-    """
-    out = np.full(len(times), -1, dtype=np.int64)
-    if len(cpu) == 0 or len(times) == 0:
-        return out
-    start = cpu["start"].to_numpy()
-    end = start + cpu["dur"].to_numpy()
-    tid_all = cpu["tid"].to_numpy()
-    for tid in np.unique(tids):
-        rows = np.flatnonzero(tid_all == tid)
-        if len(rows) == 0:
-            continue
-        rows = rows[np.argsort(start[rows], kind="stable")]
-        want = np.flatnonzero((tids == tid) & (times >= 0))
-        pos = np.searchsorted(start[rows], times[want], side="right") - 1
-        for j, p in zip(want.tolist(), pos.tolist()):
-            if p < 0:
-                continue
-            t = times[j]
-            r = int(rows[p])
-            while r >= 0 and (end[r] < t or (ops_only and not is_op[r])):
-                r = int(parent[r])
-            out[j] = r
     return out

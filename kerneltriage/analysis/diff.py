@@ -18,11 +18,14 @@ import json
 import os
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerneltriage.analysis.estimate import tensor_inputs
 from kerneltriage.analysis.model import Candidate, Report, json_safe
 from kerneltriage.analysis.vocabulary import Verdict
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
 
 SCHEMA = "kerneltriage.diff/1"
 _REGRESSION = 0.05  # slower by more than this share of its own time
@@ -47,6 +50,8 @@ class Match:
 
 @dataclass
 class Diff:
+    """``kerneltriage diff`` as an object (schema ``kerneltriage.diff/1``)."""
+
     before: str
     after: str
     step_time_ms: dict[str, float]
@@ -73,6 +78,12 @@ class Diff:
     def step_saving_share(self) -> float:
         b, a = self.step_time_ms["before"], self.step_time_ms["after"]
         return (b - a) / b if b else 0.0
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per matched candidate (columns: ``frames.DIFF_COLUMNS``)."""
+        from kerneltriage.analysis.frames import diff_frame
+
+        return diff_frame(self)
 
 
 def main_shape(c: Candidate) -> tuple | None:
@@ -232,7 +243,7 @@ def ladder(
         "sum_predicted_saving_share": sum_predicted,
         # Together minus the sum alone: negative when the fixes overlap (they take from the same
         # time), positive when together they saved more than apart.
-        "interaction_share": combined - sum_realized if not unmeasured else None,
+        "interaction_share": combined - sum_realized if sum_realized is not None and not unmeasured else None,
         "unmeasured": unmeasured,
         "warning": None
         if same or not parent

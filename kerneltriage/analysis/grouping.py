@@ -22,6 +22,8 @@ import pandas as pd
 from kerneltriage.analysis.attribution import Attribution
 from kerneltriage.analysis.compiled import FLAVOURS, decode_inductor, inductor_work
 from kerneltriage.analysis.estimate import tensor_inputs
+from kerneltriage.analysis.labels import compiled_kernel_label, kernel_label, segment_name
+from kerneltriage.analysis.op_kinds import RootKinds
 from kerneltriage.analysis.regions import OpInfo, Segment, enclosing_module, segment
 from kerneltriage.analysis.rules import Rules
 from kerneltriage.ingest.kernel_names import base_name
@@ -79,7 +81,7 @@ def group_candidates(timeline: Timeline, attr: Attribution, rules: Rules) -> dic
     comm = in_step["name"].isin(comm_names) & (in_step["kind"] == "kernel")
     fwd_mask = (in_step["fwd_root"] >= 0) & in_step["phase"].isin(["fwd", "bwd"]) & ~comm
     fwd = in_step[fwd_mask]
-    kinds = _RootKinds.of(fwd, rules, names)
+    kinds = RootKinds.of(fwd, rules, names)
 
     # Compiled graphs (torch.compile) are not one opaque op: their kernels are candidates
     # kernel by kernel (below, with the rest).
@@ -139,107 +141,13 @@ def _op_info_maker(timeline: Timeline) -> Callable[..., OpInfo]:
     return op_info
 
 
-@dataclass
-class _RootKinds:
-    """What a forward top-level op's kernels say of its kind: the first kernel (name and
-    activity), whether it launches only copies and memsets, and which kinds hold its kernel
-    time (``kernel_majority``)."""
-
-    names: Any
-    rules: Rules
-    first_kernel: dict[int, str]
-    first_activity: dict[int, str]
-    copy_only: dict[int, bool]
-    majority: dict[int, tuple[str | None, str | None, bool]]
-    known: dict[tuple, tuple[str, bool]] = field(default_factory=dict)  # ``kind``'s, by what it reads
-
-    @classmethod
-    def of(cls, fwd: Any, rules: Rules, names: Any) -> _RootKinds:
-        roots = fwd["fwd_root"].to_numpy()
-        held, first = np.unique(roots, return_index=True)
-        kernel_names, activities = fwd["name"].to_numpy(), fwd["kind"].to_numpy()
-        # An op whose GPU work is only copies and memsets is a memcpy, whatever its name says.
-        is_kernel = pd.Series((fwd["kind"] == "kernel").to_numpy())
-        copy_only = (~is_kernel.groupby(roots).any()).to_dict()
-        # Kinds follow kernels: an op whose kernel time is mostly GEMM, convolution, attention
-        # or communication is of that kind and a boundary, whatever its name; ops of extension
-        # namespaces (fbgemm::, vllm::, …) are candidates of their own, classed by their kernels.
-        name_codes, name_uniques = pd.factorize(fwd["name"])
-        kind_codes, kind_uniques = pd.factorize(fwd["kind"])
-        pair_codes, pairs = pd.factorize(name_codes * (len(kind_uniques) + 1) + kind_codes)
-        kinds = [
-            rules.kernel_kind(
-                name_uniques[p // (len(kind_uniques) + 1)], kind_uniques[p % (len(kind_uniques) + 1)]
-            )
-            for p in pairs.tolist()
-        ]
-        # Numbered in name order: of kinds holding the same time, the first by name leads.
-        labels = sorted(set(kinds))
-        rank = np.array([labels.index(kk) for kk in kinds], dtype=np.int64)
-        time = pd.Series(fwd["dur"].to_numpy()).groupby([roots, rank[pair_codes]]).sum()
-        return cls(
-            names,
-            rules,
-            dict(zip(held.tolist(), kernel_names[first].tolist())),
-            dict(zip(held.tolist(), activities[first].tolist())),
-            copy_only,
-            _majority(time, labels, rules),
-        )
-
-    def kernel_majority(self, r: int) -> tuple[str | None, str | None, bool]:
-        """(most time's kind, the unabsorbed kind holding ≥ half the time or None, whether any
-        unabsorbed kernel runs in it at all)."""
-        return self.majority.get(r, (None, None, False))
-
-    def kind(self, r: int) -> tuple[str, bool]:
-        """(kind, boundary) of forward top-level op ``r``. An op's class comes from the op;
-        copies or memsets inside it are part of it. A region never absorbs GEMM, convolution,
-        attention or communication kernels (a boundary)."""
-        rules, name = self.rules, self.names[r]
-        top, strong, boundary = self.kernel_majority(r)
-        copy_only = self.copy_only.get(r)
-        first = (self.first_kernel.get(r), self.first_activity.get(r, "kernel"))
-        reads = (name, copy_only, top, strong, boundary, first)
-        known = self.known.get(reads)
-        if known is not None:
-            return known
-        if copy_only:
-            kind = "memcpy"
-        elif rules.is_extension_op(name):
-            kind, boundary = strong or top or "other", True
-        elif strong and rules.classify_op(name) not in rules.unabsorbed_kinds:
-            kind = strong
-        else:
-            kind = rules.classify_op(name) or rules.classify(None, *first)
-        self.known[reads] = (kind, boundary)
-        return kind, boundary
-
-
-def _majority(
-    time: pd.Series, labels: list[str], rules: Rules
-) -> dict[int, tuple[str | None, str | None, bool]]:
-    """``_RootKinds.kernel_majority`` of every op, from its kernel time by (op, kind number)."""
-    by_op = time.groupby(level=0)
-    total = by_op.sum()
-    top = by_op.idxmax()  # the first of equal times: kinds are numbered in name order
-    unabsorbed = [i for i, label in enumerate(labels) if label in rules.unabsorbed_kinds]
-    some = time[np.isin(time.index.get_level_values(1), unabsorbed)].groupby(level=0)
-    strongest, strong_time = some.idxmax().to_dict(), some.max().to_dict()
-    out: dict[int, tuple[str | None, str | None, bool]] = {}
-    for r, (_, kk), whole in zip(top.index.tolist(), top.tolist(), total.tolist()):
-        strong = strongest.get(r)
-        held = strong is not None and float(strong_time[r]) >= 0.5 * (float(whole) or 1.0)
-        out[int(r)] = (labels[kk], labels[strong[1]] if held else None, strong is not None)
-    return out
-
-
 def _group_forward_ops(
     groups: dict[tuple, Group],
     fwd: Any,
     timeline: Timeline,
     attr: Attribution,
     rules: Rules,
-    kinds: _RootKinds,
+    kinds: RootKinds,
     op_info: Callable[..., OpInfo],
 ) -> dict[tuple[int, int], tuple]:
     """Each step's forward top-level ops segmented (regions, single ops) into ``groups``;
@@ -342,7 +250,7 @@ def _cuts(segments: list[Segment], keys: list[tuple], ops: list[OpInfo]) -> list
                 copy.deepcopy(seg.attrs),
                 copy.copy(seg.ideal),
                 key,
-                _segment_name(seg),
+                segment_name(seg),
             )
         )
     return out
@@ -562,7 +470,7 @@ def _dominant_first(groups: dict[tuple, Group], fwd) -> None:
         by_shape: dict[str, float] = {}
         first_of: dict[str, tuple[int, Segment]] = {}
         for step, seg in g.segments:
-            label = _segment_name(seg)
+            label = segment_name(seg)
             by_shape[label] = by_shape.get(label, 0.0) + sum(time_of.get((step, r), 0.0) for r in seg.rows)
             first_of.setdefault(label, (step, seg))
         best = max(by_shape, key=by_shape.__getitem__)
@@ -574,43 +482,6 @@ def _dominant_first(groups: dict[tuple, Group], fwd) -> None:
         g.name = best
         if seg.level == "region" and seg.kind == "attention":
             g.attrs.update(seg.attrs)
-
-
-_GENERIC_KERNELS = {
-    "Kernel",
-    "Kernel2",
-    "kernel",
-    "device_kernel",
-    "elementwise_kernel",
-    "vectorized_elementwise_kernel",
-    "unrolled_elementwise_kernel",
-    "reduce_kernel",
-    "elementwise_kernel_manual_unroll",
-    "index_elementwise_kernel",
-}
-_TEMPLATE_WHAT = re.compile(r"\b(cutlass_\w+|\w+Functor\w*|\w+_kernel_cuda|\w+Ops|\w+_functor)\b")
-
-
-def kernel_label(name: str) -> str:
-    """A kernel's readable name: its identifier, and for generic templates (``cutlass::Kernel``,
-    ATen's ``vectorized_elementwise_kernel``, ``reduce_kernel``) what it instantiates:
-    ``vectorized_elementwise_kernel<AddFunctor>``, ``Kernel<cutlass_80_tensorop_s1688gemm_…>``."""
-    base = base_name(name)
-    if base not in _GENERIC_KERNELS or "<" not in name:
-        return base
-    m = _TEMPLATE_WHAT.search(name, name.find("<"))
-    return f"{base}<{m[1]}>" if m else base
-
-
-def compiled_kernel_label(name: str, vocabulary: tuple[str, ...] = ()) -> str:
-    """``triton_poi_fused_add_mul_0`` → ``triton_poi_fused_add_mul_0 (Inductor pointwise: add, mul)``.
-
-    Inductor names a kernel after the ops it fuses, sorted by name and joined by ``_``; the
-    rules' ``inductor_op_names`` tell the op names that hold ``_`` themselves."""
-    decoded = decode_inductor(name, vocabulary)
-    if decoded is None:
-        return name
-    return f"{name} (Inductor {FLAVOURS[decoded[0]]}: {', '.join(decoded[1])})"
 
 
 def _segments_with_regions(ops: list[OpInfo], region_of: list[str | None], rules: Rules) -> list[Segment]:
@@ -672,59 +543,8 @@ def _segment_key(seg: Segment) -> tuple:
 def _new_group(key: tuple, seg: Segment, rules: Rules) -> Group:
     g = Group(key, seg.kind, seg.level, seg.variant, ops=list(seg.signature_ops), attrs=dict(seg.attrs))
     g.library = seg.level == "op" and rules.is_library_op(seg.ops[0].name)
-    g.name = _segment_name(seg)
+    g.name = segment_name(seg)
     return g
-
-
-def _segment_name(seg: Segment) -> str:
-    if seg.label is None:
-        seg.label = _name_of(seg)
-    return seg.label
-
-
-def _name_of(seg: Segment) -> str:
-    if "region" in seg.attrs:
-        return f"region '{seg.attrs['region']}'"
-    if seg.level == "op":
-        shapes = ", ".join(
-            "x".join(map(str, d)) for d, _ in tensor_inputs(seg.ops[0].dims, seg.ops[0].types)[:3]
-        )
-        return f"{seg.ops[0].name}({shapes})" if shapes else seg.ops[0].name
-    if seg.kind == "attention":
-        a = seg.attrs
-        mask = {"causal": "causal", "custom-mask": "masked", "none": "unmasked"}[a["mask"]]
-        extra = ", softcap" if a.get("softcap") else ""
-        return f"attention ({a['written']}, {mask}{extra}) " + "x".join(map(str, a["q"]))
-    if seg.kind == "norm":
-        base = (seg.variant or "").replace("fused_add_", "")
-        prefix = "residual add + " if seg.variant and seg.variant.startswith("fused_add_") else ""
-        x = tensor_inputs(seg.ops[0].dims, seg.ops[0].types)
-        shape = "x".join(map(str, x[0][0])) if x else ""
-        fused = next((op.name for op in seg.ops if op.kind == "norm"), None)
-        how = f"via {fused}" if fused else f"eager, {len(seg.ops)} ops"
-        return f"{prefix}{_norm_label(base, fused)} ({how}) {shape}".rstrip()
-    short = " → ".join(dict.fromkeys(op.name.replace("aten::", "") for op in seg.ops))
-    x = tensor_inputs(seg.ops[0].dims, seg.ops[0].types)
-    shape = " " + "x".join(map(str, x[0][0])) if x and x[0][0] else ""
-    return f"{seg.kind} region [{short}]{shape}"
-
-
-def _norm_label(variant: str, op: str | None) -> str:
-    """RMSNorm, LayerNorm, or the kind of norm its op names (BatchNorm, GroupNorm, …)."""
-    known = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
-    if variant in known:
-        return known[variant]
-    text = (op or "").lower()
-    for key, label in (
-        ("batch", "BatchNorm"),
-        ("group", "GroupNorm"),
-        ("instance", "InstanceNorm"),
-        ("rms", "RMSNorm"),
-        ("layer", "LayerNorm"),
-    ):
-        if key in text:
-            return label
-    return "norm"
 
 
 def module_label(modules: list[str]) -> str | None:

@@ -1,35 +1,30 @@
 """Read a PyTorch profiler (Kineto) chrome trace into ``tables.Timeline``.
 
 Traces reach millions of events and a gigabyte of JSON. Parsing the whole document into Python
-objects would take several gigabytes, so the reader streams: it cuts the ``traceEvents`` list
-into pieces of whole events, worker processes parse each piece with orjson and keep only typed
-columns (integers, and interned strings for names and shapes), and the pieces are merged in
-file order. Peak memory is a few pieces of events plus the columns.
-
-The cuts hold in any JSON layout: Kineto's one event per line, one line as ``json.dump`` or a
-filtering tool writes it, any whitespace, the top-level keys in any order (how: "The events
-list, cut into pieces" below). The keys around the list (deviceProperties, distributedInfo …)
-are parsed on their own.
+objects would take several gigabytes, so the reader streams (``json_stream``): it cuts the
+``traceEvents`` list into pieces of whole events, in any JSON layout, and worker processes parse
+each piece with orjson. Each keeps only typed columns (``_Builder``: integers, and interned
+strings for names and shapes), and the pieces are merged in file order. Peak memory is a few
+pieces of events plus the columns. The keys around the list (deviceProperties,
+distributedInfo …) are parsed on their own.
 """
 
 from __future__ import annotations
 
-import collections
-import gc
 import gzip
 import io
 import os
-import re
 import sys
 import zlib
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, BinaryIO
 
 import numpy as np
 import orjson
 import pandas as pd
 
 from kerneltriage.errors import TraceFormatError
+from kerneltriage.ingest.json_stream import read_list
 from kerneltriage.ingest.schemas import OP_ARGUMENTS, implausible_dims, validate_trace_meta
 from kerneltriage.ingest.tables import (
     CPU_COLUMNS,
@@ -61,11 +56,6 @@ GPU_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 
 CHUNK_BYTES = 8 << 20
 PARALLEL_BYTES = 64 << 20
-# A likely event boundary: "}" "," "{" with JSON whitespace around the comma. Only a guess (it can
-# sit inside a string or a nested list of objects); the parse of the piece it ends proves it.
-_CANDIDATE = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")
-_WS = b" \t\r\n"
-_EVENTS_KEY = b'"traceEvents"'
 
 
 def read_trace(
@@ -84,7 +74,7 @@ def read_trace(
         with _open(path) as stream:
             # A plain regular file: workers read their pieces from it by offset.
             plain = None if isinstance(stream, gzip.GzipFile) or not path.is_file() else str(path)
-            builder, meta = _read_chunked(stream, chunk_bytes, _workers(path, workers), path=plain)
+            builder, meta = _read_events(stream, chunk_bytes, _workers(path, workers), path=plain)
     except TraceFormatError as exc:
         exc.path = exc.path or str(path)
         raise
@@ -102,7 +92,7 @@ def read_trace(
 def read_trace_bytes(data: bytes, name: str = "<bytes>") -> Timeline:
     """Read a trace held in memory (tests, and traces handed over by other tools)."""
     try:
-        builder, meta = _read_chunked(io.BytesIO(data), CHUNK_BYTES, 0)
+        builder, meta = _read_events(io.BytesIO(data), CHUNK_BYTES, 0)
     except TraceFormatError as exc:
         exc.path = exc.path or name
         raise
@@ -142,509 +132,27 @@ def _open(path: Path) -> BinaryIO:
     return open(path, "rb")
 
 
-# --- Exact JSON structure, vectorized -------------------------------------------------------
-
-# The bytes that make JSON's structure; the scan looks at nothing else.
-_QUOTE, _BACKSLASH, _COMMA = ord('"'), ord("\\"), ord(",")
-_STRUCTURAL = bytes(int(chr(b) in '"\\{}[],') for b in range(256))  # a translate table to 0/1
-_RUN_BYTES = 1 << 20  # what a worker parses at once
-_SCAN_BYTES = 2 << 20  # one scan step: its temporary arrays (~8x) stay in the heap, not page faults
-
-
-class _Structure:
-    """The structural bytes of ``buf[start:stop]`` (quotes, backslashes, brackets, commas),
-    each with the JSON state after it.
-
-    ``pos``: their offsets from ``start``; ``kind``: the byte (0 for a quote escaped by an odd run
-    of backslashes); ``in_string``: 1 inside a string after it; ``depth``: open brackets after
-    it. The state on entry is ``in_string``, ``depth``; callers never end a range inside a run
-    of backslashes, so escapes never straddle ranges.
-    """
-
-    def __init__(self, buf: bytes, start: int, stop: int, in_string: int, depth: int):
-        mask = np.frombuffer(buf[start:stop].translate(_STRUCTURAL), dtype=np.bool_)
-        offsets = np.flatnonzero(mask)
-        kind = np.frombuffer(buf, dtype=np.uint8, count=stop - start, offset=start)[offsets]
-        quote = kind == _QUOTE
-        backslash = np.flatnonzero(kind == _BACKSLASH)
-        if len(backslash):
-            # A quote is escaped when the run of backslashes just before it has odd length.
-            slashes = offsets[backslash]
-            run_start = np.where(np.r_[True, slashes[1:] != slashes[:-1] + 1], slashes, 0)
-            run_start = np.maximum.accumulate(run_start)
-            quotes = np.flatnonzero(quote)
-            before = np.minimum(np.searchsorted(slashes, offsets[quotes] - 1), len(slashes) - 1)
-            odd_run = (slashes[before] - run_start[before]) % 2 == 0
-            escaped = quotes[(slashes[before] == offsets[quotes] - 1) & odd_run]
-            quote[escaped] = False
-            kind[escaped] = 0
-        self.start = start
-        self.pos = offsets  # from start
-        self.kind = kind
-        in_str = np.cumsum(quote, dtype=np.int32)
-        in_str += in_string
-        in_str &= 1
-        self.in_string = in_str
-        # Brackets count only outside strings (a bracket never changes the string state, so
-        # the state after it is the state at it).
-        outside = in_str == 0
-        opening = ((kind == ord("{")) | (kind == ord("["))) & outside
-        closing = ((kind == ord("}")) | (kind == ord("]"))) & outside
-        self.depth = np.cumsum(opening.view(np.int8) - closing.view(np.int8), dtype=np.int32)
-        self.depth += depth
-        self.end_state = (int(in_str[-1]), int(self.depth[-1])) if len(kind) else (in_string, depth)
-
-
-def _scan_stop(buf: bytes, start: int, stop: int, final: bool) -> int:
-    """``stop``, moved back before a trailing run of backslashes (its escape is undecided)."""
-    if final:
-        return stop
-    while stop > start and buf[stop - 1] == 0x5C:
-        stop -= 1
-    return stop
-
-
-def _skip_ws(buf: bytes, i: int) -> int:
-    while i < len(buf) and buf[i] in _WS:
-        i += 1
-    return i
-
-
-class _Undecided(Exception):
-    """More bytes are needed to decide."""
-
-
-def _find_events(stream: BinaryIO, chunk_bytes: int) -> tuple[bytes, bytes] | bytes:
-    """Read up to the ``[`` that opens the top-level ``traceEvents`` list, wherever the key is.
-
-    Returns (header, rest): the document before the ``[`` and the bytes read after it. A
-    document without such a list is returned whole (bytes), for the whole-document parse to
-    explain what it is instead.
-    """
-    buf = stream.read(chunk_bytes)
-    start = _skip_ws(buf, 0)
-    if start == len(buf) or buf[start] != ord("{"):
-        return buf + stream.read()
-    scanned, state, final, step = start, (0, 0), False, 64 << 10
-    while True:
-        stop = _scan_stop(buf, scanned, min(len(buf), scanned + step), final)
-        step = min(step * 4, _SCAN_BYTES)
-        undecided = False
-        if stop > scanned:
-            s = _Structure(buf, scanned, stop, *state)
-            state = s.end_state
-            # Top-level keys are among the strings that open at depth 1.
-            for i in np.flatnonzero((s.kind == _QUOTE) & (s.in_string == 1) & (s.depth == 1)):
-                p = s.start + int(s.pos[i])
-                try:
-                    value = _events_value(buf, p, final)
-                except _Undecided:  # rescan from just before this opening quote, at depth 1
-                    stop, state, undecided = p, (0, 1), True
-                    break
-                if value is None:
-                    continue
-                if buf[value] != ord("["):  # 'traceEvents' is not a list: the parse says so
-                    return buf + stream.read()
-                return buf[:value], buf[value + 1 :]
-            scanned = stop
-        if not undecided and scanned < _scan_stop(buf, scanned, len(buf), final):
-            continue
-        if final:
-            return buf  # no traceEvents list at the top level
-        chunk = stream.read(chunk_bytes)
-        final = not chunk
-        buf += chunk
-
-
-def _events_value(buf: bytes, p: int, final: bool) -> int | None:
-    """For a string starting at ``p``: the offset of its value if it is the key traceEvents."""
-    if len(buf) < p + len(_EVENTS_KEY) and not final:
-        raise _Undecided
-    if buf[p : p + len(_EVENTS_KEY)] != _EVENTS_KEY:
-        return None
-    colon = _skip_ws(buf, p + len(_EVENTS_KEY))
-    value = _skip_ws(buf, colon + 1)
-    if value >= len(buf):
-        if final:
-            return None
-        raise _Undecided
-    return value if buf[colon] == ord(":") else None
-
-
-# --- The events list, cut into pieces -------------------------------------------------------
-#
-# Pieces of about ``chunk_bytes`` are parsed in worker processes. Two ways to cut them:
-#
-# - The guess: the ``}`` ``,`` ``{`` nearest a cut point, found by a regular expression at
-#   almost no cost. A parse proves it: a piece that begins at a true boundary (outside strings,
-#   in the list, before an element) and parses as the contents of a list ends at one, since a
-#   parser meets the same bytes in the same state. The first piece begins after the list's
-#   ``[``, so the pieces prove each other in file order.
-# - The exact cut, from the first piece that did not parse (the guess fell inside a string or a
-#   nested list of objects) to the end: ``_Structure`` tracks strings, escapes and brackets,
-#   cuts at the list's own commas and finds its closing ``]``.
-#
-# The end of the list is always found exactly. For a plain file the workers read their pieces
-# themselves and the guesses need only a small window of the file, so the reading process
-# touches a few KiB per piece.
-
-
-class _Splitter:
-    """Exact cuts of the events list, from a true boundary on (all offsets in the document).
-
-    ``buf`` holds the document from ``base``: from the start of the next piece when pieces are
-    kept as bytes, else only what is still to be scanned (workers read their pieces from the
-    file, so the scan keeps memory to one read).
-    """
-
-    def __init__(self, buf: bytes, offset: int, chunk_bytes: int, cuts: int, keep: bool):
-        self.buf = buf
-        self.base = offset  # of buf[0]
-        self.start = offset  # of the next piece
-        self.scanned = offset
-        self.state = (0, 2)  # outside strings, inside the top-level object and the list
-        self.cut = -1  # the last comma of the list seen by the scan
-        self.end = -1  # the list's closing bracket
-        self.cuts = cuts  # commas of the list consumed so far: no empty element after one
-        self.keep = keep
-        self.chunk_bytes = chunk_bytes
-        self.final = False  # buf holds the rest of the document
-
-    def feed(self, data: bytes) -> None:
-        if not self.keep:  # drop what is scanned
-            self.buf, self.base = self.buf[self.scanned - self.base :], self.scanned
-        self.buf += data
-
-    def rejoin(self, pieces: list[bytes], offset: int) -> None:
-        """Start again from pieces cut by guesses (their commas put back)."""
-        self.buf = b",".join([*pieces, self.buf])
-        self.base = self.start = self.scanned = offset
-        self.state, self.cut = (0, 2), -1
-        self.cuts -= len(pieces)
-
-    def take(self, cut: int) -> tuple[bytes | None, int, int]:
-        """Cut at the comma ``cut``: (the piece as bytes or None, its offset, its end)."""
-        start = self.start
-        piece = self.buf[start - self.base : cut - self.base] if self.keep else None
-        if self.keep:
-            self.buf, self.base = self.buf[cut + 1 - self.base :], cut + 1
-        self.start = cut + 1
-        self.scanned = max(self.scanned, self.start)
-        self.cut = -1
-        self.cuts += 1
-        return piece, start, cut
-
-    def next_piece(self) -> tuple[bytes | None, int, int] | None:
-        """The next piece (the last ends at the list's ``]``), or None: read more."""
-        buf, base = self.buf, self.base
-        stop = _scan_stop(buf, self.scanned - base, len(buf), self.final)
-        while self.scanned - base < stop:
-            lo = self.scanned - base
-            hi = _scan_stop(buf, lo, min(stop, lo + _SCAN_BYTES), self.final)
-            hi = hi if hi > lo else stop
-            s = _Structure(buf, lo, hi, *self.state)
-            closes = np.flatnonzero(s.depth < 2)
-            limit = int(closes[0]) if len(closes) else len(s.kind)
-            kind, depth, in_string = s.kind[:limit], s.depth[:limit], s.in_string[:limit]
-            commas = np.flatnonzero((kind == _COMMA) & (in_string == 0) & (depth == 2))
-            if len(commas):
-                self.cut = base + lo + int(s.pos[commas[-1]])
-            if len(closes):
-                self.end = base + lo + int(s.pos[limit])
-                if s.kind[limit] != ord("]"):
-                    raise TraceFormatError(f"not valid JSON (mismatched bracket at byte {self.end})")
-                piece = buf[self.start - base : self.end - base] if self.keep else None
-                return piece, self.start, self.end
-            self.scanned, self.state = base + hi, s.end_state
-            if self.cut - self.start >= self.chunk_bytes:
-                break
-        return None if self.cut < 0 else self.take(self.cut)
-
-    def tail(self) -> bytes:
-        return self.buf[self.end + 1 - self.base :]
-
-
-def _last_candidate(buf: bytes) -> int:
-    """The comma of the last guessed boundary in ``buf``, or -1."""
-    for window in (64 << 10, 4 << 20, len(buf)):  # an event is far smaller than 64 KiB
-        last = None
-        for last in _CANDIDATE.finditer(buf, max(0, len(buf) - window)):  # noqa: B007
-            pass
-        if last is not None:
-            return buf.index(b",", last.start())
-        if window >= len(buf):
-            break
-    return -1
-
-
-class _Pending(NamedTuple):
-    piece: bytes | None  # kept while a re-cut may need it
-    offset: int
-    guessed: bool
-    may_be_empty: bool  # the whole list: "[]" is valid, an empty piece after a comma is not
-    result: Any  # the parsed piece, or the pool's promise of it
-
-
-class _Events:
-    """Reads the events list into ``builder``: cuts pieces, has them parsed, merges them in
-    file order."""
-
-    def __init__(
-        self,
-        stream: BinaryIO,
-        rest: bytes,
-        offset: int,
-        chunk_bytes: int,
-        builder: _Builder,
-        pool: Any,
-        workers: int,
-        path: str | None,
-    ):
-        self.stream = stream
-        self.first = offset  # of the list's first element
-        self.chunk_bytes = chunk_bytes
-        self.builder = builder
-        self.pool = pool
-        self.workers = workers
-        self.path = path  # a plain file: workers read their pieces from it
-        self.splitter = self._splitter(rest, offset)
-        self.pending: collections.deque[_Pending] = collections.deque()
-
-    def read(self, guess: bool) -> bytes:
-        """Returns the document after the list."""
-        if guess and self.path is not None:
-            self._guess_in_file()
-        elif guess:
-            self._guess_in_stream()
-        splitter = self.splitter
-        # Without pieces to keep, read no more than one scan step at a time.
-        size = self.chunk_bytes if splitter.keep else min(self.chunk_bytes, _SCAN_BYTES)
-        while True:
-            got = splitter.next_piece()
-            if got is not None:
-                self._submit(*got, guessed=False, may_be_empty=splitter.end >= 0 and not splitter.cuts)
-                if splitter.end >= 0:
-                    break
-                self._collect(block=False)
-                continue
-            if splitter.final:
-                raise TraceFormatError(
-                    "not valid JSON (the file ends inside the traceEvents list: truncated?)"
-                )
-            chunk = self.stream.read(size)
-            if chunk:
-                splitter.feed(chunk)
-            else:
-                splitter.final = True
-        self._collect(block=True)
-        return splitter.tail() + self.stream.read()
-
-    def _splitter(self, buf: bytes, offset: int) -> _Splitter:
-        # Pieces are kept as bytes unless workers read them from the file.
-        keep = self.path is None or self.pool is None
-        return _Splitter(buf, offset, self.chunk_bytes, int(offset > self.first), keep)
-
-    def _guess_in_file(self) -> None:
-        size = os.fstat(self.stream.fileno()).st_size
-        pos, failed = self.first, -1
-        while failed < 0:
-            cut = self._candidate_in_file(pos + self.chunk_bytes, size)
-            if cut < 0:
-                break
-            self._submit(None, pos, cut, guessed=True)
-            pos = cut + 1
-            failed = self._collect(block=False)
-        if failed < 0:
-            failed = self._collect(block=True)
-        if failed >= 0:
-            pos = failed
-        # The rest (a bad guess's piece on, or the last piece) is cut exactly.
-        self.pending.clear()
-        self.stream.seek(pos)
-        self.splitter = self._splitter(b"", pos)
-
-    def _candidate_in_file(self, target: int, size: int) -> int:
-        if target >= size:
-            return -1
-        self.stream.seek(target)
-        window, step = b"", 64 << 10
-        while len(window) < self.chunk_bytes:  # else nothing to guess from: cut exactly
-            more = self.stream.read(step)
-            if not more:
-                break
-            window += more
-            match = _CANDIDATE.search(window)
-            if match:
-                return target + window.index(b",", match.start())
-            step *= 2
-        return -1
-
-    def _guess_in_stream(self) -> None:
-        splitter = self.splitter
-        while True:
-            cut = _last_candidate(splitter.buf)
-            if cut >= 0:
-                self._submit(*splitter.take(splitter.base + cut), guessed=True)
-            elif len(splitter.buf) > 2 * self.chunk_bytes:  # nothing to guess from: cut exactly
-                failed = self._collect(block=True)
-                break
-            failed = self._collect(block=False)
-            if failed >= 0:
-                break
-            chunk = self.stream.read(self.chunk_bytes)
-            if not chunk:
-                splitter.final = True
-                failed = self._collect(block=True)
-                break
-            splitter.feed(chunk)
-        if failed >= 0:
-            splitter.rejoin([p.piece for p in self.pending], failed)  # type: ignore[misc]
-            self.pending.clear()
-
-    def _submit(
-        self, piece: bytes | None, offset: int, stop: int, *, guessed: bool, may_be_empty: bool = False
-    ) -> None:
-        task: bytes | tuple[str, int, int]
-        if self.path is not None and (piece is None or self.pool is not None):
-            task = (self.path, offset, stop)  # the worker reads it: nothing to send
-        else:
-            assert piece is not None  # read from a stream, not a file: every piece has its bytes
-            task = piece
-        result = _parse_piece(task) if self.pool is None else self.pool.apply_async(_parse_piece, (task,))
-        keep = piece if guessed and self.path is None else None
-        self.pending.append(_Pending(keep, offset, guessed, may_be_empty, result))
-
-    def _collect(self, block: bool) -> int:
-        """Merge parsed pieces in file order; the offset of a guessed piece that did not parse
-        (left first in ``pending``), else -1."""
-        while self.pending:
-            first = self.pending[0]
-            result = first.result
-            if self.pool is not None:
-                if not (block or result.ready() or len(self.pending) > 2 * self.workers):
-                    break
-                result = result.get()
-            if isinstance(result, _BadPiece):
-                if first.guessed:
-                    return first.offset
-                at = first.offset + result.pos - 1  # the piece was parsed behind a "["
-                raise TraceFormatError(f"not valid JSON ({result.message} at byte {at})")
-            if not result[2] and not first.may_be_empty:  # only whitespace between commas
-                raise TraceFormatError(f"not valid JSON (an empty element at byte {first.offset})")
-            self.pending.popleft()
-            self.builder.merge(*result)
-        return -1
-
-
-def _read_chunked(
-    stream: BinaryIO, chunk_bytes: int, workers: int, *, path: str | None = None, guess: bool = True
+def _read_events(
+    stream: BinaryIO, chunk_bytes: int, workers: int, *, path: str | None = None
 ) -> tuple[_Builder, dict[str, Any]]:
-    """``path``: the stream is this plain file (not compressed), so pieces can be read by offset."""
+    """The events into a builder's columns (``json_stream`` cuts the list and has the pieces
+    parsed), and the trace's other keys. ``path``: the stream is this plain file."""
     builder = _Builder()
-    found = _find_events(stream, chunk_bytes)
-    if isinstance(found, bytes):
-        return builder, _parse_whole(found, builder)
-    header, rest = found
-    pool = None
-    try:
-        if workers > 1:
-            pool = _start_pool(workers)
-        events = _Events(stream, rest, len(header) + 1, chunk_bytes, builder, pool, workers, path)
-        tail = events.read(guess)
-    except BaseException:
-        if pool is not None:
-            pool.terminate()  # a Ctrl-C (or an error) stops the workers at once, silently
-            pool.join()
-        raise
-    if pool is not None:
-        pool.close()
-        pool.join()
-    meta = orjson.loads(header + b"[]" + tail)
+    doc, read = read_list(
+        stream,
+        "traceEvents",
+        _Builder,
+        lambda parsed: builder.merge(*parsed),
+        chunk_bytes=chunk_bytes,
+        workers=workers,
+        path=path,
+    )
+    if not read:
+        return builder, _parse_whole(doc, builder)
+    meta = orjson.loads(doc)
     if not isinstance(meta, dict):  # pragma: no cover - the header starts with "{"
         raise TraceFormatError("JSON is not an object with a traceEvents list")
     return builder, meta
-
-
-def _start_pool(workers: int) -> Any:
-    import multiprocessing
-    import signal
-
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    # Workers ignore Ctrl-C (the parent stops them): SIGINT stays blocked while they start, so
-    # none can take one before its initializer runs; the parent receives it once unblocked.
-    if not hasattr(signal, "pthread_sigmask"):  # Windows: no fork, no signal masks
-        return context.Pool(workers, initializer=_worker_init)
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        pool = context.Pool(workers, initializer=_worker_init)
-    except BaseException:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-        raise
-    try:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # a Ctrl-C held back arrives here
-    except BaseException:
-        pool.terminate()
-        raise
-    return pool
-
-
-def _worker_init() -> None:
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-
-
-class _BadPiece(NamedTuple):
-    """A piece that is not the contents of a JSON list: orjson's message and position."""
-
-    message: str
-    pos: int
-
-
-def _parse_piece(piece: bytes | tuple[str, int, int]) -> tuple[Any, ...]:
-    """Worker: a run of events (bytes, or (path, start, stop) of a plain file) → columns (with
-    chunk-local interned arguments), or a ``_BadPiece`` when it is not a list's contents."""
-    if isinstance(piece, tuple):
-        path, start, stop = piece
-        with open(path, "rb") as f:
-            f.seek(start)
-            piece = f.read(stop - start)
-    # Millions of fresh containers would trigger the cyclic GC over and over; none of them
-    # form cycles, so pause it (it halves the parse).
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        local = _Builder()
-        start = 0
-        while start < len(piece):
-            # Parse ~1 MiB at a time, cut at guessed boundaries (each proven by its parse, as
-            # the pieces are): the memory freed after each run is reused by the next instead of
-            # being handed back to the system and faulted in again (a third less CPU time).
-            stop = len(piece)
-            if stop - start > 2 * _RUN_BYTES:
-                match = _CANDIDATE.search(piece, start + _RUN_BYTES)
-                stop = piece.index(b",", match.start()) if match else stop
-            try:
-                events = orjson.loads(b"[" + piece[start:stop] + b"]")
-            except orjson.JSONDecodeError as exc:
-                if stop == len(piece):
-                    return _BadPiece(exc.msg, start + exc.pos)
-                stop = len(piece)  # a wrong guess: parse the rest of the piece at once
-                try:
-                    events = orjson.loads(b"[" + piece[start:] + b"]")
-                except orjson.JSONDecodeError as exc:
-                    return _BadPiece(exc.msg, start + exc.pos)
-            local.add(events)
-            del events
-            start = stop + 1
-        local.compact()
-        return local.parts, local.args, local.events, local.skipped
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _parse_whole(doc: bytes, builder: _Builder) -> dict[str, Any]:
@@ -726,6 +234,12 @@ class _Builder:
                         self.skipped["arguments"] += 1
                 out[i] = j
         return np.array(out, dtype=np.int64)
+
+    def result(self) -> tuple[Any, ...]:
+        """What a worker sends back (``json_stream.Sink``): compacted columns, chunk-local
+        interned arguments, events read, skipped counts; ``merge`` takes it."""
+        self.compact()
+        return self.parts, self.args, self.events, self.skipped
 
     def compact(self) -> None:
         """One block of columns per table (fewer, larger objects to send between processes)."""

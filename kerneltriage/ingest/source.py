@@ -36,7 +36,7 @@ from kerneltriage.inputs import check_file, is_directory
 
 
 @dataclass
-class Profile:
+class LoadedProfile:
     """Everything read from disk for one report."""
 
     timelines: dict[int, Timeline]  # rank -> timeline (rank 0 for one process)
@@ -136,7 +136,7 @@ def load_profile(
     progress: Callable[[str], None] | None = None,
     *,
     read_traces: bool = True,
-) -> Profile:
+) -> LoadedProfile:
     """Read a run directory or a trace file (and counters) from disk. ``read_traces=False``
     (run directories and folders of Kineto traces): everything but the timelines, which stay
     empty, with ``trace_files`` naming each rank's file (``kerneltriage.parallel`` reads them)."""
@@ -160,7 +160,7 @@ def _load_run_dir(
     ranks: list[int] | None,
     say: Callable[[str], None],
     read_traces: bool,
-) -> Profile:
+) -> LoadedProfile:
     """A run directory: its manifest, the traces of ``ranks`` (all by default), its counters
     (or ``ncu``'s), its module signatures, and what the manifest says the report must repeat."""
     run = rundir.open_run(path)
@@ -176,7 +176,7 @@ def _load_run_dir(
             say(f"reading {counters_path.name}")
             parts.append(read_counters(counters_path))
         counters = merge_counters(parts)
-    profile = Profile(timelines, counters, run.manifest, path)
+    profile = LoadedProfile(timelines, counters, run.manifest, path)
     profile.trace_files = {r: run.traces[r] for r in wanted}
     # What profile measured about itself (overhead above 5%, counters it could not take).
     profile.warnings.extend(run.manifest.warnings)
@@ -272,7 +272,7 @@ def _run_warnings(run: rundir.RunDir) -> list[str]:
 
 def _load_trace_file(
     path: Path, ncu: str | os.PathLike[str] | None, ranks: list[int] | None, say: Callable[[str], None]
-) -> Profile:
+) -> LoadedProfile:
     """One trace file (Kineto, or an Nsight Systems export of one or more devices) and ``ncu``."""
     if path.suffix not in (".json", ".gz", ".sqlite", ".nsys-rep", ".qdrep") and not path.name.endswith(
         ".json.gz"
@@ -306,7 +306,7 @@ def _load_trace_file(
     if ncu:
         say(f"reading {Path(ncu).name}")
         counters = read_counters(ncu)
-    return Profile(timelines, counters, None, None)
+    return LoadedProfile(timelines, counters, None, None)
 
 
 def _check_ranks(wanted: list[int], present: list[int], path: Path, what: str) -> None:
@@ -362,7 +362,7 @@ def _load_trace_folder(
     ranks: list[int] | None,
     say: Callable[[str], None],
     read_traces: bool = True,
-) -> Profile:
+) -> LoadedProfile:
     """A folder of Kineto traces, one per rank, without a manifest."""
     files = sorted(f for f in path.iterdir() if f.is_file() and _is_trace_name(f.name))
     traces, warnings = assign_ranks(files, _peek_rank, str(path))
@@ -377,7 +377,7 @@ def _load_trace_folder(
     if ncu:
         say(f"reading {Path(ncu).name}")
         counters = read_counters(ncu)
-    profile = Profile(timelines, counters, None, path, warnings=warnings)
+    profile = LoadedProfile(timelines, counters, None, path, warnings=warnings)
     profile.trace_files = {r: traces[r] for r in wanted}
     return profile
 

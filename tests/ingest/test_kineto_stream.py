@@ -24,7 +24,7 @@ import pandas as pd
 import pytest
 
 from kerneltriage.errors import TraceFormatError
-from kerneltriage.ingest import kineto
+from kerneltriage.ingest import json_stream, kineto
 from kerneltriage.ingest.kineto import read_trace, read_trace_bytes
 from tests.helpers import EXTERNAL, TRACE, corpus, raw_trace
 
@@ -152,15 +152,15 @@ def _assert_same(got, want) -> None:
 
 def _never(monkeypatch) -> None:
     """No guessed boundaries: every cut comes from the exact scan."""
-    monkeypatch.setattr(kineto, "_CANDIDATE", re.compile(rb"(?!)"))
+    monkeypatch.setattr(json_stream, "_CANDIDATE", re.compile(rb"(?!)"))
 
 
 def _wrong(monkeypatch) -> list[int]:
     """Guesses that are wrong (a comma after a string: inside an event), so pieces fail to
     parse and the reader cuts again from them; returns where that happened."""
-    monkeypatch.setattr(kineto, "_CANDIDATE", re.compile(rb'",'))
+    monkeypatch.setattr(json_stream, "_CANDIDATE", re.compile(rb'",'))
     failed: list[int] = []
-    collect = kineto._Events._collect
+    collect = json_stream._Pieces._collect
 
     def spy(self, block: bool) -> int:
         offset = collect(self, block)
@@ -168,7 +168,7 @@ def _wrong(monkeypatch) -> list[int]:
             failed.append(offset)
         return offset
 
-    monkeypatch.setattr(kineto._Events, "_collect", spy)
+    monkeypatch.setattr(json_stream._Pieces, "_collect", spy)
     return failed
 
 

@@ -189,7 +189,7 @@ def _environment(env: dict[str, str]) -> Iterator[None]:
 
 
 @dataclass
-class Applied:
+class AppliedFixes:
     """What ``kerneltriage.apply`` did: ``applied`` (one entry per fix installed: ids, recipe,
     kind, whether it took effect yet, details) and ``refused`` ((id, why) for each fix left out).
     Fixes that act at the model's first forward show ``done`` once it ran; one that fails
@@ -205,7 +205,7 @@ class Applied:
         """The candidate ids whose fixes are installed (and not refused since)."""
         return [i for a in self.applied for i in a["ids"]]
 
-    def refresh(self) -> Applied:
+    def refresh(self) -> AppliedFixes:
         """Bring ``done`` and ``details`` up to date (after the first forward)."""
         for entry, inst in zip(self.applied, self._installed):
             entry["done"] = inst.applied.done
@@ -247,7 +247,7 @@ def apply(
     model: Any = None,
     run: str | os.PathLike[str] | None = None,
     only: str | list[str] | tuple[str, ...] | None = None,
-) -> Applied:
+) -> AppliedFixes:
     """Apply the fixes ``kerneltriage verify`` verified on ``run`` (``only``: these candidates)
     in this process, through verify's runner. Call it before the model is built and run: class
     swaps, compiles and attention act at the first forward of the first module that runs (the
@@ -266,7 +266,7 @@ def apply(
     from kerneltriage.verify.apply import AT_FIRST_FORWARD, ApplyFailed, install
 
     fixes = fixes_of(run, _ids(only))
-    handle = Applied(str(run))
+    handle = AppliedFixes(str(run))
     hooks = torch.nn.modules.module._global_forward_pre_hooks
     for ids, mapping in grouped(fixes):
         recipe_ids = sorted({str(f.get("recipe_id")) for f in fixes if f["id"] in ids and f.get("recipe_id")})
@@ -308,7 +308,7 @@ def apply(
     return handle.refresh()
 
 
-def _refusing(hook: Any, handle: Applied, inst: Installed) -> Any:
+def _refusing(hook: Any, handle: AppliedFixes, inst: Installed) -> Any:
     """The runner's first-forward hook, turning its failure into a refusal and a warning: the
     user's model then runs as it was, instead of the script stopping."""
     from kerneltriage.verify.apply import ApplyFailed

@@ -12,7 +12,7 @@ import click
 from kerneltriage.cli.console import Progress
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kerneltriage.verify.trials import Reporter
+    from kerneltriage.verify.trials import VerifyReporter
 
 
 @click.command()
@@ -130,8 +130,8 @@ def verify(
         click.echo(text)
         return
     click.echo(text, err=True)
-    # A Reporter by its methods: subclassing it would import the trials at every start.
-    data = run_verify(plan, manifest, cast("Reporter", _VerifyReporter()))
+    # A VerifyReporter by its methods: subclassing it would import the trials at every start.
+    data = run_verify(plan, manifest, cast("VerifyReporter", _VerifyReporter()))
     click.echo("\n".join(result_lines(data)))
     click.echo(f"wrote {Path(run) / 'verify.json'}", err=True)
 

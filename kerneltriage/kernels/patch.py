@@ -302,8 +302,9 @@ def _swapped_in_place(module: nn.Module, drop_in: type, eps_attr: str, eps: floa
         body = {"__module__": drop_in.__module__, "__qualname__": drop_in.__qualname__}
         _IN_PLACE[key] = type(drop_in.__name__, (drop_in, type(module)), body)
     module.__class__ = _IN_PLACE[key]
-    if eps_attr != getattr(drop_in, "eps_attribute", eps_attr):
-        setattr(module, drop_in.eps_attribute, eps)  # where the drop-in's forward reads it
+    reads = getattr(drop_in, "eps_attribute", eps_attr)
+    if eps_attr != reads:
+        setattr(module, reads, eps)  # where the drop-in's forward reads it
     return module
 
 

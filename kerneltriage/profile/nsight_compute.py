@@ -135,17 +135,17 @@ def export_command(ncu: str, report: Path, names: str = "demangled") -> list[str
 
 
 @dataclass
-class Progress:
+class NcuProgress:
     index: int  # 1-based count of profiled launches so far
     kernel: str
 
 
-def parse_progress(line: str, seen: int) -> Progress | None:
+def parse_progress(line: str, seen: int) -> NcuProgress | None:
     """ncu prints ``==PROF== Profiling "name" - 4 (5/150): …`` per profiled launch."""
     match = _PROGRESS.search(line)
     if match is None:
         return None
-    return Progress(index=seen + 1, kernel=match.group("name"))
+    return NcuProgress(index=seen + 1, kernel=match.group("name"))
 
 
 def find_ncu() -> str | None:

@@ -1,6 +1,6 @@
 """Elementwise ops the scaffolds can generate: Triton and torch expressions with derivatives.
 
-A chain is a list of ``Step``s applied to a running fp32 value. Expressions are format strings
+A chain is a list of ``ChainStep``s applied to a running fp32 value. Expressions are format strings
 with ``{v}`` (the step's input), ``{y}`` (its output), ``{e}`` (a second tensor operand) and
 ``{c}`` (a scalar argument's name). Only names from this table reach generated code: trace
 strings never do.
@@ -120,7 +120,7 @@ KIND_OPS = sorted({*UNARY, *TENSOR} - {"square", "cube"})
 
 
 @dataclass
-class Step:
+class ChainStep:
     """One op of a chain, with its generated expressions (already formatted except {v}/{y}/{e})."""
 
     op: str  # aten short name, e.g. "gelu"
@@ -145,21 +145,21 @@ class Step:
 
 @dataclass
 class Chain:
-    steps: list[Step]
+    steps: list[ChainStep]
     x_dims: list[int]
     x_dtype: str
     notes: list[str] = field(default_factory=list)
 
     @property
-    def compute(self) -> list[Step]:
+    def compute(self) -> list[ChainStep]:
         return [s for s in self.steps if s.kind != "layout"]
 
     @property
-    def operands(self) -> list[Step]:
+    def operands(self) -> list[ChainStep]:
         return [s for s in self.steps if s.kind == "tensor"]
 
     @property
-    def scalars(self) -> list[Step]:
+    def scalars(self) -> list[ChainStep]:
         return [s for s in self.steps if s.scalar]
 
     @property
@@ -172,9 +172,9 @@ class Chain:
         return "_".join(ops[:4]) if ops else "copy"
 
 
-def unary_step(op: str, label: str | None = None) -> Step:
+def unary_step(op: str, label: str | None = None) -> ChainStep:
     fwd, dv, torch_expr, tanh = UNARY[op]
-    return Step(op, label or f"aten::{op}", "unary", fwd, dv, "", torch_expr, tanh)
+    return ChainStep(op, label or f"aten::{op}", "unary", fwd, dv, "", torch_expr, tanh)
 
 
 def _tensor_args(op: dict) -> list[tuple[int, list[int], str]]:
@@ -209,7 +209,7 @@ def op_label(op: dict) -> str:
 
 def _tensor_step(
     short: str, label: str, op: dict, operand: tuple[int, list[int], str], name: str, default_dtype: str
-) -> Step:
+) -> ChainStep:
     """add/sub/mul/div of a second tensor (``operand``: its argument index, dims and type)."""
     fwd, dv, de, torch_expr = TENSOR[short]
     alpha = number(_concrete(op, 2)) if short in ("add", "sub") else None
@@ -218,7 +218,7 @@ def _tensor_step(
         torch_expr = torch_expr.replace("{e}", f"{alpha!r} * {{e}}")
         de = f"{-alpha if short == 'sub' else alpha!r}"
     _, dims, t = operand
-    return Step(
+    return ChainStep(
         short,
         label,
         "tensor",
@@ -232,14 +232,14 @@ def _tensor_step(
     )
 
 
-def _scalar_step(short: str, label: str, op: dict, name: str, notes: list[str]) -> Step | None:
+def _scalar_step(short: str, label: str, op: dict, name: str, notes: list[str]) -> ChainStep | None:
     """add/sub/mul/div/pow of a scalar (named ``name`` in the kernel); pow by 2, 3, 0.5, -1 or 1
     as the unary op (or identity) it is; None, with a note, for a pow the chain cannot model."""
     value = number(_concrete(op, 1))
     if short == "pow" and value in (2.0, 3.0, 0.5, -1.0, 1.0):
         mapped = {2.0: "square", 3.0: "cube", 0.5: "sqrt", -1.0: "reciprocal"}.get(value)
         if mapped is None:
-            return Step(short, label, "layout", note="pow 1: identity")
+            return ChainStep(short, label, "layout", note="pow 1: identity")
         return unary_step(mapped, label)
     if short == "pow" and (value is None or float(value).is_integer()):
         notes.append(f"{label}: pow with this exponent is not modelled; left out of the chain")
@@ -255,14 +255,14 @@ def _scalar_step(short: str, label: str, op: dict, name: str, notes: list[str]) 
     elif alpha not in (None, 1.0):
         value *= alpha
     fwd, dv, torch_expr = SCALAR[short]
-    return Step(
+    return ChainStep(
         short, label, "scalar", fwd, dv, "", torch_expr, scalar=name, value=float(value), recorded=recorded
     )
 
 
 def chain_from_example(example: list[dict], default_dims: list[int], default_dtype: str) -> Chain:
     """The elementwise chain of a region/op as recorded. Unknown ops are left out and noted."""
-    steps: list[Step] = []
+    steps: list[ChainStep] = []
     notes: list[str] = []
     x_dims, x_dtype = None, None
     n_scalars = 0
@@ -276,7 +276,7 @@ def chain_from_example(example: list[dict], default_dims: list[int], default_dty
         if x_dims is None and tensors:
             x_dims, x_dtype = tensors[0][1], trace_dtype(tensors[0][2], default_dtype)
         if short in LAYOUT:
-            steps.append(Step(short, label, "layout", note="layout or dtype only: identity here"))
+            steps.append(ChainStep(short, label, "layout", note="layout or dtype only: identity here"))
             continue
         if short == "gelu":
             approx = _concrete(op, 1).strip().strip("'\"")
@@ -306,7 +306,7 @@ def chain_from_example(example: list[dict], default_dims: list[int], default_dty
 def chain_from_kind(ops: list[str], dims: list[int], dtype: str) -> Chain:
     """``--kind gelu`` / ``--kind mul+silu``: unary ops, and add/sub/mul/div with a second input of
     the same shape, in order (``families.for_kind`` has checked that every op is in ``KIND_OPS``)."""
-    steps: list[Step] = []
+    steps: list[ChainStep] = []
     for op in ops:
         op = ALIASES.get(op, op)
         if op in UNARY:
@@ -315,7 +315,7 @@ def chain_from_kind(ops: list[str], dims: list[int], dtype: str) -> Chain:
         fwd, dv, de, torch_expr = TENSOR[op]
         operand = f"y{sum(s.kind == 'tensor' for s in steps) + 1}"
         steps.append(
-            Step(
+            ChainStep(
                 op,
                 op,
                 "tensor",

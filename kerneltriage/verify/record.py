@@ -97,7 +97,7 @@ class CandidateResult(_Model):
     shared_with: list[str] = []
 
 
-class Settings(_Model):
+class RecordedSettings(_Model):
     repeats: int
     warmup: int
     steps: int
@@ -116,7 +116,7 @@ class VerifyFile(_Model):
     run: str = ""
     command: list[str] = []
     device: str | None = None
-    settings: Settings
+    settings: RecordedSettings
     complete: bool = True
     seconds: float | None = Field(default=None, description="wall time verify spent")
     warmup_run: dict[str, Any] | None = Field(

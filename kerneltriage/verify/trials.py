@@ -33,7 +33,7 @@ from kerneltriage.verify.plan import Plan, Planned, Settings, make_plan
 BASELINE = "baseline"
 
 
-class Reporter:
+class VerifyReporter:
     """What ``verify`` tells the user while it runs; the CLI renders it. ``remaining`` is the
     estimate of the seconds left (None: unknown)."""
 
@@ -98,7 +98,9 @@ def load_plan(
     return plan, opened.manifest
 
 
-def run_verify(plan: Plan, manifest: rundir.Manifest, reporter: Reporter | None = None) -> record.VerifyFile:
+def run_verify(
+    plan: Plan, manifest: rundir.Manifest, reporter: VerifyReporter | None = None
+) -> record.VerifyFile:
     """Run the plan; write and return ``verify.json``'s content.
 
     A warm-up process of the baseline first (not counted); then rounds of the baseline and every
@@ -106,7 +108,7 @@ def run_verify(plan: Plan, manifest: rundir.Manifest, reporter: Reporter | None 
     inconclusive go on, round by round, until conclusive, ``max_repeats`` or the budget. A run
     past its time limit is stopped; its fix is not measured within the budget and leaves the
     rounds, while the others go on."""
-    say = reporter or Reporter()
+    say = reporter or VerifyReporter()
     run = Path(plan.run)
     base_cmd, cwd = _recorded_command(manifest, run)
     todo = plan.to_run
@@ -379,7 +381,7 @@ def _file(plan: Plan, manifest: rundir.Manifest, trials: Trials, *, complete: bo
         run=str(plan.run),
         command=list(manifest.command),
         device=next((r.get("device") for r in baseline if r.get("device")), None),
-        settings=record.Settings(
+        settings=record.RecordedSettings(
             repeats=s.repeats,
             warmup=s.warmup,
             steps=s.steps,

@@ -135,7 +135,9 @@ def test_verdicts():
 def _file(entries):
     return record.VerifyFile(
         run="r",
-        settings=record.Settings(repeats=3, warmup=3, steps=20, loss_steps=3, loss_rtol=0.005, seed=0),
+        settings=record.RecordedSettings(
+            repeats=3, warmup=3, steps=20, loss_steps=3, loss_rtol=0.005, seed=0
+        ),
         candidates=entries,
     )
 

@@ -260,7 +260,7 @@ def _bucket(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-class LaunchPlan:
+class AttentionLaunchPlan:
     """The constexpr arguments of one kernel for one key, and its tile configuration: fixed
     (interpreter, explicit config) or, on a GPU, chosen by the autotuner on the first launch."""
 
@@ -297,7 +297,7 @@ def plan(
     device: torch.device,
     interpreter: bool,
     fixed: tuple | None,
-) -> LaunchPlan:
+) -> AttentionLaunchPlan:
     """The cached plan of ``kind`` for this key (``fixed``: an explicit (BLOCK_M, BLOCK_N,
     warps, stages))."""
     meta = {
@@ -326,10 +326,10 @@ def plan(
         meta["HAS_LEFT"] = p.win_left < UNBOUNDED
     if fixed is None and interpreter:
         fixed = INTERP_CONFIGS[kind]
-    return LaunchPlan(kind, meta, fixed)
+    return AttentionLaunchPlan(kind, meta, fixed)
 
 
-def _plan_for(kind, q, k, p, tma, cfg, fixed=None, ws=False) -> LaunchPlan:
+def _plan_for(kind, q, k, p, tma, cfg, fixed=None, ws=False) -> AttentionLaunchPlan:
     fixed = fixed or cfg.attention_config(kind)
     return plan(
         kind, q.dtype, q.shape[-1], _bucket(q.shape[2]), _bucket(k.shape[2]), p, tma, ws, q.device,

@@ -2,7 +2,7 @@
 two host functions ``norm_fwd`` / ``norm_bwd`` that allocate buffers and launch.
 
 Per call the host does the checks, allocates the outputs and workspaces, looks up one cached
-``LaunchPlan`` per kernel (keyed by kind, row length, dtypes, flags, device and any forced
+``NormLaunchPlan`` per kernel (keyed by kind, row length, dtypes, flags, device and any forced
 configuration) and launches. A plan is resolved once: under the interpreter or a forced
 configuration at once, on a GPU by the autotuner on its first launch, after which the chosen
 configuration is launched directly. No host reads of device memory, no syncs.
@@ -222,7 +222,7 @@ def num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-class LaunchPlan:
+class NormLaunchPlan:
     """How one kernel kind launches for one key: its constexpr flags and tile configuration
     (``kwargs``; None on a GPU until the autotuner has chosen, on the first launch), the SM
     count of the device, and the bound on the dw/db partial rows a launch may write."""
@@ -276,13 +276,15 @@ TUNED: dict[tuple, dict] = {}
 @functools.lru_cache(maxsize=4096)
 def plan(
     kind: str, N: int, dtypes: tuple, flags: tuple, device: torch.device, forced, interpreter: bool
-) -> LaunchPlan:
+) -> NormLaunchPlan:
     """The cached plan for (kind, row length, dtypes, flags, device, forced config)."""
     fixed = forced if forced is not None else (_interpreter_config(kind, N) if interpreter else None)
-    return LaunchPlan(kind, dict(flags), fixed, N, num_sms(device), (kind, N, dtypes, flags, device))
+    return NormLaunchPlan(kind, dict(flags), fixed, N, num_sms(device), (kind, N, dtypes, flags, device))
 
 
-def _plan_for(kind: str, N: int, dtypes: tuple, flags: tuple, device, cfg: config.KernelConfig) -> LaunchPlan:
+def _plan_for(
+    kind: str, N: int, dtypes: tuple, flags: tuple, device, cfg: config.KernelConfig
+) -> NormLaunchPlan:
     return plan(kind, N, dtypes, flags, device, cfg.norm_config(kind), cfg.interpreter)
 
 

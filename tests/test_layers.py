@@ -149,3 +149,28 @@ def test_file_names_are_unique_across_layers():
             parts = path.relative_to(PACKAGE).parts
             layers.setdefault(path.name, set()).add(parts[0] if len(parts) > 1 else "kerneltriage")
     assert {name: sorted(where) for name, where in layers.items() if len(where) > 1} == {}
+
+
+#: Files that may run long: Triton kernels and their launchers keep a kernel's story in one file
+#: (the Triton tutorials' way), and templates are the packages ``scaffold`` writes.
+LONG_FILES_ALLOWED = ("kernels", "scaffold/families/templates", "data")
+MAX_LINES = 600
+
+
+def test_no_file_over_600_lines_outside_kernels_and_templates():
+    long = {
+        str(path.relative_to(PACKAGE)): n
+        for path in PACKAGE.rglob("*.py")
+        if not str(path.relative_to(PACKAGE)).startswith(LONG_FILES_ALLOWED)
+        and (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}
+
+
+def test_no_two_public_classes_share_a_name():
+    where: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                where.setdefault(node.name, []).append(str(path.relative_to(PACKAGE)))
+    assert {name: files for name, files in where.items() if len(files) > 1} == {}

@@ -17,7 +17,7 @@ import os
 import sys
 import zlib
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 import orjson
@@ -25,6 +25,7 @@ import pandas as pd
 
 from kerneltriage.errors import TraceFormatError
 from kerneltriage.ingest.json_stream import read_list
+from kerneltriage.ingest.repairs import drop_colliding_correlations, drop_colliding_ids, from_zero
 from kerneltriage.ingest.schemas import OP_ARGUMENTS, implausible_dims, validate_trace_meta
 from kerneltriage.ingest.tables import (
     CPU_COLUMNS,
@@ -188,6 +189,7 @@ class _Builder:
         self.parts: dict[str, list[dict[str, Any]]] = {"kernels": [], "runtime": [], "cpu": [], "gpu_ann": []}
         self.arg_index: dict[str, dict[bytes, int]] = {}  # column -> JSON -> id, -1: malformed
         self.args: list[Any] = []
+        self.text: dict[str, int] = {}  # the text columns' values (names, categories) -> id
         self.skipped: dict[str, int] = dict.fromkeys(SKIPPED_KINDS, 0)
 
     def merge(
@@ -204,6 +206,10 @@ class _Builder:
                     if column in cols and len(remap):
                         ids = cols[column]
                         cols[column] = np.where(ids >= 0, remap[np.maximum(ids, 0)], -1)
+                for name, values in cols.items():
+                    if isinstance(values, _Text):  # the piece's text ids -> the trace's
+                        ids = np.array([self.text.setdefault(v, len(self.text)) for v in values.values])
+                        cols[name] = _Text(ids[values.codes], [])
                 self.parts[table].append(cols)
 
     def _arg_ids(self, values: list[Any], column: str) -> np.ndarray:
@@ -236,9 +242,18 @@ class _Builder:
         return np.array(out, dtype=np.int64)
 
     def result(self) -> tuple[Any, ...]:
-        """What a worker sends back (``json_stream.Sink``): compacted columns, chunk-local
-        interned arguments, events read, skipped counts; ``merge`` takes it."""
+        """What a worker sends back (``json_stream.Sink``): compacted columns (text as ids),
+        chunk-local interned arguments, events read, skipped counts; ``merge`` takes it."""
         self.compact()
+        for chunks in self.parts.values():
+            for cols in chunks:
+                for name, values in cols.items():
+                    if isinstance(values, list):
+                        ids: dict[str, int] = {}
+                        codes = np.fromiter(
+                            (ids.setdefault(v, len(ids)) for v in values), np.int64, len(values)
+                        )
+                        cols[name] = _Text(codes, list(ids))
         return self.parts, self.args, self.events, self.skipped
 
     def compact(self) -> None:
@@ -424,13 +439,14 @@ class _Builder:
         # The pieces' columns are let go table by table, column by column, as the tables are
         # built, so they and the tables are never all in memory at once.
         parts, self.parts = self.parts, {}
+        text = np.array(list(self.text), dtype=object)
         timeline = Timeline(
             source=source,
             format="kineto",
-            kernels=_concat(parts.pop("kernels"), KERNEL_COLUMNS),
-            runtime=_concat(parts.pop("runtime"), RUNTIME_COLUMNS),
-            cpu=_concat(parts.pop("cpu"), CPU_COLUMNS),
-            gpu_annotations=_concat(parts.pop("gpu_ann"), GPU_ANNOTATION_COLUMNS),
+            kernels=_concat(parts.pop("kernels"), KERNEL_COLUMNS, text),
+            runtime=_concat(parts.pop("runtime"), RUNTIME_COLUMNS, text),
+            cpu=_concat(parts.pop("cpu"), CPU_COLUMNS, text),
+            gpu_annotations=_concat(parts.pop("gpu_ann"), GPU_ANNOTATION_COLUMNS, text),
             device_properties=[p for p in props if isinstance(p, dict)],
             meta=meta,
             args=self.args,
@@ -438,91 +454,10 @@ class _Builder:
         )
         rank = (meta.get("distributedInfo") or {}).get("rank")
         timeline.rank = rank
-        _from_zero(timeline)
-        _drop_colliding_ids(timeline)
-        _drop_colliding_correlations(timeline)
+        from_zero(timeline)
+        drop_colliding_ids(timeline)
+        drop_colliding_correlations(timeline)
         return timeline
-
-
-def _drop_colliding_correlations(timeline: Timeline) -> None:
-    """Each CUDA runtime call has a correlation id of its own (a kernel shares its launch's,
-    several kernels one graph launch's). An id that several runtime calls share cannot say
-    which launched a kernel: those links are dropped (-1), with a warning; when most launches
-    collide, nothing could be matched and the trace is refused."""
-    runtime = timeline.runtime
-    if len(runtime) < 2:
-        return
-    # The same call written twice (a trace merged twice) is one call: the invariants drop it.
-    calls_of = runtime.loc[runtime["correlation"] > 0, ["correlation", "pid", "tid", "start", "dur"]]
-    ids = calls_of.drop_duplicates()["correlation"]
-    counts = ids.value_counts()
-    shared = counts[counts > 1]
-    if shared.empty:
-        return
-    calls = int(shared.sum())
-    worst, times = int(shared.index[0]), int(shared.iloc[0])
-    if calls > 0.5 * len(ids):
-        raise TraceFormatError(
-            f"{calls} of {len(ids)} CUDA runtime calls share their correlation ids (id {worst}: "
-            f"{times} calls): kernels cannot be matched to their launches (a rewritten trace?)",
-            path=timeline.source,
-        )
-    colliding = shared.index.to_numpy()
-    runtime.loc[runtime["correlation"].isin(colliding), "correlation"] = -1
-    kernels = timeline.kernels
-    kernels.loc[kernels["correlation"].isin(colliding), "correlation"] = -1
-    timeline.warnings.append(
-        f"correlation id collisions: {len(colliding)} id(s) shared by {calls} CUDA runtime calls "
-        f"(id {worst}: {times} calls): their kernels are not linked to a launch"
-    )
-
-
-def _drop_colliding_ids(timeline: Timeline) -> None:
-    """Kineto gives every CPU op an External id of its own, and a launch its op's id. Ids that
-    several ops of different names share (a rewritten or merged trace) would put one op's
-    kernels on another: they are dropped (-1) from the ops and launches that hold them, so
-    the kernels are placed on the op that ran when they were launched, with a warning."""
-    cpu = timeline.cpu
-    if cpu.empty:
-        return
-    ops = cpu[(cpu["cat"] == "cpu_op") & (cpu["ext_id"] > 0)]
-    if len(ops) < 2:
-        return
-    shared = ops[ops.duplicated("ext_id", keep=False)]
-    if shared.empty:
-        return
-    names = shared.groupby("ext_id")["name"].nunique()
-    colliding = names[names > 1]
-    if colliding.empty:
-        return
-    ids = colliding.index.to_numpy()
-    worst = int(shared["ext_id"].value_counts().loc[ids].idxmax())
-    holders = shared.loc[shared["ext_id"] == worst, "name"].astype(str)
-    n_ops = int(shared["ext_id"].isin(ids).sum())
-    cpu.loc[cpu["ext_id"].isin(ids), "ext_id"] = -1
-    runtime = timeline.runtime
-    if len(runtime):
-        runtime.loc[runtime["ext_id"].isin(ids), "ext_id"] = -1
-    examples = ", ".join(sorted(set(holders))[:3])
-    timeline.warnings.append(
-        f"External id collisions: {len(ids)} id(s) shared by CPU ops of different names ({n_ops} ops; "
-        f"External id {worst} by {len(holders)} ops such as {examples}): those ids are ignored, and "
-        "their kernels are placed on the op running when they were launched"
-    )
-
-
-def _from_zero(timeline: Timeline) -> None:
-    """Timestamps are read relative to the trace: a trace whose clock is negative (a valid
-    trace shifted, or a clock of another origin) is moved to start at 0, since a negative
-    time means "no launch" to the attribution. Durations and order are unchanged."""
-    tables = [timeline.kernels, timeline.runtime, timeline.cpu, timeline.gpu_annotations]
-    starts = [int(t["start"].min()) for t in tables if len(t)]
-    if not starts or min(starts) >= 0:
-        return
-    offset = -min(starts)
-    for table in tables:
-        if len(table):
-            table["start"] = table["start"] + offset
 
 
 _NO_DIM = (-1, -1, -1)
@@ -572,13 +507,25 @@ def _int_array(values: list[Any], default: int = -1) -> np.ndarray:
         return np.array([_int(v, default) for v in values], dtype=np.int64)
 
 
-def _join(chunks: list[Any]) -> Any:
+class _Text(NamedTuple):
+    """A text column as ids: ``values[codes]`` (a worker sends each name once, not per event)."""
+
+    codes: np.ndarray
+    values: list[str]
+
+
+def _join(chunks: list[Any], text: np.ndarray | None = None) -> Any:
     if isinstance(chunks[0], np.ndarray):
         return np.concatenate(chunks)
+    if isinstance(chunks[0], _Text):  # ids of the trace's text (``merge``): one string per value
+        assert text is not None
+        return text[np.concatenate([c.codes for c in chunks])]
     return [v for chunk in chunks for v in chunk]
 
 
-def _concat(parts: list[dict[str, Any]], spec: dict[str, str]) -> pd.DataFrame:
+def _concat(
+    parts: list[dict[str, Any]], spec: dict[str, str], text: np.ndarray | None = None
+) -> pd.DataFrame:
     """One table from the pieces' columns (taken out of ``parts`` as they are joined)."""
     if not parts:
         return frame({}, spec)
@@ -587,5 +534,5 @@ def _concat(parts: list[dict[str, Any]], spec: dict[str, str]) -> pd.DataFrame:
         chunks = [p.pop(name) for p in parts if name in p]
         if not chunks:
             continue
-        columns[name] = _join(chunks)
+        columns[name] = _join(chunks, text)
     return frame(columns, spec)

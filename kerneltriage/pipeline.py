@@ -23,6 +23,7 @@ from kerneltriage.analysis.gpus import (
 from kerneltriage.analysis.model import Report
 from kerneltriage.analysis.rules import Rules
 from kerneltriage.analysis.triage import require_gpu_activity, triage
+from kerneltriage.gc_pause import gc_paused
 from kerneltriage.ingest.source import LoadedProfile
 from kerneltriage.inputs import is_url
 
@@ -57,16 +58,17 @@ def rank_report(
     # Counters are measured on one rank (the one ncu profiled); join them there only.
     counters = profile.counters if rank == profile.counters_rank else None
     timing = rank_timing(profile, rank)
-    result = triage(
-        timeline,
-        spec,
-        rules,
-        counters,
-        step_marker=step_marker,
-        source=profile.source_info(),
-        hot_kernels=profile.hot_kernels,
-        timing=timing,
-    )
+    with gc_paused():  # the analysis makes a container per op and instance, and no cycle
+        result = triage(
+            timeline,
+            spec,
+            rules,
+            counters,
+            step_marker=step_marker,
+            source=profile.source_info(),
+            hot_kernels=profile.hot_kernels,
+            timing=timing,
+        )
     result.warnings = profile.warnings + result.warnings
     if result.source.get("timing") is not None and timing:
         # The plain steps themselves: the step time's interval (stragglers across ranks).

@@ -115,8 +115,19 @@ class Attribution:
 def name_mask(names: pd.Series | np.ndarray, test: Callable[[str], Any]) -> np.ndarray:
     """``test`` of every name as a boolean array, run once per distinct name (a trace has
     millions of rows but few names); a missing name is False."""
-    codes, uniques = pd.factorize(names)
-    return _mask_of(codes, uniques, test)
+    return _mask_of(*factorize_text(names), test)
+
+
+def factorize_text(values: pd.Series | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, distinct values) of a text column, in order of first appearance; -1 for a missing
+    value. A dict of the strings themselves: their hashes are cached and a table's rows share
+    one string per value, where pandas' string hash table re-hashes every (long) kernel name."""
+    ids: dict[str, int] = {}
+    values = values.to_numpy() if isinstance(values, pd.Series) else values
+    codes = np.fromiter(
+        (ids.setdefault(v, len(ids)) if v.__class__ is str else -1 for v in values), np.intp, len(values)
+    )
+    return codes, np.array(list(ids), dtype=object)
 
 
 def _mask_of(codes: np.ndarray, uniques: Any, test: Callable[[str], Any]) -> np.ndarray:
@@ -274,14 +285,14 @@ def _own_places(uniques: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
 def attribute(tl: Timeline, marker: str | None = None) -> Attribution:
     cpu = tl.cpu
     n = len(cpu)
-    codes, uniques = pd.factorize(cpu["name"])
-    uniques = np.asarray(uniques, dtype=object)
+    codes, uniques = factorize_text(cpu["name"])
     # One string object per distinct name, shared by its rows (a missing name is NaN).
     names = np.append(uniques, np.nan)[codes]
     framing = _mask_of(codes, uniques, lambda x: _FRAMING.match(str(x)))
-    cat = cpu["cat"].to_numpy()
-    is_op = (cat == "cpu_op") & ~framing
-    is_annotation = (cat == "user_annotation") | ((cat == "cpu_op") & framing)
+    cats = factorize_text(cpu["cat"])
+    cpu_op = _mask_of(*cats, lambda c: c == "cpu_op")
+    is_op = cpu_op & ~framing
+    is_annotation = _mask_of(*cats, lambda c: c == "user_annotation") | (cpu_op & framing)
     steps, source, warnings = find_steps(tl, marker, is_annotation)
     parent, depth = nest(cpu)
     seqs = cpu["seq"].to_numpy()
@@ -317,7 +328,7 @@ def attribute(tl: Timeline, marker: str | None = None) -> Attribution:
 
     kernels = _join_launches(tl, is_op, parent, root, fwd_of, is_bwd_root, optimizer, module, region, steps)
     windows = step_windows(steps, kernels)
-    kernel_codes, kernel_names = pd.factorize(kernels["name"])
+    kernel_codes, kernel_names = factorize_text(kernels["name"])
     carried = kernels[(kernels["launch_start"] < 0)]
     carried_ns = 0
     if len(carried):
@@ -360,7 +371,7 @@ def attribute(tl: Timeline, marker: str | None = None) -> Attribution:
         cpu_is_annotation=is_annotation,
         windows=windows,
         kernel_name_codes=kernel_codes,
-        kernel_name_uniques=np.asarray(kernel_names, dtype=object),
+        kernel_name_uniques=kernel_names,
     )
 
 
@@ -401,7 +412,9 @@ def _join_launches(
 ) -> pd.DataFrame:
     cpu = tl.cpu
     k = tl.kernels.copy(deep=False)  # the columns added below are the attribution's own
-    rt = tl.runtime.drop_duplicates(subset=["correlation"], keep="first")
+    rt = tl.runtime[["correlation", "start", "tid", "ext_id"]].drop_duplicates(
+        subset=["correlation"], keep="first"
+    )
     rt = rt[rt["correlation"] >= 0].set_index("correlation")
     launch = rt.reindex(k["correlation"].to_numpy())
     launch_start = launch["start"].fillna(-1).astype("int64").to_numpy()

@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from kerneltriage.analysis.attribution import Attribution
+from kerneltriage.analysis.attribution import Attribution, factorize_text
 from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.analysis.grouping import Group, module_label
 from kerneltriage.analysis.join import JoinResult
@@ -39,7 +39,7 @@ def build_candidate(
     fwd_ms = float(k.loc[k["phase"] != "bwd", "dur"].sum()) / n_steps / 1e6
     bwd_ms = float(k.loc[k["phase"] == "bwd", "dur"].sum()) / n_steps / 1e6
     rows = join.row.loc[k.index] if join is not None else pd.Series(-1, index=k.index)
-    kernels_info = _kernel_info(k, rows, n_steps)
+    kernels_info = _kernel_info(k, attr, rows, n_steps)
     module = module_label(k["module"].dropna().tolist())
     roof = place_on_roofline(g, k, rows, counters, gpu, n_steps)
     headroom = (total_ns / n_steps / 1e6) / roof.ceiling_ms if roof.ceiling_ms else None
@@ -163,10 +163,10 @@ def _json_attrs(g: Group) -> dict[str, Any]:
     return attrs
 
 
-def _kernel_info(k: pd.DataFrame, rows: pd.Series, n_steps: int) -> list[KernelInfo]:
+def _kernel_info(k: pd.DataFrame, attr: Attribution, rows: pd.Series, n_steps: int) -> list[KernelInfo]:
     # One entry per (name, phase), in order of first launch.
-    names, name_values = pd.factorize(k["name"])
-    phases, phase_values = pd.factorize(k["phase"])
+    names, name_values = attr.kernel_name_codes[k.index.to_numpy()], attr.kernel_name_uniques
+    phases, phase_values = factorize_text(k["phase"])
     pairs, pair_values = pd.factorize(names * (len(phase_values) + 1) + phases)
     by_pair = pd.DataFrame({"dur": k["dur"].to_numpy(), "joined": (rows >= 0).to_numpy()}).groupby(pairs)
     launches, time, joined = by_pair.size(), by_pair["dur"].sum(), by_pair["joined"].all()

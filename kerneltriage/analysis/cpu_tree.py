@@ -9,6 +9,7 @@ timestamp rounding (``NEST_TOLERANCE_NS``).
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pandas as pd
@@ -31,34 +32,32 @@ def nest(cpu: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     # Sorted by thread, then start, longest first: a parent always precedes its children.
     order = np.lexsort((-cpu["dur"].to_numpy(), start, tid, pid))
     sorted_pid, sorted_tid = pid[order], tid[order]
-    new_thread = np.ones(n, dtype=bool)
-    new_thread[1:] = (sorted_pid[1:] != sorted_pid[:-1]) | (sorted_tid[1:] != sorted_tid[:-1])
+    cuts = np.flatnonzero((sorted_pid[1:] != sorted_pid[:-1]) | (sorted_tid[1:] != sorted_tid[:-1])) + 1
     tolerance = NEST_TOLERANCE_NS
-    stack: list[tuple[int, int]] = []  # (end, row) of the ranges holding the current one
-    top_end, top_row = None, -1
     out = np.empty(n, dtype=np.int64)
-    for a in range(0, n, _BLOCK):  # Python values a block at a time: bounded memory
-        b = min(n, a + _BLOCK)
-        parents: list[int] = []
-        found = parents.append
-        rows = order[a:b]
-        for s, e, row, new in zip(
-            start[rows].tolist(), end[rows].tolist(), rows.tolist(), new_thread[a:b].tolist()
-        ):
-            if new:
-                stack.clear()
-                top_end, top_row = None, -1
-            # Pop ranges that ended before this one starts, and ranges this one outlasts: such
-            # partial overlaps happen between annotations (ProfilerStep#N+1 starts inside the
-            # optimizer step whose hook started it). A child may end a little after its parent
-            # from timestamp rounding, hence the tolerance.
-            while top_end is not None and (top_end <= s or e > top_end + tolerance):
-                stack.pop()
-                top_end, top_row = stack[-1] if stack else (None, -1)
-            found(top_row)
-            top_end, top_row = e, row
-            stack.append((e, row))
-        out[a:b] = parents
+    bounds = [0, *cuts.tolist(), n]
+    for first, last in itertools.pairwise(bounds):  # one thread at a time
+        # The ranges holding the current one: (end, end + tolerance, row), above a bottom that
+        # holds everything (the top level).
+        stack: list[tuple[float, float, int]] = [(math.inf, math.inf, -1)]
+        top_end, top_limit, top_row = stack[-1]
+        for a in range(first, last, _BLOCK):  # Python values a block at a time: bounded memory
+            b = min(last, a + _BLOCK)
+            parents: list[int] = []
+            found = parents.append
+            rows = order[a:b]
+            for s, e, row in zip(start[rows].tolist(), end[rows].tolist(), rows.tolist()):
+                # Pop ranges that ended before this one starts, and ranges this one outlasts:
+                # such partial overlaps happen between annotations (ProfilerStep#N+1 starts
+                # inside the optimizer step whose hook started it). A child may end a little
+                # after its parent from timestamp rounding, hence the tolerance.
+                while top_end <= s or e > top_limit:
+                    stack.pop()
+                    top_end, top_limit, top_row = stack[-1]
+                found(top_row)
+                top_end, top_limit, top_row = e, e + tolerance, row
+                stack.append((e, top_limit, row))
+            out[a:b] = parents
     parent[order] = out
     # Depth: how many parents up to the top (a few passes, one per level).
     depth = np.zeros(n, dtype=np.int64)
@@ -106,17 +105,28 @@ def forward_of(
     forward = forward[(root[forward] >= 0) & ~is_bwd_root[np.maximum(root[forward], 0)]]
     if not len(forward):
         return fwd_of
-    # Sorted by (number, start, row descending): the last entry at or before a backward op's
-    # (number, start) is its forward op.
-    forward = forward[np.lexsort((-forward, starts[forward], seqs[forward]))]
+    # One sortable key per (number, start): the last forward op at or before a backward op's
+    # key is its forward op (of those that started together, the first in row order).
     seq_values = np.unique(seqs[forward])
-    start_values = np.unique(np.concatenate([starts[forward], starts[bwd]]))
-    width = len(start_values) + 1
+    first = int(min(starts[forward].min(), starts[bwd].min()))
+    width = int(max(starts[forward].max(), starts[bwd].max())) - first + 1
+    if (len(seq_values) + 1) * width < 2**62:
 
-    def key(s: np.ndarray, t: np.ndarray) -> np.ndarray:
-        return np.searchsorted(seq_values, s) * width + np.searchsorted(start_values, t)
+        def key(s: np.ndarray, t: np.ndarray) -> np.ndarray:
+            return np.searchsorted(seq_values, s) * width + (t - first)
 
-    at = np.searchsorted(key(seqs[forward], starts[forward]), key(seq, starts[bwd]), side="right") - 1
+    else:  # a span too long for one number: starts by their rank
+        start_values = np.unique(np.concatenate([starts[forward], starts[bwd]]))
+        width = len(start_values) + 1
+
+        def key(s: np.ndarray, t: np.ndarray) -> np.ndarray:
+            return np.searchsorted(seq_values, s) * width + np.searchsorted(start_values, t)
+
+    forward = forward[::-1]  # rows descending, kept so among equal keys by the stable sort
+    keys = key(seqs[forward], starts[forward])
+    order = np.argsort(keys, kind="stable")
+    forward, keys = forward[order], keys[order]
+    at = np.searchsorted(keys, key(seq, starts[bwd]), side="right") - 1
     found = (at >= 0) & (seq >= 0)
     found[found] = seqs[forward[at[found]]] == seq[found]
     fwd_of[bwd[found]] = root[forward[at[found]]]

@@ -77,11 +77,13 @@ def group_candidates(timeline: Timeline, attr: Attribution, rules: Rules) -> dic
 
     # Communication kernels are their own candidates, whatever op launched them: they are
     # never a Triton candidate, and folding them into that op would hide them.
-    comm_names = {n for n in in_step["name"].unique() if rules.classify(None, n) == "communication"}
-    comm = in_step["name"].isin(comm_names) & (in_step["kind"] == "kernel")
+    communication = [rules.classify(None, n) == "communication" for n in attr.kernel_name_uniques]
+    comm_names = {n for n, c in zip(attr.kernel_name_uniques, communication) if c}
+    is_comm = np.append(np.array(communication, dtype=bool), False)[attr.kernel_name_codes]
+    comm = pd.Series(is_comm[in_step.index.to_numpy()], index=in_step.index) & (in_step["kind"] == "kernel")
     fwd_mask = (in_step["fwd_root"] >= 0) & in_step["phase"].isin(["fwd", "bwd"]) & ~comm
     fwd = in_step[fwd_mask]
-    kinds = RootKinds.of(fwd, rules, names)
+    kinds = RootKinds.of(fwd, rules, names, attr)
 
     # Compiled graphs (torch.compile) are not one opaque op: their kernels are candidates
     # kernel by kernel (below, with the rest).

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kerneltriage.analysis.attribution import Attribution, factorize_text
 from kerneltriage.analysis.rules import Rules
 
 
@@ -33,7 +34,8 @@ class RootKinds:
     known: dict[tuple, tuple[str, bool]] = field(default_factory=dict)  # ``kind``'s, by what it reads
 
     @classmethod
-    def of(cls, fwd: Any, rules: Rules, names: Any) -> RootKinds:
+    def of(cls, fwd: Any, rules: Rules, names: Any, attr: Attribution) -> RootKinds:
+        """From ``fwd``: the forward kernels (rows of ``attr.kernels``)."""
         roots = fwd["fwd_root"].to_numpy()
         held, first = np.unique(roots, return_index=True)
         kernel_names, activities = fwd["name"].to_numpy(), fwd["kind"].to_numpy()
@@ -43,8 +45,8 @@ class RootKinds:
         # Kinds follow kernels: an op whose kernel time is mostly GEMM, convolution, attention
         # or communication is of that kind and a boundary, whatever its name; ops of extension
         # namespaces (fbgemm::, vllm::, …) are candidates of their own, classed by their kernels.
-        name_codes, name_uniques = pd.factorize(fwd["name"])
-        kind_codes, kind_uniques = pd.factorize(fwd["kind"])
+        name_codes, name_uniques = attr.kernel_name_codes[fwd.index.to_numpy()], attr.kernel_name_uniques
+        kind_codes, kind_uniques = factorize_text(fwd["kind"])
         pair_codes, pairs = pd.factorize(name_codes * (len(kind_uniques) + 1) + kind_codes)
         kinds = [
             rules.kernel_kind(

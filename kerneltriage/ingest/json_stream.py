@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import gc
 import os
 import re
 from collections.abc import Callable
@@ -25,6 +24,7 @@ import numpy as np
 import orjson
 
 from kerneltriage.errors import TraceFormatError
+from kerneltriage.gc_pause import gc_paused
 from kerneltriage.worker_pool import stop, worker_pool
 
 # A likely element boundary: "}" "," "{" with JSON whitespace around the comma. Only a guess (it
@@ -502,9 +502,7 @@ def parse_elements(piece: bytes | tuple[str, int, int], new_sink: Callable[[], S
             piece = f.read(stop - start)
     # Millions of fresh containers would trigger the cyclic GC over and over; none of them
     # form cycles, so pause it (it halves the parse).
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         sink = new_sink()
         count = start = 0
         while start < len(piece):
@@ -530,6 +528,3 @@ def parse_elements(piece: bytes | tuple[str, int, int], new_sink: Callable[[], S
             del elements
             start = stop + 1
         return count, sink.result()
-    finally:
-        if enabled:
-            gc.enable()

@@ -24,6 +24,7 @@ import orjson
 import pandas as pd
 
 from kerneltriage.errors import TraceFormatError
+from kerneltriage.gc_pause import gc_paused
 from kerneltriage.ingest.json_stream import read_list
 from kerneltriage.ingest.repairs import drop_colliding_correlations, drop_colliding_ids, from_zero
 from kerneltriage.ingest.schemas import OP_ARGUMENTS, implausible_dims, validate_trace_meta
@@ -72,7 +73,7 @@ def read_trace(
     """
     path = Path(path)
     try:
-        with _open(path) as stream:
+        with _open(path) as stream, gc_paused():
             # A plain regular file: workers read their pieces from it by offset.
             plain = None if isinstance(stream, gzip.GzipFile) or not path.is_file() else str(path)
             builder, meta = _read_events(stream, chunk_bytes, _workers(path, workers), path=plain)
@@ -87,7 +88,8 @@ def read_trace(
         from kerneltriage.inputs import os_reason
 
         raise TraceFormatError(f"cannot read file ({os_reason(exc)})", path=str(path)) from None
-    return builder.build(str(path), meta)
+    with gc_paused():
+        return builder.build(str(path), meta)
 
 
 def read_trace_bytes(data: bytes, name: str = "<bytes>") -> Timeline:

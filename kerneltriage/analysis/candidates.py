@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from kerneltriage.analysis.attribution import Attribution, factorize_text
@@ -33,7 +34,7 @@ def build_candidate(
 ) -> Candidate:
     """The candidate of group ``g``: its time per step, kernels, roofline and shapes."""
     k = attr.kernels.take(g.kernel_index)
-    _follow_kernels(g, k, rules)
+    _follow_kernels(g, k, attr, rules)
     total_ns = float(k["dur"].sum())
     per_step_ms = total_ns / n_steps / 1e6
     fwd_ms = float(k.loc[k["phase"] != "bwd", "dur"].sum()) / n_steps / 1e6
@@ -101,7 +102,7 @@ def short_name(name: str, limit: int = NAME_LIMIT) -> str:
     return (head[: cuts[-1]] if cuts else head).rstrip("_.:,<( ") + "…"
 
 
-def _follow_kernels(g: Group, k: pd.DataFrame, rules: Rules) -> None:
+def _follow_kernels(g: Group, k: pd.DataFrame, attr: Attribution, rules: Rules) -> None:
     """A candidate's kind agrees with what most of its kernel time is: when GEMM, convolution,
     attention or communication kernels hold most of it, that is its kind (a pattern region —
     naive attention, an eager norm — keeps the kind of its pattern). The kernel mix and the
@@ -109,15 +110,18 @@ def _follow_kernels(g: Group, k: pd.DataFrame, rules: Rules) -> None:
     total = float(k["dur"].sum())
     if not total:
         return
-    # Classed once per distinct (name, activity), summed in launch order.
-    pairs = list(zip(k["name"].tolist(), k["kind"].tolist()))
-    classes = {pair: (rules.kernel_kind(*pair), rules.kernel_class(*pair)) for pair in dict.fromkeys(pairs)}
-    dur = k["dur"].to_numpy(dtype=float)
+    names, name_values = attr.kernel_name_codes[k.index.to_numpy()], attr.kernel_name_uniques
+    # Classed once per distinct (name, activity), in order of first launch; the times are
+    # whole nanoseconds, so their sums do not depend on the order they are added in.
+    activities, activity_values = factorize_text(k["kind"])
+    pair_codes, pairs = pd.factorize(names * (len(activity_values) + 1) + activities)
+    time = np.bincount(pair_codes, weights=k["dur"].to_numpy(dtype=float), minlength=len(pairs))
     by_kind: dict[str, float] = {}
     by_lib: dict[str, float] = {}
     vendor = 0.0
-    for pair, d in zip(pairs, dur):
-        kind, cls = classes[pair]
+    for p, d in zip(pairs.tolist(), time):  # numpy floats, as rounded below
+        pair = (name_values[p // (len(activity_values) + 1)], activity_values[p % (len(activity_values) + 1)])
+        kind, cls = rules.kernel_kind(*pair), rules.kernel_class(*pair)
         by_kind[kind] = by_kind.get(kind, 0.0) + d
         if cls.library:
             by_lib[cls.library] = by_lib.get(cls.library, 0.0) + d

@@ -324,8 +324,9 @@ class _Rows:
     """CPU rows as the host index holds them: sorted by start, with the latest end so far and
     their names, for one thread or for all."""
 
-    def __init__(self, start: np.ndarray, dur: np.ndarray, tid: np.ndarray, names: np.ndarray):
+    def __init__(self, start: np.ndarray, dur: np.ndarray, tid: np.ndarray, names: np.ndarray, missing: bool):
         self.start, self.dur, self.tid, self.names = start, dur, tid, names
+        self.missing = missing  # some rows have no name (NaN): spelled as str() spells it
 
     def index(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
         return self._sorted(rows[np.argsort(self.start[rows], kind="stable")])
@@ -334,7 +335,14 @@ class _Rows:
         """``index`` of each thread's rows, by thread id (in id order)."""
         if not len(rows):
             return {}
-        rows = rows[np.lexsort((self.start[rows], self.tid[rows]))]
+        # By thread, then start (in row order where equal): one sort of one number when the
+        # threads' spans fit in it.
+        tid, start = self.tid[rows], self.start[rows]
+        span = int(start.max()) - int(start.min()) + 1
+        if int(tid.max()) - int(tid.min()) < 2**62 // span:
+            rows = rows[np.argsort((tid - tid.min()) * span + (start - start.min()), kind="stable")]
+        else:
+            rows = rows[np.lexsort((start, tid))]
         tids = self.tid[rows]
         cuts = np.flatnonzero(tids[1:] != tids[:-1]) + 1
         return {
@@ -347,8 +355,8 @@ class _Rows:
         end = start + self.dur[rows]
         # Longest end so far: lets a bisect find every range that may overlap a window.
         reach = np.maximum.accumulate(end) if len(end) else end
-        names = self.names[rows]
-        return start, end, reach, [n if isinstance(n, str) else str(n) for n in names.tolist()]
+        names = self.names[rows].tolist()
+        return start, end, reach, [str(n) for n in names] if self.missing else names
 
 
 class _HostIndex:
@@ -359,8 +367,9 @@ class _HostIndex:
         self.annotations: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]] = {}
         self.runtime: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]] = {}
         cpu = timeline.cpu
+        missing = bool((attr.cpu_name_codes < 0).any())
         self._rows = _Rows(
-            cpu["start"].to_numpy(), cpu["dur"].to_numpy(), cpu["tid"].to_numpy(), attr.cpu_names
+            cpu["start"].to_numpy(), cpu["dur"].to_numpy(), cpu["tid"].to_numpy(), attr.cpu_names, missing
         )
         is_op = attr.cpu_is_op
         self.threads = self._rows.by_thread(np.flatnonzero(is_op))

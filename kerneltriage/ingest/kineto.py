@@ -318,45 +318,49 @@ class _Builder:
         ):
             if not rows:
                 continue
-            rows = self._plausible(table, rows)
+            rows, times = self._plausible(table, rows)
             if rows:
-                self.parts[table].extend(self._make(table, make, rows))
+                self.parts[table].extend(self._make(table, make, rows, times))
 
-    def _plausible(self, table: str, rows: list[Any]) -> list[Any]:
-        """The rows whose ts and dur are finite, in range, and dur >= 0 (one vector test)."""
+    def _plausible(self, table: str, rows: list[Any]) -> tuple[list[Any], np.ndarray]:
+        """The rows whose ts and dur are finite, in range, and dur >= 0 (one vector test), and
+        their ts and dur (µs, rows of a 2-column array)."""
         events = [r[0] for r in rows] if type(rows[0]) is tuple else rows
-        ts = np.array([e["ts"] for e in events], dtype=np.float64)
-        dur = np.array([e.get("dur", 0) for e in events], dtype=np.float64)
+        times = np.array([(e["ts"], e.get("dur", 0)) for e in events], dtype=np.float64)
+        ts, dur = times[:, 0], times[:, 1]
         ok = (np.abs(ts) < MAX_TS_US) & (dur >= 0) & (dur <= MAX_DUR_US)  # NaN fails both
         if ok.all():
-            return rows
+            return rows, times
         self.skipped[table] += int(len(ok) - ok.sum())
-        return [r for r, good in zip(rows, ok) if good]
+        return [r for r, good in zip(rows, ok) if good], times[ok]
 
-    def _make(self, table: str, make: Any, rows: list[Any]) -> list[dict[str, Any]]:
+    def _make(self, table: str, make: Any, rows: list[Any], times: np.ndarray) -> list[dict[str, Any]]:
         """Columns of ``rows``; a batch holding an argument of the wrong type (a grid that is
         a number, an id that is a list) is halved until the bad events are found and skipped."""
         try:
-            return [make(rows)]
+            return [make(rows, times)]
         except _ROW_ERRORS:
             if len(rows) == 1:
                 self.skipped[table] += 1
                 return []
             mid = len(rows) // 2
-            return self._make(table, make, rows[:mid]) + self._make(table, make, rows[mid:])
+            return self._make(table, make, rows[:mid], times[:mid]) + self._make(
+                table, make, rows[mid:], times[mid:]
+            )
 
     @staticmethod
-    def _common(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    def _common(rows: list[dict[str, Any]], times: np.ndarray) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         args = [e.get("args") or {} for e in rows]
+        ns = np.rint(times * 1000.0).astype(np.int64)  # µs (Kineto's unit) to integer ns
         return args, {
             "name": [sys.intern(e["name"]) for e in rows],  # a str: checked by ``add``
-            "start": _ns_array([e["ts"] for e in rows]),
-            "dur": _ns_array([e.get("dur", 0) for e in rows]),
+            "start": np.ascontiguousarray(ns[:, 0]),
+            "dur": np.ascontiguousarray(ns[:, 1]),
         }
 
-    def _gpu(self, tagged: list[tuple[dict[str, Any], str]]) -> dict[str, Any]:
+    def _gpu(self, tagged: list[tuple[dict[str, Any], str]], times: np.ndarray) -> dict[str, Any]:
         rows = [e for e, _ in tagged]
-        args, cols = self._common(rows)
+        args, cols = self._common(rows, times)
         grids = [a.get("grid") or _NO_DIM for a in args]
         blocks = [a.get("block") or _NO_DIM for a in args]
         cols.update(
@@ -374,9 +378,9 @@ class _Builder:
             cols[f"block_{axis}"] = _int_array([b[i] if len(b) > i else -1 for b in blocks])
         return cols
 
-    def _cpu(self, tagged: list[tuple[dict[str, Any], str]]) -> dict[str, Any]:
+    def _cpu(self, tagged: list[tuple[dict[str, Any], str]], times: np.ndarray) -> dict[str, Any]:
         rows = [e for e, _ in tagged]
-        args, cols = self._common(rows)
+        args, cols = self._common(rows, times)
         # Kineto gives every op its args (its External id at least): none at all is a trace
         # rewritten without them, not an op that recorded nothing.
         self.skipped["no_args"] += sum(1 for e, cat in tagged if cat == "cpu_op" and not e.get("args"))
@@ -395,8 +399,8 @@ class _Builder:
         )
         return cols
 
-    def _runtime(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        args, cols = self._common(rows)
+    def _runtime(self, rows: list[dict[str, Any]], times: np.ndarray) -> dict[str, Any]:
+        args, cols = self._common(rows, times)
         cols.update(
             pid=_int_array([e.get("pid") for e in rows]),
             tid=_int_array([e.get("tid") for e in rows]),
@@ -405,8 +409,8 @@ class _Builder:
         )
         return cols
 
-    def _gpu_annotation(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        args, cols = self._common(rows)
+    def _gpu_annotation(self, rows: list[dict[str, Any]], times: np.ndarray) -> dict[str, Any]:
+        args, cols = self._common(rows, times)
         cols.update(
             device=_int_array([a.get("device", e.get("pid")) for a, e in zip(args, rows)], 0),
             ext_id=_int_array([a.get("External id") for a in args]),
@@ -495,11 +499,6 @@ MAX_TS_US = 9.0e15
 MAX_DUR_US = 86_400e6
 #: Above this share of malformed kernel (or CPU op) events the report would mislead: refused.
 MAX_MALFORMED_SHARE = 0.10
-
-
-def _ns_array(values: list[Any]) -> np.ndarray:
-    """Microseconds (Kineto's unit) to integer nanoseconds."""
-    return np.rint(np.asarray(values, dtype=np.float64) * 1000.0).astype(np.int64)
 
 
 def _int_array(values: list[Any], default: int = -1) -> np.ndarray:

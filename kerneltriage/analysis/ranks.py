@@ -371,7 +371,13 @@ def communication_waits(per_rank: dict[int, list[Collective]]) -> dict[int, Comm
 
 def split_communication(reports: dict[int, Report], per_rank: dict[int, list[Collective]]) -> None:
     """Put each rank's wait and transfer (its communication per step, split in the matched
-    collectives' proportion) in its report's ``source["communication"]``."""
+    collectives' proportion) in its report's ``source["communication"]``.
+
+    Where every rank was timed on its plain steps and none stands out from the others (the job
+    runs in step), the wait measured in the recorded steps is the profiler's, not the job's: a
+    rank waited while its peer was still in a profiled step. Its collectives' candidates and its
+    exposed communication then count their transfer only (``_leave_out_wait``)."""
+    in_step = _ranks_in_step(reports)
     for r, split in communication_waits(per_rank).items():
         rep = reports.get(r)
         if rep is None or rep.communication_ms_per_step <= 0:
@@ -386,6 +392,9 @@ def split_communication(reports: dict[int, Report], per_rank: dict[int, list[Col
         }
         if split.wait_fraction < WAIT_NOTE_SHARE:
             continue
+        if in_step:
+            _leave_out_wait(rep, split.wait_fraction)
+            continue
         for c in rep.candidates:
             if c.kind == COMMUNICATION and c.time_ms_per_step > 0:
                 note = (
@@ -398,6 +407,50 @@ def split_communication(reports: dict[int, Report], per_rank: dict[int, list[Col
 
 #: A rank's collectives that wait this share of their time or more say so on their candidates.
 WAIT_NOTE_SHARE = 0.2
+
+
+def _ranks_in_step(reports: dict[int, Report]) -> bool:
+    """Every rank timed on its plain steps, and no rank's step stands out beyond the noise."""
+    rows = [_rank_row(r, rep) for r, rep in sorted(reports.items())]
+    if len(rows) < 2 or any(row.timed_on != "plain steps" for row in rows):
+        return False
+    return not _step_stragglers(rows, [])
+
+
+def _leave_out_wait(rep: Report, wait_fraction: float) -> None:
+    """The rank's collectives counted at their transfer time, the wait for a rank still in a
+    profiled step left out (a note says how much), its exposed communication likewise; the
+    candidates re-ranked as the triage ranks them."""
+    from kerneltriage.analysis.vocabulary import Verdict
+
+    comm = rep.source["communication"]
+    wait = comm["wait_ms_per_step"]
+    comm["wait_left_out"] = True
+    keep = 1.0 - wait_fraction
+    for c in rep.candidates:
+        if c.kind != COMMUNICATION or c.time_ms_per_step <= 0:
+            continue
+        waited = c.time_ms_per_step * wait_fraction
+        c.time_ms_per_step *= keep
+        c.time_share *= keep
+        c.gpu_share *= keep
+        note = (
+            f"{waited:.2f} ms per step of waiting for other ranks left out ({wait_fraction:.0%} of its kernel "
+            "time in the recorded steps): the ranks' plain steps run in step, so the wait was for a rank "
+            "still in a profiled step; the time shown is the transfer"
+        )
+        c.note = "; ".join(x for x in (c.note, note) if x)
+    rep.exposed_communication_ms_per_step = max(0.0, rep.exposed_communication_ms_per_step - wait)
+    rep.notes.append(
+        f"communication: {wait:.2f} ms per step of the recorded steps' collectives was waiting for a rank "
+        "still in a profiled step (the ranks' plain steps run in step): left out of the collectives' "
+        "candidates and of the exposed communication"
+    )
+    rep.candidates.sort(
+        key=lambda c: (c.verdict != Verdict.SKIP, c.expected_saving_share, c.time_share), reverse=True
+    )
+    for i, c in enumerate(rep.candidates, 1):
+        c.rank = i
 
 
 # --- DDP's settings where its communication is exposed -----------------------------------------

@@ -237,3 +237,28 @@ def test_exposed_communication_gets_ddps_settings(ddp):
     assert rep.source["last_collective"]["collectives_per_step"] == 9
     assert 0.1 < rep.source["last_collective"]["exposed_ms"] < rep.exposed_communication_ms_per_step
     assert "the step's last collective (of 9) is exposed 0.21 ms: in DDP the last bucket" in c.note
+
+
+def test_the_wait_for_a_rank_in_a_profiled_step_is_left_out_when_the_ranks_run_in_step(tmp_path, ddp):
+    # Rank 0's all-reduces spend 1.36 of their 3.52 ms a step waiting for rank 1 in the recorded
+    # steps. With plain steps in step on both ranks, that wait is the profiler's: rank 0's
+    # collectives count their transfer only, and its exposed communication loses the wait.
+    run = tmp_path / "run"
+    shutil.copytree(DDP, run)
+    _with_plain_steps(run, {0: [53.1, 53.0, 53.2, 53.05, 53.1], 1: [53.1, 53.0, 53.15, 53.1, 53.05]})
+    reps = build_reports(run)
+    comm = reps[0].source["communication"]
+    assert comm["wait_left_out"] and comm["wait_ms_per_step"] == pytest.approx(1.362, abs=0.01)
+    before = {c.name: c for c in ddp[0].candidates if c.kind == "communication"}
+    for c in (c for c in reps[0].candidates if c.kind == "communication"):
+        keep = 1 - comm["wait_ms_per_step"] / reps[0].communication_ms_per_step
+        assert c.time_ms_per_step == pytest.approx(before[c.name].time_ms_per_step * keep)
+        assert "waiting for other ranks left out" in c.note
+    assert reps[0].exposed_communication_ms_per_step == pytest.approx(
+        max(0.0, ddp[0].exposed_communication_ms_per_step - comm["wait_ms_per_step"])
+    )
+    assert any("still in a profiled step" in n for n in reps[0].notes)
+    assert [c.rank for c in reps[0].candidates] == list(range(1, len(reps[0].candidates) + 1))
+    assert "wait_left_out" not in reps[1].source["communication"]  # rank 1 did not wait
+    # Without plain steps (the shipped run), the recorded wait stays counted.
+    assert "wait_left_out" not in ddp[0].source["communication"]

@@ -39,7 +39,7 @@ import pandas as pd
 
 from kerneltriage.analysis.cpu_tree import forward_of, innermost_at, levels, nest
 from kerneltriage.annotate import MODULE_PREFIX, REGION_PREFIX, STEP_RANGE
-from kerneltriage.ingest.tables import Timeline
+from kerneltriage.ingest.tables import TEXT, Timeline
 from kerneltriage.patterns import Pattern, compile_user_pattern
 
 PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
@@ -53,6 +53,7 @@ _FRAMING = re.compile("|".join((PROFILER_STEP.pattern, _OPTIMIZER.pattern, r"^en
 _BACKWARD_ROOT = re.compile(
     r"^(autograd::engine::evaluate_function|torch::autograd::AccumulateGrad$|[A-Za-z0-9_]+Backward\d*$)"
 )
+_PHASES = np.array(["opt", "bwd", "fwd", "none"], dtype=object)
 #: A step shorter than this fraction of the median step is a stub (a ProfilerStep opened just
 #: before the profiler stopped), not a step.
 STUB_FRACTION = 0.1
@@ -304,22 +305,32 @@ def attribute(tl: Timeline, marker: str | None = None) -> Attribution:
     region = np.full(n, None, dtype=object)
     optimizer = np.zeros(n, dtype=bool)
     own_module, own_region, own_optimizer = _own_places(uniques)
-    own = [(own_module, pd.notna(own_module), module), (own_region, pd.notna(own_region), region)]
+    # Only what some annotation names (most traces name no module or region).
+    places = [
+        (into, values, pd.notna(values)) for into, values in ((module, own_module), (region, own_region))
+    ]
+    places = [place for place in places if place[2].any()]
+    optimizers = bool(own_optimizer.any())
     for rows in levels(depth):
         own_root = np.where(is_op[rows], rows, -1)
         p = parent[rows]
-        if p.size and p[0] >= 0:  # a level below the top: every row has a parent
+        below = bool(p.size and p[0] >= 0)  # a level below the top: every row has a parent
+        if below:
             inherited = root[p]
             root[rows] = np.where(inherited >= 0, inherited, own_root)
-            module[rows], region[rows], optimizer[rows] = module[p], region[p], optimizer[p]
         else:
             root[rows] = own_root
         named = rows[~is_op[rows]]
         c = codes[named]
-        for values, has, into in own:
+        for into, values, has in places:
+            if below:
+                into[rows] = into[p]
             hit = has[c]
             into[named[hit]] = values[c[hit]]
-        optimizer[named[own_optimizer[c]]] = True
+        if optimizers:
+            if below:
+                optimizer[rows] = optimizer[p]
+            optimizer[named[own_optimizer[c]]] = True
 
     is_bwd_root = (
         is_op & (root == np.arange(n)) & _mask_of(codes, uniques, lambda x: _BACKWARD_ROOT.match(str(x)))
@@ -424,11 +435,12 @@ def _join_launches(
     ext = launch["ext_id"].fillna(-1).astype("int64").to_numpy()
 
     # External id → cpu op row (ops only: annotations share the id space).
+    # (the first op of an id, in row order, when several share it)
     op_rows = np.flatnonzero(is_op)
-    by_ext = pd.Series(op_rows, index=cpu["ext_id"].to_numpy()[op_rows])
-    by_ext = by_ext[~by_ext.index.duplicated(keep="first")]
-    op = by_ext.reindex(ext).fillna(-1).astype("int64").to_numpy().copy()
-    op[ext < 0] = -1
+    ids, first = np.unique(cpu["ext_id"].to_numpy()[op_rows], return_index=True)
+    at = np.minimum(np.searchsorted(ids, ext), max(len(ids) - 1, 0))
+    found = (ext >= 0) & (ids[at] == ext) if len(ids) else np.zeros(len(ext), dtype=bool)
+    op = np.where(found, op_rows[first[at]] if len(ids) else -1, -1).astype(np.int64)
     missing = np.flatnonzero((op < 0) & (launch_start >= 0))
     if len(missing):
         op[missing] = innermost_at(cpu, is_op, parent, launch_tid[missing], launch_start[missing])
@@ -447,7 +459,8 @@ def _join_launches(
     k["fwd_root"] = fwd_root
     opt = np.zeros(len(k), dtype=bool)
     opt[has_op] = optimizer[op[has_op]]
-    k["phase"] = np.where(opt, "opt", np.where(bwd, "bwd", np.where(has_op, "fwd", "none")))
+    phase = np.where(opt, 0, np.where(bwd, 1, np.where(has_op, 2, 3)))
+    k["phase"] = pd.array(_PHASES[phase], dtype=TEXT)
     # Module / region of the forward op (backward work inherits its forward op's place).
     anchor = np.where(fwd_root >= 0, fwd_root, op)
     placed = anchor >= 0

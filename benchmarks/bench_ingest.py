@@ -19,8 +19,9 @@ single-process ``orjson.loads`` of the one-line file, and optionally the full
     python benchmarks/bench_ingest.py --target-mb 256 --layouts pretty,oneline
     python benchmarks/bench_ingest.py --reuse --keep --report   # traces kept from a last run
 
-Targets (issue 21, on a 2-core CPU machine): 1 GB read in <= 20 s with <= 1.5 GB peak RSS, and
-every layout within 1.2x of the pretty one in time and memory.
+Targets (on a 2-core CPU machine): 1 GB read in <= 20 s with <= 1.5 GB peak RSS, and every
+layout within 1.2x of the pretty one in time and memory (issue 21); the whole ``kerneltriage
+report`` of 1 GB in <= 10 s with <= 1 GB peak RSS (``--report``).
 """
 
 from __future__ import annotations

@@ -9,13 +9,11 @@ timestamp rounding (``NEST_TOLERANCE_NS``).
 from __future__ import annotations
 
 import itertools
-import math
 
 import numpy as np
 import pandas as pd
 
 NEST_TOLERANCE_NS = 1000
-_BLOCK = 1 << 16  # rows turned into Python values at a time
 
 
 def nest(cpu: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -29,36 +27,34 @@ def nest(cpu: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     end = start + cpu["dur"].to_numpy()
     pid = cpu["pid"].to_numpy()
     tid = cpu["tid"].to_numpy()
-    # Sorted by thread, then start, longest first: a parent always precedes its children.
+    # Sorted by thread, then start, longest first: a parent always precedes its children. In
+    # that order the ranges holding a row are its predecessor's chain of parents, innermost
+    # first; the first of them that holds the row is its parent. A range holds a row that starts
+    # before it ends and ends by its end (a child may end a little after its parent from
+    # timestamp rounding, hence the tolerance); a range that ended before the row starts, or
+    # that the row outlasts (annotations overlap partly: ProfilerStep#N+1 starts inside the
+    # optimizer step whose hook started it), holds no later row either.
     order = np.lexsort((-cpu["dur"].to_numpy(), start, tid, pid))
     sorted_pid, sorted_tid = pid[order], tid[order]
-    cuts = np.flatnonzero((sorted_pid[1:] != sorted_pid[:-1]) | (sorted_tid[1:] != sorted_tid[:-1])) + 1
+    starts, ends = start[order], end[order]
     tolerance = NEST_TOLERANCE_NS
-    out = np.empty(n, dtype=np.int64)
-    bounds = [0, *cuts.tolist(), n]
-    for first, last in itertools.pairwise(bounds):  # one thread at a time
-        # The ranges holding the current one: (end, end + tolerance, row), above a bottom that
-        # holds everything (the top level).
-        stack: list[tuple[float, float, int]] = [(math.inf, math.inf, -1)]
-        top_end, top_limit, top_row = stack[-1]
-        for a in range(first, last, _BLOCK):  # Python values a block at a time: bounded memory
-            b = min(last, a + _BLOCK)
-            parents: list[int] = []
-            found = parents.append
-            rows = order[a:b]
-            for s, e, row in zip(start[rows].tolist(), end[rows].tolist(), rows.tolist()):
-                # Pop ranges that ended before this one starts, and ranges this one outlasts:
-                # such partial overlaps happen between annotations (ProfilerStep#N+1 starts
-                # inside the optimizer step whose hook started it). A child may end a little
-                # after its parent from timestamp rounding, hence the tolerance.
-                while top_end <= s or e > top_limit:
-                    stack.pop()
-                    top_end, top_limit, top_row = stack[-1]
-                found(top_row)
-                top_end, top_limit, top_row = e, e + tolerance, row
-                stack.append((e, top_limit, row))
-            out[a:b] = parents
-    parent[order] = out
+    same_thread = np.zeros(n, dtype=bool)
+    same_thread[1:] = (sorted_pid[1:] == sorted_pid[:-1]) & (sorted_tid[1:] == sorted_tid[:-1])
+    # Most rows are held by their predecessor itself: found at once, in numpy.
+    previous_end = np.empty(n, dtype=np.int64)
+    previous_end[0], previous_end[1:] = 0, ends[:-1]
+    held = same_thread & (previous_end > starts) & (ends <= previous_end + tolerance)
+    up = np.where(held, np.arange(n) - 1, -1).tolist()  # parent, as a position in this order
+    # The rest climb their predecessor's parents (known by then: they come earlier).
+    end_at = ends.tolist()
+    rest = np.flatnonzero(same_thread & ~held)
+    for i, s, e in zip(rest.tolist(), starts[rest].tolist(), ends[rest].tolist()):
+        c = up[i - 1]
+        while c >= 0 and (end_at[c] <= s or e > end_at[c] + tolerance):
+            c = up[c]
+        up[i] = c
+    at = np.array(up, dtype=np.int64)
+    parent[order] = np.where(at >= 0, order[np.maximum(at, 0)], -1)
     # Depth: how many parents up to the top (a few passes, one per level).
     depth = np.zeros(n, dtype=np.int64)
     above = parent.copy()

@@ -95,11 +95,23 @@ def stream_overlap(kernels: pd.DataFrame) -> float:
     """The share of kernel time during which an earlier kernel of the same stream still ran."""
     if len(kernels) < 2:
         return 0.0
-    k = kernels[["device", "stream", "start", "dur"]].sort_values(["device", "stream", "start"])
-    end = k["start"] + k["dur"]
-    previous = end.groupby([k["device"], k["stream"]]).cummax().groupby([k["device"], k["stream"]]).shift()
-    overlap = (previous - k["start"]).clip(lower=0).fillna(0).clip(upper=k["dur"])
-    total = float(k["dur"].sum())
+    device, stream = kernels["device"].to_numpy(), kernels["stream"].to_numpy()
+    order = np.lexsort((kernels["start"].to_numpy(), stream, device))
+    device, stream = device[order], stream[order]
+    start = kernels["start"].to_numpy()[order]
+    dur = kernels["dur"].to_numpy()[order]
+    end = start + dur
+    # The latest end so far on each stream (streams one after another: offset so that a stream's
+    # ends all lie above the one before's), then the one before each kernel.
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = (device[1:] != device[:-1]) | (stream[1:] != stream[:-1])
+    span = int(end.max()) - int(end.min()) + 1
+    offset = np.cumsum(first) * span
+    reach = np.maximum.accumulate(end - end.min() + offset) - offset + end.min()
+    previous = np.empty(len(order), dtype=np.int64)
+    previous[1:] = reach[:-1]
+    overlap = np.where(first, 0, np.minimum(np.maximum(previous - start, 0), dur))
+    total = float(dur.sum())
     return float(overlap.sum()) / total if total > 0 else 0.0
 
 

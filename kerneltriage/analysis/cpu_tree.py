@@ -104,12 +104,12 @@ def forward_of(
     # One sortable key per (number, start): the last forward op at or before a backward op's
     # key is its forward op (of those that started together, the first in row order).
     seq_values = np.unique(seqs[forward])
-    first = int(min(starts[forward].min(), starts[bwd].min()))
-    width = int(max(starts[forward].max(), starts[bwd].max())) - first + 1
+    origin = int(min(starts[forward].min(), starts[bwd].min()))
+    width = int(max(starts[forward].max(), starts[bwd].max())) - origin + 1
     if (len(seq_values) + 1) * width < 2**62:
 
         def key(s: np.ndarray, t: np.ndarray) -> np.ndarray:
-            return np.searchsorted(seq_values, s) * width + (t - first)
+            return np.searchsorted(seq_values, s) * width + (t - origin)
 
     else:  # a span too long for one number: starts by their rank
         start_values = np.unique(np.concatenate([starts[forward], starts[bwd]]))

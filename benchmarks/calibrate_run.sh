@@ -24,9 +24,9 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 SCRATCH=$(mktemp -d)
 cp -r "$RUN" "$SCRATCH/run"
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader >"$OUT/gpu.txt" 2>&1
-python3 -m kerneltriage.cli calibrate --run "$SCRATCH/run" --json >"$OUT/calibration.json" 2>"$OUT/calibrate.txt"
+python3 -m kerneltriage calibrate --run "$SCRATCH/run" --json >"$OUT/calibration.json" 2>"$OUT/calibrate.txt"
 echo "calibrate exit $?" >>"$OUT/calibrate.txt"
-python3 -m kerneltriage.cli report "$SCRATCH/run" --format json -o "$OUT/report.json" 2>"$OUT/report.txt"
+python3 -m kerneltriage report "$SCRATCH/run" --format json -o "$OUT/report.json" 2>"$OUT/report.txt"
 echo "report exit $?" >>"$OUT/report.txt"
 python3 - "$OUT" <<'PY' | tee "$OUT/summary.txt"
 import json, sys

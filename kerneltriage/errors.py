@@ -1,6 +1,6 @@
 """Exceptions raised by kerneltriage's core.
 
-The core never prints or exits: it raises one of these. ``cli.py`` turns them into a one-line
+The core never prints or exits: it raises one of these. the command line (``cli/group.py``) turns them into a one-line
 message and an exit code, so a user mistake never ends in a traceback.
 """
 

@@ -327,7 +327,7 @@ def _refusing(hook: Any, handle: AppliedFixes, inst: Installed) -> Any:
 
 def _refusal(mapping: dict[str, Any], recipe_ids: list[str], torch: Any) -> str | None:
     """Why the fix cannot be applied in this process (its recipe's ``requires`` checked by
-    ``analysis.fixes.unmet`` against this PyTorch and GPU), or None."""
+    ``analysis.fix_environment.unmet`` against this PyTorch and GPU), or None."""
     from kerneltriage.analysis.fix_environment import unmet
     from kerneltriage.analysis.fix_recipes import load_recipes
     from kerneltriage.verify.apply import check

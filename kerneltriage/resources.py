@@ -6,6 +6,10 @@
 ``kernel_classes.yaml``    kernel name → class and library
 ``hf_norms.yaml``          Hugging Face norm classes → the math the built-in drop-ins match
 ``measurement.yaml``       steady-state, interval and verify budget settings
+``fixes.yaml``             fix recipes: the ``fix`` line, its preconditions, what verify applies
+``verdicts.yaml``          the decision ladders' steps and words, the advice steps
+``liger.yaml``             Liger-Kernel's architectures and kernel switches (its version pinned)
+``idle_causes.yaml``       what keeps the GPU idle between kernels, by the host's activity
 ``templates/``             Jinja2 templates of ``kerneltriage scaffold``
 ``html/``                  the HTML report's template
 

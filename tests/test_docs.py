@@ -208,6 +208,17 @@ def test_every_verdict_and_reason_is_documented():
 # --- docs/layout.md names every module, and only modules that exist -----------------------------
 
 
+def test_the_layout_page_is_written_from_the_code():
+    """The package tree in docs/layout.md is ``scripts/layout.py``'s output for today's tree."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("layout", ROOT / "scripts" / "layout.py")
+    layout = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layout)
+    page = (ROOT / "docs" / "layout.md").read_text()
+    assert layout.rendered(page) == page, "docs/layout.md is stale: run python scripts/layout.py"
+
+
 def test_the_layout_page_follows_the_tree():
     text = (ROOT / "docs" / "layout.md").read_text()
     tree = FENCE.search(text).group(0)

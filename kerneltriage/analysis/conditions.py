@@ -23,7 +23,7 @@ def shown_share(share: float) -> float:
 
 
 def shown_headroom(h: float) -> float:
-    """A headroom as the report shows it (``report.text.times``: one decimal, none from 100)."""
+    """A headroom as the report shows it (``render.text.times``: one decimal, none from 100)."""
     return float(round(h)) if h >= 100 else round(h, 1)
 
 

@@ -75,7 +75,7 @@ if has apply; then
 fi
 python3 - "$OUT" "$RUN" "$SECOND" <<'PY' | tee -a "$OUT/summary.txt"
 import json, os, statistics, sys
-from kerneltriage.analysis import steady
+from kerneltriage.analysis.timeline import steady
 out, first, second = sys.argv[1:4]
 alone = os.path.join(out, "alone.jsonl")
 if os.path.isfile(alone):

@@ -30,7 +30,7 @@ for i in $(seq 1 "$N"); do
 done
 python3 - "$WORK" "$N" "$OUT" <<'PY' | tee "$OUT/processes.txt"
 import json, os, sys
-from kerneltriage.analysis import steady
+from kerneltriage.analysis.timeline import steady
 work, n, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 rows = []
 for i in range(1, n + 1):

@@ -56,7 +56,7 @@ for k in $(seq 1 "$VERIFY_CALLS"); do
 done
 python3 - "$OUT" <<'PY' | tee -a "$OUT/summary.txt"
 import glob, json, os, statistics, sys
-from kerneltriage.analysis import steady
+from kerneltriage.analysis.timeline import steady
 out = sys.argv[1]
 alone = os.path.join(out, "alone.jsonl")
 if os.path.exists(alone):

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kerneltriage.analysis import frames
-from kerneltriage.analysis.diff import Diff
+from kerneltriage.analysis.compare.diff import Diff
 from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.analysis.model import Report
 from kerneltriage.analysis.rules import Rules, load_rules
@@ -110,7 +110,7 @@ class Profile:
     def _table(self, which: str) -> pd.DataFrame:
         import pandas as pd
 
-        from kerneltriage.analysis.attribution import attribute
+        from kerneltriage.analysis.timeline.attribution import attribute
 
         parts = []
         for rank in self.ranks:
@@ -320,7 +320,7 @@ def check_options(
     if gpu is not None and not isinstance(gpu, GPUSpec) and not (isinstance(gpu, str) and gpu.strip()):
         raise InputError(f"gpu must be a GPU table key such as 'H100-SXM' or a GPUSpec, got {gpu!r}")
     if step_marker is not None:
-        from kerneltriage.analysis.attribution import step_marker_pattern
+        from kerneltriage.analysis.timeline.attribution import step_marker_pattern
 
         step_marker_pattern(step_marker)
     overrides = {"min_headroom": min_headroom, "min_share": min_share, "max_shapes": max_shapes}
@@ -363,7 +363,7 @@ def diff(
     """``kerneltriage diff BEFORE AFTER``: the saving each predicted candidate realized
     (``Diff.to_frame()``: as a table). For multi-rank runs, each side's rank as in
     ``report()``: ``rank``, else the one Nsight Compute profiled."""
-    from kerneltriage.analysis.diff import compare
+    from kerneltriage.analysis.compare.diff import compare
 
     rules = load_rules(rules_file)  # read once; what it warns about is said once, as report says it
     sides = [
@@ -399,7 +399,7 @@ def export_tables(
     (and rank_candidates with several ranks), kernels, ops. Returns the files written."""
     import pandas as pd
 
-    from kerneltriage.analysis.ranks import summarize
+    from kerneltriage.analysis.compare.ranks import summarize
     from kerneltriage.outputs import atomic_path, refuse_read_only
 
     check_export_format(fmt)

@@ -328,8 +328,8 @@ def _refusing(hook: Any, handle: AppliedFixes, inst: Installed) -> Any:
 def _refusal(mapping: dict[str, Any], recipe_ids: list[str], torch: Any) -> str | None:
     """Why the fix cannot be applied in this process (its recipe's ``requires`` checked by
     ``analysis.fix_environment.unmet`` against this PyTorch and GPU), or None."""
-    from kerneltriage.analysis.fix_environment import unmet
-    from kerneltriage.analysis.fix_recipes import load_recipes
+    from kerneltriage.analysis.fixes.fix_environment import unmet
+    from kerneltriage.analysis.fixes.fix_recipes import load_recipes
     from kerneltriage.verify.apply import check
 
     problem = check(mapping)
@@ -365,7 +365,7 @@ def _refusal(mapping: dict[str, Any], recipe_ids: list[str], torch: Any) -> str 
 
 def _live_environment(torch: Any) -> Any:
     """This process's PyTorch and GPU, as the recipes' preconditions read them."""
-    from kerneltriage.analysis.fix_environment import Environment
+    from kerneltriage.analysis.fixes.fix_environment import Environment
 
     if not torch.cuda.is_available():
         return Environment(torch=torch.__version__, torch_source="this process")

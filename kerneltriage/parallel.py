@@ -142,7 +142,7 @@ def report_ranks(
     shell = plan_ranks(path, ncu=ncu, ranks=ranks, progress=say)
     if one:
         shell = _only_rank(shell, ranks[0] if ranks else shell.default_rank)
-    from kerneltriage.analysis.ranks import split_communication
+    from kerneltriage.analysis.compare.ranks import split_communication
 
     if shell.timelines:  # read already: a bare trace, or an export holding every rank
         reports = {

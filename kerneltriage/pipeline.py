@@ -12,7 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kerneltriage.analysis import plausibility
 from kerneltriage.analysis.gpus import (
     GPUSpec,
     implausible_calibration,
@@ -22,6 +21,7 @@ from kerneltriage.analysis.gpus import (
 )
 from kerneltriage.analysis.model import Report
 from kerneltriage.analysis.rules import Rules
+from kerneltriage.analysis.timeline import plausibility
 from kerneltriage.analysis.triage import require_gpu_activity, triage
 from kerneltriage.gc_pause import gc_paused
 from kerneltriage.ingest.source import LoadedProfile
@@ -144,7 +144,7 @@ def _verified(report: Report, path: Any) -> None:
     """Put RUN/verify.json (``kerneltriage verify``) on the report, when the run has one."""
     if not path or is_url(path) or not Path(path).is_dir():
         return
-    from kerneltriage.analysis.verification import attach
+    from kerneltriage.analysis.fixes.verification import attach
     from kerneltriage.errors import RunDirError
     from kerneltriage.verify.record import read  # verify's record of a run folder (a layer seam)
 
@@ -170,8 +170,8 @@ def _no_gpu_note(reason: str) -> str:
 
 def last_collective(report: Report, timeline: Any, rules: Rules) -> None:
     """The exposed time of each step's last collective, on the report (``source``)."""
-    from kerneltriage.analysis.ranks import COMMUNICATION
-    from kerneltriage.analysis.ranks import last_collective as last_of
+    from kerneltriage.analysis.compare.ranks import COMMUNICATION
+    from kerneltriage.analysis.compare.ranks import last_collective as last_of
 
     last = last_of(timeline, lambda name: rules.classify(None, name) == COMMUNICATION)
     if last is not None:
@@ -182,7 +182,7 @@ def with_waits(reports: dict[int, Report], timelines: dict[int, Any], rules: Rul
     """Several ranks' reports with their communication split into wait and transfer
     (``analysis.ranks.split_communication``), from the ranks' timelines."""
     if len(reports) > 1:
-        from kerneltriage.analysis.ranks import split_communication
+        from kerneltriage.analysis.compare.ranks import split_communication
 
         split_communication(reports, {r: collectives(timelines[r], rules) for r in reports if r in timelines})
         for r, report in reports.items():
@@ -195,7 +195,7 @@ def with_waits(reports: dict[int, Report], timelines: dict[int, Any], rules: Rul
 def communication_fixes(reports: dict[int, Report], rules: Rules) -> None:
     """DDP's settings on the ranks whose communication is exposed, once their wait for the
     other ranks is known (``analysis.ranks.communication_fix``)."""
-    from kerneltriage.analysis.ranks import communication_fix
+    from kerneltriage.analysis.compare.ranks import communication_fix
 
     for report in reports.values():
         communication_fix(report, rules.recipes)
@@ -204,7 +204,7 @@ def communication_fixes(reports: dict[int, Report], rules: Rules) -> None:
 def collectives(timeline: Any, rules: Rules) -> list[Any]:
     """The rank's collectives (``analysis.ranks.collectives``): their wait for the other ranks
     is known once every rank is read."""
-    from kerneltriage.analysis.ranks import COMMUNICATION
-    from kerneltriage.analysis.ranks import collectives as of
+    from kerneltriage.analysis.compare.ranks import COMMUNICATION
+    from kerneltriage.analysis.compare.ranks import collectives as of
 
     return of(timeline, lambda name: rules.classify(None, name) == COMMUNICATION)

@@ -49,7 +49,7 @@ def test_cpu_ops_of_absurd_duration_are_skipped_not_a_traceback(tmp_path):
 
 
 def test_module_label_ignores_missing_modules():
-    from kerneltriage.analysis.grouping import module_label
+    from kerneltriage.analysis.candidates.grouping import module_label
 
     assert module_label([float("nan"), "blocks.0.attn:Attention", "blocks.1.attn:Attention"]) == (
         "blocks.*.attn (Attention)"
@@ -316,8 +316,8 @@ def test_impossible_steps_are_refused(tmp_path, change, text):
 
 
 def test_step_checks_by_value():
-    from kerneltriage.analysis.attribution import Step
-    from kerneltriage.analysis.plausibility import check_steps
+    from kerneltriage.analysis.timeline.attribution import Step
+    from kerneltriage.analysis.timeline.plausibility import check_steps
     from kerneltriage.errors import TraceFormatError
 
     ms = 1_000_000

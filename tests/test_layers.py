@@ -116,7 +116,7 @@ def graph() -> dict[str, set[str]]:
 
 def test_the_graph_is_read(graph):
     # The reader sees top-level, function-level and ``from pkg import module`` imports.
-    assert "kerneltriage.analysis.verdict" in graph["kerneltriage.analysis.triage"]
+    assert "kerneltriage.analysis.judge.verdict" in graph["kerneltriage.analysis.triage"]
     assert "kerneltriage.render.html" in graph["kerneltriage.render"]  # lazy, in render()
     assert "kerneltriage.profile.nsight_compute" in graph["kerneltriage.profile.session"]
     assert "kerneltriage.cli.report_command" in graph["kerneltriage.cli"]

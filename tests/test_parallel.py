@@ -115,7 +115,7 @@ def test_folder_of_16_ranks(folder, local):
     assert _verdicts({0: local[0]})[0] == _verdicts({2: local[2]})[2]
     attention = {r: next(c for c in rep.candidates if c.kind == "attention") for r, rep in local.items()}
     assert attention[5].time_ms_per_step > 1.25 * attention[3].time_ms_per_step
-    from kerneltriage.analysis.ranks import summarize
+    from kerneltriage.analysis.compare.ranks import summarize
 
     stragglers = summarize(local).stragglers
     assert any(s.startswith("rank 5: attention (naive") for s in stragglers), stragglers
@@ -177,7 +177,7 @@ def test_urls_through_fsspec(folder, local, rules, cluster):
 
 
 def test_cli_scheduler(one_process, cluster):
-    from kerneltriage.analysis.ranks import summarize
+    from kerneltriage.analysis.compare.ranks import summarize
     from kerneltriage.render.ranks_render import render_rank_reports
 
     args = ["report", str(DDP), "--format", "json"]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from kerneltriage.analysis.attribution import Attribution, op_mask
+from kerneltriage.analysis.timeline.attribution import Attribution, op_mask
 
 # Reports, diffs and rank summaries are read by attribute (typed ``Any``): ``model`` builds
 # its frames here, so this module imports none of them back.

@@ -221,7 +221,7 @@ class Report:
     compiled: dict[str, Any] | None = None
     idle: Idle | None = None  # idle time by cause class (None: a report made before it)
     step_spread_ms: float | None = None  # interquartile range of the step times (None: one step)
-    # The step time's 95% interval (analysis/steady.py: the plain steps' steady median, or the
+    # The step time's 95% interval (analysis/timeline/steady.py: the plain steps' steady median, or the
     # recorded steps' mean), and the idle share's that follows from it (None: one step).
     step_interval_ms: tuple[float, float] | None = None
     idle_interval_pct: tuple[float, float] | None = None

@@ -18,7 +18,7 @@ from typing import Any, get_type_hints
 
 import yaml
 
-from kerneltriage.analysis.fix_recipes import Recipe, load_recipes, parse_recipes
+from kerneltriage.analysis.fixes.fix_recipes import Recipe, load_recipes, parse_recipes
 from kerneltriage.analysis.kernel_classes import KernelClass, classify_kernel
 from kerneltriage.analysis.rules_schema import (
     Norm,

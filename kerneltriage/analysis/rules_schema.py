@@ -227,7 +227,7 @@ class RulesFile(BaseModel):
     layout_kernels: Patterns = ()
     regions: Regions = Regions()
     recommendations: dict[StrictStr, Recommendation] = {}
-    # Fix recipes in fixes.yaml's shape; analysis/fix_recipes.py validates each one.
+    # Fix recipes in fixes.yaml's shape; analysis/fixes/fix_recipes.py validates each one.
     fixes: list[dict[StrictStr, Any]] = []
 
     @model_validator(mode="after")

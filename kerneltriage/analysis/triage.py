@@ -19,15 +19,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kerneltriage.analysis import plausibility, steady
-from kerneltriage.analysis.attribution import Attribution, attribute
-from kerneltriage.analysis.candidates import build_candidate
-from kerneltriage.analysis.compiled import compiled_graphs
-from kerneltriage.analysis.fix_environment import environment
+from kerneltriage.analysis.candidates.grouping import group_candidates
+from kerneltriage.analysis.candidates.measure import build_candidate
+from kerneltriage.analysis.candidates.roofline import raised_roofs, with_raised_roofs
+from kerneltriage.analysis.fixes.fix_environment import environment
 from kerneltriage.analysis.gpus import GPUSpec
-from kerneltriage.analysis.graph_advice import compiled_graph_advice
-from kerneltriage.analysis.grouping import group_candidates
-from kerneltriage.analysis.idle import (
+from kerneltriage.analysis.judge.graph_advice import compiled_graph_advice
+from kerneltriage.analysis.judge.verdict import decide
+from kerneltriage.analysis.model import Candidate, Gap, Idle, Report
+from kerneltriage.analysis.rules import Rules
+from kerneltriage.analysis.timeline import plausibility, steady
+from kerneltriage.analysis.timeline.attribution import Attribution, attribute
+from kerneltriage.analysis.timeline.compiled import compiled_graphs
+from kerneltriage.analysis.timeline.idle import (
     COMMUNICATION,
     HOST_BUSY,
     STALL,
@@ -35,12 +39,8 @@ from kerneltriage.analysis.idle import (
     find_idle,
     unlaunched_busy_ns,
 )
-from kerneltriage.analysis.invariants import check_report, clean_timeline
-from kerneltriage.analysis.join import JoinResult, join_counters
-from kerneltriage.analysis.model import Candidate, Gap, Idle, Report
-from kerneltriage.analysis.roofline import raised_roofs, with_raised_roofs
-from kerneltriage.analysis.rules import Rules
-from kerneltriage.analysis.verdict import decide
+from kerneltriage.analysis.timeline.invariants import check_report, clean_timeline
+from kerneltriage.analysis.timeline.join import JoinResult, join_counters
 from kerneltriage.analysis.vocabulary import Verdict
 from kerneltriage.errors import TraceFormatError
 from kerneltriage.ingest.ncu_csv import Counters

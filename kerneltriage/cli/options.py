@@ -37,7 +37,7 @@ def gpu_option(note: str = "") -> Decorator:
 def check_step_marker(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """A ``--step-marker`` that is not a linear-time regular expression fails before any work."""
     if value is not None:
-        from kerneltriage.analysis.attribution import step_marker_pattern
+        from kerneltriage.analysis.timeline.attribution import step_marker_pattern
 
         step_marker_pattern(value)
     return value

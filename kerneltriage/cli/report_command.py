@@ -198,7 +198,7 @@ def _render_reports(reports: dict, fmt: str, top, run_ref: str, color, picked_ra
         # A rank picked with --rank is named in the scaffold commands (ids are numbered per rank).
         (rank, one), *_ = reports.items()
         return render(one, fmt, top=top, run_ref=run_ref, color=color, rank=rank if picked_ranks else None)
-    from kerneltriage.analysis.ranks import summarize
+    from kerneltriage.analysis.compare.ranks import summarize
     from kerneltriage.render.ranks_render import render_rank_reports
 
     return render_rank_reports(summarize(reports), reports, fmt, top=top, run_ref=run_ref, color=color)

@@ -188,7 +188,7 @@ def plain_bounds(options: Options, distributed: bool = False) -> tuple[int, int]
     stay in step, so a distributed job times a fixed count."""
     if not options.timing_steps:
         return 0, 0
-    from kerneltriage.analysis.steady import settings
+    from kerneltriage.analysis.timeline.steady import settings
 
     conf = settings()["steady"]
     least = max(options.timing_steps, options.plain_min or int(conf["plain_min"]))

@@ -231,7 +231,7 @@ class ProfiledProcess:
 
     def _extend_plain(self) -> bool:
         """At the end of the last planned plain step: whether the plain phase goes on for one
-        more step, because the steps timed so far have not settled (``analysis/steady.py``) and
+        more step, because the steps timed so far have not settled (``analysis/timeline/steady.py``) and
         fewer than ``plain_max`` ran."""
         plan = self.plan
         most = int(self.config.get("plain_max") or 0)

@@ -1,6 +1,6 @@
 """Phase 2: Nsight Compute on the hot kernels only.
 
-The hot kernels come from the phase-1 trace (``kerneltriage.analysis.hot_kernels``). The run
+The hot kernels come from the phase-1 trace (``kerneltriage.analysis.timeline.hot_kernels``). The run
 profiles one recorded step (NVTX start/end range set by the runner on the profiled rank),
 ``-k regex:`` on the hot kernels' base names, and ``--filter-mode per-launch-config
 --launch-count 1``: each unique (kernel, grid, block) once.

@@ -1,6 +1,6 @@
 """Phase 2: the script again under Nsight Compute, on the hot kernels of phase 1 only.
 
-The hot kernels come from the ncu rank's phase-1 trace (``analysis/hot_kernels.py``). Kernels
+The hot kernels come from the ncu rank's phase-1 trace (``analysis/timeline/hot_kernels.py``). Kernels
 that run several problem sizes under one launch configuration get a first pass that profiles
 their every launch of one step; the others one launch per configuration. Each pass's report
 is exported to CSV; a pass that fails or hangs stops the ones after it, and every hot kernel
@@ -23,7 +23,7 @@ from kerneltriage.profile.ncu_names import mangled_in_trace, with_trace_spelling
 from kerneltriage.profile.processes import TIMED_OUT
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kerneltriage.analysis.hot_kernels import HotKernels
+    from kerneltriage.analysis.timeline.hot_kernels import HotKernels
 
 
 class NcuPass(NamedTuple):
@@ -83,7 +83,7 @@ def _hot_kernels(session: ProfileSession) -> HotKernels:
         raise ToolError(
             f"no phase-1 trace for rank {options.ncu_rank} ({rank_trace.name}) to pick hot kernels from"
         )
-    from kerneltriage.analysis.hot_kernels import select_hot_kernels
+    from kerneltriage.analysis.timeline.hot_kernels import select_hot_kernels
     from kerneltriage.ingest.source import read_timeline
 
     return select_hot_kernels(
@@ -222,7 +222,7 @@ def _trace_spelling(ncu: str, rep: Path, text: str, kernels: list[str]) -> str:
 def _hot_without_counters(session: ProfileSession, hot: HotKernels, not_run: dict[str, str]) -> None:
     """Name every hot kernel that phase 2 left without counters, or with counters for some of
     its launches only, and why."""
-    from kerneltriage.analysis.hot_kernels import short_name, without_counter_rows
+    from kerneltriage.analysis.timeline.hot_kernels import short_name, without_counter_rows
     from kerneltriage.ingest.ncu_csv import read_counters
 
     budget = session.options.max_variable_launches

@@ -5,7 +5,7 @@ current stream (no synchronization added), or with ``perf_counter`` without a GP
 phase goes on while its times have not settled, read from the steps the GPU has finished only;
 all times are read once, when the process writes its status.
 
-Runs inside the user's process (``hooks.py``): numpy at most (``analysis/steady.py``'s
+Runs inside the user's process (``hooks.py``): numpy at most (``analysis/timeline/steady.py``'s
 settle test), no scipy.
 """
 
@@ -87,11 +87,11 @@ class StepClock:
 
 
 def plain_settled(times: list[float], planned: int) -> bool:
-    """Whether the plain steps' times so far have settled (``analysis/steady.py``), judged
+    """Whether the plain steps' times so far have settled (``analysis/timeline/steady.py``), judged
     once all but the last two or so of the ``planned`` plain steps are finished (the rest are
     still in flight on the GPU)."""
     # numpy only (torch loaded it): no interval here, so no scipy in the user's process.
-    from kerneltriage.analysis import steady
+    from kerneltriage.analysis.timeline import steady
 
     conf = steady.settings()["steady"]
     tail = times[steady.truncation(times) :]

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from kerneltriage.analysis.attribution import PROFILER_STEP
-from kerneltriage.analysis.idle import union
+from kerneltriage.analysis.timeline.attribution import PROFILER_STEP
+from kerneltriage.analysis.timeline.idle import union
 from kerneltriage.annotate import MODULE_PREFIX
 from kerneltriage.ingest.kineto import GPU_KINDS
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kerneltriage.analysis.diff import Diff, Match
+from kerneltriage.analysis.compare.diff import Diff, Match
 from kerneltriage.render.shared import name_widths, wrap_name
 from kerneltriage.render.text import ms, pct, truncate
 from kerneltriage.render.verify_text import realized_cell

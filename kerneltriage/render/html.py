@@ -13,8 +13,8 @@ import shlex
 from functools import cache
 from typing import Any
 
+from kerneltriage.analysis.compare.ranks import RankSummary
 from kerneltriage.analysis.model import Candidate, Report
-from kerneltriage.analysis.ranks import RankSummary
 from kerneltriage.analysis.vocabulary import Verdict
 from kerneltriage.render.gpu_text import NO_CEILINGS, precision_label, tflops_text, unresolved_text
 from kerneltriage.render.ladder_text import applied_fixes_line

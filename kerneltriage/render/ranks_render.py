@@ -17,8 +17,8 @@ from __future__ import annotations
 import io
 import json
 
+from kerneltriage.analysis.compare.ranks import RankRow, RankSummary
 from kerneltriage.analysis.model import Report
-from kerneltriage.analysis.ranks import RankRow, RankSummary
 from kerneltriage.render import csv_text, render
 from kerneltriage.render.shared import RANK_HEAD, name_widths, rank_rows, wrap_name
 from kerneltriage.render.text import ms, pct

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 from rich.cells import cell_len
 
+from kerneltriage.analysis.compare.ranks import RankSummary
 from kerneltriage.analysis.model import Candidate
-from kerneltriage.analysis.ranks import RankSummary
 from kerneltriage.analysis.vocabulary import Reason, Verdict
 from kerneltriage.render.text import ms
 

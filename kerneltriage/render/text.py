@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from kerneltriage.analysis.idle import (
+from kerneltriage.analysis.model import Candidate, Condition, Report
+from kerneltriage.analysis.timeline.idle import (
     AFTER_LAST,
     BEFORE_FIRST,
     COMMUNICATION,
@@ -12,7 +13,6 @@ from kerneltriage.analysis.idle import (
     HOST_SYNC,
     STALL,
 )
-from kerneltriage.analysis.model import Candidate, Condition, Report
 from kerneltriage.analysis.vocabulary import Reason, Verdict
 
 

@@ -16,9 +16,9 @@ x is the kernel's largest argument (the activations the fused ops stream).
 
 from __future__ import annotations
 
-from kerneltriage.analysis.compiled import compute_ops
-from kerneltriage.analysis.estimate import tensor_inputs
+from kerneltriage.analysis.candidates.estimate import tensor_inputs
 from kerneltriage.analysis.model import Candidate
+from kerneltriage.analysis.timeline.compiled import compute_ops
 from kerneltriage.scaffold.identifiers import FLOAT_DTYPES, comment_text, trace_dtype
 from kerneltriage.scaffold.op_chains import ALIASES, KIND_OPS, UNARY
 

@@ -1,6 +1,6 @@
 """From the runs' results to each candidate's verdict (pure).
 
-- step times: each process's steps are cut to their steady state (``analysis/steady.py``); a
+- step times: each process's steps are cut to their steady state (``analysis/timeline/steady.py``); a
   side's time is the mean of its processes' steady medians, with a two-stage bootstrap
   interval (processes, then steps);
 - realized saving: ``1 − fixed / baseline``, a share of the step as the report's predicted
@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from kerneltriage.analysis import steady
+from kerneltriage.analysis.timeline import steady
 from kerneltriage.verify.record import LossCheck, Status, Timing
 
 #: A fix is refuted when it realizes less than this share of its predicted saving.

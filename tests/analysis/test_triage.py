@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from kerneltriage.analysis.attribution import attribute
 from kerneltriage.analysis.gpus import resolve_gpu
-from kerneltriage.analysis.idle import unlaunched_busy_ns
 from kerneltriage.analysis.rules import load_rules
+from kerneltriage.analysis.timeline.attribution import attribute
+from kerneltriage.analysis.timeline.idle import unlaunched_busy_ns
 from kerneltriage.analysis.triage import triage
 from kerneltriage.errors import TraceFormatError
 from kerneltriage.ingest.kineto import read_trace

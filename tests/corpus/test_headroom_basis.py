@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kerneltriage.analysis.attention_rates import measured_range
-from kerneltriage.analysis.estimate import GEMM_TILE, kernel_precision
+from kerneltriage.analysis.candidates.estimate import GEMM_TILE, kernel_precision
 from kerneltriage.analysis.gpus import gpu_table
+from kerneltriage.analysis.judge.attention_rates import measured_range
 from kerneltriage.cli import main
 from kerneltriage.resources import load_yaml
 from tests.helpers import EXTERNAL, corpus

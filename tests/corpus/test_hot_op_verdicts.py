@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kerneltriage.analysis.fix_choice import hf_norm_classes
-from kerneltriage.analysis.fix_recipes import load_recipes
+from kerneltriage.analysis.fixes.fix_choice import hf_norm_classes
+from kerneltriage.analysis.fixes.fix_recipes import load_recipes
 from kerneltriage.cli import main
 from tests.helpers import EXTERNAL, corpus
 

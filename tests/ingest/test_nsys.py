@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from kerneltriage.analysis.attribution import attribute, find_steps
 from kerneltriage.analysis.rules import load_rules
+from kerneltriage.analysis.timeline.attribution import attribute, find_steps
 from kerneltriage.cli import main
 from kerneltriage.errors import InputError, ToolError, TraceFormatError
 from kerneltriage.ingest.kernel_names import base_name

@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from kerneltriage import rundir
-from kerneltriage.analysis.attribution import attribute
+from kerneltriage.analysis.timeline.attribution import attribute
 from kerneltriage.cli import main
 from kerneltriage.ingest.kineto import read_trace
 from kerneltriage.profile.context import Options

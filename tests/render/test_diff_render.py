@@ -11,7 +11,7 @@ import re
 import pytest
 from markupsafe import escape
 
-from kerneltriage.analysis.diff import compare
+from kerneltriage.analysis.compare.diff import compare
 from kerneltriage.analysis.frames import DIFF_COLUMNS
 from kerneltriage.render.diff_render import render_diff, saving_text, step_change_text
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from kerneltriage.analysis.compare.ranks import summarize
 from kerneltriage.analysis.frames import CANDIDATE_COLUMNS
-from kerneltriage.analysis.ranks import summarize
 from kerneltriage.render.ranks_render import render_rank_reports
 
 ROOT = Path(__file__).resolve().parents[2]

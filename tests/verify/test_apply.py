@@ -69,7 +69,7 @@ def tiny_bert():
 
 
 def test_every_contract_kind_is_known_and_checked():
-    from kerneltriage.analysis.fix_recipes import APPLY_KINDS
+    from kerneltriage.analysis.fixes.fix_recipes import APPLY_KINDS
 
     # The runner applies exactly the kinds the recipes may name (fixes.yaml is validated
     # against APPLY_KINDS): neither side can add a kind the other does not know.

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kerneltriage import api, rundir
-from kerneltriage.analysis.verification import attach
+from kerneltriage.analysis.fixes.verification import attach
 from kerneltriage.errors import InputError, RunDirError
 from kerneltriage.verify import outcome, record
 from kerneltriage.verify.plan import Settings, describe, make_plan
@@ -110,7 +110,7 @@ def test_loss_guard():
 
 
 def test_verdicts():
-    from kerneltriage.analysis.steady import Interval
+    from kerneltriage.analysis.timeline.steady import Interval
 
     same = outcome.compare_losses([[1.0]], [[1.0]], 0.005)
     differs = outcome.compare_losses([[1.0]], [[1.1]], 0.005)

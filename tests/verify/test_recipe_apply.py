@@ -11,9 +11,9 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 from kerneltriage.analysis.gpus import spec_for  # noqa: E402
+from kerneltriage.analysis.judge.verdict import decide  # noqa: E402
 from kerneltriage.analysis.model import Candidate, KernelInfo, Roofline, Shapes  # noqa: E402
 from kerneltriage.analysis.rules import load_rules  # noqa: E402
-from kerneltriage.analysis.verdict import decide  # noqa: E402
 from kerneltriage.analysis.vocabulary import Verdict  # noqa: E402
 from kerneltriage.verify.apply import install  # noqa: E402
 
@@ -211,8 +211,8 @@ def test_t5_position_bias_is_cast_to_q_dtype_by_the_runner_and_keeps_its_gradien
     tiny T5, SDPA gets the bias in q's dtype and the loss and the bias's gradient stay eager's."""
     from transformers import T5Config, T5ForConditionalGeneration
 
-    from tests.analysis.test_verdict import H100 as H100_TABLE
-    from tests.analysis.test_verdict import judge, t5_attention
+    from tests.analysis.judge.test_verdict import H100 as H100_TABLE
+    from tests.analysis.judge.test_verdict import judge, t5_attention
 
     c = judge(t5_attention(), H100_TABLE)  # T5-base's SDPA as its trace records it
     assert c.recipe["id"] == "sdpa-mask-dtype" and c.recipe["apply"] == {"kind": "sdpa-mask-dtype"}

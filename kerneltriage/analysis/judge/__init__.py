@@ -1,0 +1,1 @@
+"""The three conditions and the verdict: the decision ladder and its steps (data in data/verdicts.yaml), the advice on library GEMMs, convolutions and attention, SDPA's math path, compiled graphs' advice."""

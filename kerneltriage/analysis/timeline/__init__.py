@@ -1,0 +1,1 @@
+"""What ran in each step, from the tables: kernels and ops attributed to steps, modules and regions, GPU busy and idle time, counters joined, compiled graphs, the step times as a measurement, and the numbers that cannot all be true."""

@@ -1,0 +1,171 @@
+"""Which kernels phase 2 (Nsight Compute) profiles: the hot kernels of the phase-1 timeline.
+
+The kernels covering ``coverage`` of GPU time in the recorded steps (capped by
+``max_kernels``), communication kernels left out: ncu serializes kernels, which can hang
+collectives. Kernels whose one launch configuration runs several problem sizes are listed
+apart, for a pass that profiles every launch, within a budget of launches per step; those the
+budget cannot hold are named with their launch counts, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from kerneltriage.analysis.rules import Rules
+from kerneltriage.analysis.timeline.attribution import attribute
+from kerneltriage.ingest.kernel_names import base_name
+from kerneltriage.ingest.tables import Timeline
+
+
+@dataclass
+class HotKernels:
+    names: list[str]  # base names, hottest first
+    configs: int  # distinct (kernel, grid, block) among them in one step: the expected row count
+    coverage: float  # share of in-step GPU kernel time they cover
+    left_out: list[str]  # communication kernels excluded on purpose
+    # Kernels whose one launch configuration runs different problem sizes (persistent GEMMs
+    # launch #SMs blocks whatever the size): one profiled launch cannot stand for the others,
+    # so a pass of its own, run first, profiles every launch of these in the step.
+    variable: list[str] = field(default_factory=list)
+    variable_launches: int = 0
+    variable_configs: int = 0  # the configurations of ``configs`` that belong to ``variable``
+    # Variable-size kernels the launch budget could not hold (base name -> launches per step):
+    # they get one launch per configuration, whose counters fit only launches of that size.
+    over_budget: dict[str, int] = field(default_factory=dict)
+
+
+#: Launches of one (kernel, grid, block) whose durations differ by more than this factor run
+#: different problem sizes.
+VARIABLE_SPREAD = 2.0
+#: ... and only when they take at least this share of the step's kernel time.
+VARIABLE_MIN_SHARE = 0.02
+#: Launches per step the every-launch pass may take. Each costs about 0.32 s of ncu time on an
+#: H200 with the roofline metrics (BENCHMARKS.md), so 256 ≈ 80 s. The 8-layer Llama of the
+#: profiling issue needs 113 (two persistent GEMMs, 56 and 57 launches a step); 48, the old
+#: budget, left both without counters.
+MAX_VARIABLE_LAUNCHES = 256
+
+
+def select_hot_kernels(
+    timeline: Timeline,
+    rules: Rules,
+    *,
+    coverage: float,
+    max_kernels: int,
+    max_variable_launches: int = MAX_VARIABLE_LAUNCHES,
+) -> HotKernels:
+    """The base names of the kernels covering ``coverage`` of GPU kernel time in the steps;
+    ``rules`` tell communication kernels apart."""
+    attr = attribute(timeline)
+    k = attr.kernels
+    k = k[(k["step"] >= 0) & (k["kind"] == "kernel")]
+    if k.empty:
+        return HotKernels([], 0, 0.0, [])
+    k = k.assign(base=k["name"].map(base_name))
+    k = k.assign(kindof=[rules.classify(None, n) for n in k["name"]])
+    comm = sorted(set(k.loc[k["kindof"] == "communication", "base"]))
+    compute = k[k["kindof"] != "communication"]
+    by_name = compute.groupby("base")["dur"].sum().sort_values(ascending=False)
+    total = float(by_name.sum()) or 1.0
+    chosen: list[str] = []
+    covered = 0.0
+    for name, dur in by_name.items():
+        if covered / total >= coverage or len(chosen) >= max_kernels:
+            break
+        chosen.append(str(name))
+        covered += float(dur)
+    one_step = compute[(compute["step"] == compute["step"].min()) & compute["base"].isin(chosen)]
+    key = ["name", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
+    configs = len(one_step.drop_duplicates(key))
+    # Kernels whose one configuration runs several sizes, if they matter: heaviest first, as
+    # long as profiling every launch of their base name stays within the launch budget.
+    groups = one_step.groupby(key)["dur"]
+    spread = groups.max() / groups.min().clip(lower=1)
+    weight = groups.sum() / max(1.0, float(one_step["dur"].sum()))
+    heavy = spread[(spread > VARIABLE_SPREAD) & (weight >= VARIABLE_MIN_SHARE)].index
+    variable: list[str] = []
+    over_budget: dict[str, int] = {}
+    launches = 0
+    for name in sorted(
+        {base_name(k[0]) for k in heavy}, key=lambda n: -one_step.loc[one_step["base"] == n, "dur"].sum()
+    ):
+        count = int((one_step["base"] == name).sum())
+        if launches + count <= max_variable_launches:
+            variable.append(name)
+            launches += count
+        else:
+            over_budget[name] = count
+    variable_configs = len(one_step[one_step["base"].isin(variable)].drop_duplicates(key))
+    return HotKernels(
+        chosen, configs, covered / total, comm, variable, launches, variable_configs, over_budget
+    )
+
+
+def without_counter_rows(hot: Iterable[str], counter_rows: Iterable[pd.DataFrame]) -> list[str]:
+    """The hot kernels (base names) that no row of the Nsight Compute exports (``rows`` of
+    ``Counters``) names: ncu profiled none of their launches. The profile's ncu phase asks
+    this of the exports it wrote, the report's join of the counters it joins."""
+    profiled: set[str] = set()
+    for rows in counter_rows:
+        profiled.update(base_name(str(n)) for n in rows["kernel_name"])
+    return [name for name in hot if name not in profiled]
+
+
+#: The longest kernel name a warning prints (a CUTLASS grouped GEMM's mangled name runs to
+#: thousands of characters).
+SHORT_NAME_LIMIT = 80
+_LENGTH = re.compile(r"\d+")
+
+
+def _source_names(text: str, pos: int) -> tuple[list[str], int]:
+    """The ``<length><identifier>`` names of an Itanium nested name from ``pos`` on."""
+    names = []
+    while pos < len(text):
+        m = _LENGTH.match(text, pos)
+        if not m:
+            break
+        n = int(m.group())
+        start = m.end()
+        if n <= 0 or start + n > len(text):
+            break
+        names.append(text[start : start + n])
+        pos = start + n
+    return names, pos
+
+
+def _demangle_head(symbol: str) -> str | None:
+    """``_ZN7cutlass7Kernel2I50cutlass_80_…EEvNT_6ParamsE`` → ``cutlass::Kernel2<cutlass_80_…>``:
+    the qualified name of an Itanium-mangled symbol and its first template argument, enough to
+    say which kernel it is (no full demangler: the report needs no binutils)."""
+    if not symbol.startswith("_Z"):
+        return None
+    pos = 2
+    nested = symbol.startswith("_ZN")
+    if nested:
+        pos = 3
+        while pos < len(symbol) and symbol[pos] in "rVKL":  # cv-qualifiers
+            pos += 1
+    names, pos = _source_names(symbol, pos)
+    if not names:
+        return None
+    if not nested:
+        names = names[:1]
+    head = "::".join(names)
+    if pos < len(symbol) and symbol[pos] == "I":
+        inner = symbol[pos + 1 :]
+        if inner.startswith("N"):
+            inner = inner[1:]
+        args, _ = _source_names(inner, 0)
+        head += f"<{'::'.join(args)}…>" if args else "<…>"
+    return head
+
+
+def short_name(name: str, limit: int = SHORT_NAME_LIMIT) -> str:
+    """A kernel's name as a warning prints it: demangled where it is an Itanium symbol, cut to
+    ``limit`` characters with an ellipsis."""
+    text = _demangle_head(name.strip()) or name.strip()
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,488 @@
+"""Every verdict and every reason ``verdict.decide`` can give, one row of the table each: a
+minimal candidate built to reach that branch, judged with the shipped rules on the shipped
+GPU and attention tables. The vocabulary must equal what the table reaches, so a new verdict
+or reason without a row here fails."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from kerneltriage.analysis.candidates.estimate import attention_work
+from kerneltriage.analysis.gpus import GPUSpec, spec_for
+from kerneltriage.analysis.judge import attention_choice
+from kerneltriage.analysis.judge.verdict import decide
+from kerneltriage.analysis.model import Candidate, KernelInfo, Roofline, Shapes
+from kerneltriage.analysis.rules import load_rules
+from kerneltriage.analysis.vocabulary import Reason, Verdict
+
+RULES = load_rules()
+H100 = spec_for("H100-SXM", "test", "test")
+H200 = spec_for("H200", "test", "test")
+BF = "c10::BFloat16"
+FLASH = "flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 64, 4, false, false, cutlass::bfloat16_t>, false>"
+CUDNN = "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x64_4x1x1_kernel0_0"
+# SDPA on H100 at B=8, H=16, S=1024, D=64, non-causal: the H100 table measures it (S=1024 row).
+SDPA_OP = {
+    "name": "aten::scaled_dot_product_attention",
+    "dims": [[8, 16, 1024, 64]] * 3 + [[], [], []],
+    "types": [BF] * 3 + ["", "Scalar", "Scalar"],
+    "concrete": ["", "", "", "", "0.", "False"],
+}
+SDPA_FLOPS = attention_work([8, 16, 1024, 64], [8, 16, 1024, 64], [8, 16, 1024, 64], BF, False).flops
+
+
+def cand(
+    kind: str = "elementwise",
+    headroom: float | None = 5.0,
+    share: float = 0.2,
+    time_ms: float = 10.0,
+    source: str = "ncu",
+    distinct: int = 1,
+    kernels: tuple[KernelInfo, ...] = (),
+    ops: tuple[str, ...] = ("aten::add",),
+    example: tuple[dict, ...] = (),
+    variant: str | None = None,
+    **attrs,
+) -> Candidate:
+    """A candidate as ``candidates.build`` leaves it: its time, shapes and roofline measured,
+    no condition or verdict yet."""
+    roofline = Roofline(
+        None, None, None, None, None, "memory", time_ms / headroom if headroom else None, source
+    )
+    c = Candidate(
+        id="",
+        name="subject",
+        kind=kind,
+        level="op",
+        variant=variant,
+        time_ms_per_step=time_ms,
+        time_share=share,
+        gpu_share=share,
+        fwd_ms_per_step=time_ms,
+        bwd_ms_per_step=0.0,
+        instances_per_step=1.0,
+        ops=list(ops),
+        module=None,
+        kernels=list(kernels),
+        roofline=roofline,
+        headroom=headroom,
+        shapes=Shapes(
+            distinct, 0.0, [], [{"shape": str(i), "share": 1.0 / distinct} for i in range(distinct)]
+        ),
+        conditions={},
+        example=list(example),
+    )
+    # The keys the report reads are typed fields; the rest stay analysis-internal attrs.
+    for key in ("full_name", "compiled", "inductor", "fused_ops", "q"):
+        if key in attrs:
+            setattr(c, key, attrs.pop(key))
+    c.attrs.update(attrs)
+    return c
+
+
+def kernel(name: str, ms: float = 10.0) -> KernelInfo:
+    return KernelInfo(name, name, 1.0, ms, "fwd", True)
+
+
+def launch_bound(c: Candidate, near: bool = True) -> Candidate:
+    """Its launches set its time: within the rules' near_floor of the launch floor, or not."""
+    floor = c.time_ms_per_step / (2.0 if near else 10.0)
+    c.roofline = replace(c.roofline, launch_bound=True, launches_per_step=100.0, launch_floor_ms=floor)
+    return c
+
+
+def library_attention(backend: str, tflops: float, **kw) -> Candidate:
+    """A FlashAttention or cuDNN attention candidate running at ``tflops`` on the H100 case."""
+    return cand(
+        "attention",
+        headroom=None,
+        time_ms=SDPA_FLOPS / (tflops * 1e12) * 1e3,
+        kernels=(kernel(FLASH if backend == "flash" else CUDNN),),
+        ops=("aten::scaled_dot_product_attention",),
+        example=(SDPA_OP,),
+        **kw,
+    )
+
+
+# SDPA on H100 at S=512: below the S=1024–8192 the H100 table measures.
+SDPA_512 = {**SDPA_OP, "dims": [[32, 16, 512, 64]] * 3 + [[], [], []]}
+SDPA_512_FLOPS = attention_work([32, 16, 512, 64], [32, 16, 512, 64], [32, 16, 512, 64], BF, False).flops
+# T5-base under bf16 autocast: its fp32 position bias keeps SDPA on its math path (fp32 GEMMs,
+# softmax<float>).
+T5_SDPA = {
+    "name": "aten::scaled_dot_product_attention",
+    "dims": [[32, 12, 512, 64]] * 3 + [[32, 12, 512, 512], [], [], []],
+    "types": [BF] * 3 + ["float", "Scalar", "Scalar", "Scalar"],
+    "concrete": ["", "", "", "", "0.", "False", ""],
+}
+T5_FLOPS = attention_work([32, 12, 512, 64], [32, 12, 512, 64], [32, 12, 512, 64], BF, False).flops
+SGEMM = "sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x32_cublas"
+SOFTMAX_F32 = "void (anonymous namespace)::softmax_warp_forward<float, float, float, 9, false, false>(float*, float const*, int, int, int, bool const*, int, bool)"
+
+
+def t5_attention(tflops: float = 15.4, **kw) -> Candidate:
+    """T5's SDPA on its math path at ``tflops`` (fwd only): 80% GEMM, 20% softmax time."""
+    ms = T5_FLOPS / (tflops * 1e12) * 1e3
+    return cand(
+        "attention",
+        headroom=None,
+        time_ms=ms,
+        kernels=(kernel(SGEMM, 0.8 * ms), kernel(SOFTMAX_F32, 0.2 * ms)),
+        ops=("aten::scaled_dot_product_attention", "aten::_scaled_dot_product_attention_math", "aten::bmm"),
+        example=(T5_SDPA,),
+        **kw,
+    )
+
+
+def short_library_attention(tflops: float, backend: str = "cudnn", **kw) -> Candidate:
+    """cuDNN (or FlashAttention) attention at S=512 on an H100 (no measured row) at ``tflops``."""
+    return cand(
+        "attention",
+        headroom=None,
+        time_ms=SDPA_512_FLOPS / (tflops * 1e12) * 1e3,
+        kernels=(kernel(FLASH if backend == "flash" else CUDNN),),
+        ops=("aten::scaled_dot_product_attention",),
+        example=(SDPA_512,),
+        **kw,
+    )
+
+
+def naive_attention(**attrs) -> Candidate:
+    return cand("attention", ops=("aten::matmul", "aten::softmax"), written="naive", **attrs)
+
+
+def inductor(headroom: float | None = 5.0, **kw) -> Candidate:
+    return cand("other", headroom=headroom, source="estimate", inductor=True, **kw)
+
+
+# (case, the candidate, the GPU, the verdict and reason it must get)
+CASES: list[tuple[str, Candidate, GPUSpec | None, Verdict, Reason]] = [
+    ("rules' skip: collectives", cand("communication"), H100, Verdict.SKIP, Reason.COMMUNICATION),
+    ("rules' skip: copies", cand("memcpy"), H100, Verdict.SKIP, Reason.NOT_A_KERNEL),
+    ("cold", cand(share=0.001), H100, Verdict.SKIP, Reason.COLD),
+    ("faster than its ceiling", cand(headroom=0.5), H100, Verdict.SKIP, Reason.CEILING_DISAGREES),
+    (
+        "vendor kernels, no ceiling",
+        cand(headroom=None, vendor_share=0.9),
+        H100,
+        Verdict.SKIP,
+        Reason.LIBRARY_KERNEL,
+    ),
+    ("no ceiling", cand(headroom=None), H100, Verdict.SKIP, Reason.NO_CEILING),
+    (
+        "shape model far off",
+        cand(headroom=100.0, source="estimate"),
+        H100,
+        Verdict.SKIP,
+        Reason.ESTIMATE_FAILED,
+    ),
+    ("launch-bound, below its floor", launch_bound(cand()), H100, Verdict.COMPILE, Reason.LAUNCH_BOUND),
+    ("launch-bound at its floor", launch_bound(cand(headroom=1.5)), H100, Verdict.SKIP, Reason.LAUNCH_BOUND),
+    ("at its roof", cand(headroom=1.02), H100, Verdict.SKIP, Reason.AT_ROOF),
+    (
+        "a library op at its roof",
+        cand(headroom=1.02, library_op="aten::mm"),
+        H100,
+        Verdict.SKIP,
+        Reason.LIBRARY_AT_ROOF,
+    ),
+    ("short of min_headroom", cand(headroom=1.5), H100, Verdict.SKIP, Reason.LOW_HEADROOM),
+    ("unstable shapes", cand(distinct=10), H100, Verdict.SKIP, Reason.UNSTABLE_SHAPES),
+    ("elementwise: compile", cand(), H100, Verdict.COMPILE, Reason.ALL_CONDITIONS),
+    (
+        "eager RMSNorm: the built-in",
+        cand("norm", variant="rmsnorm"),
+        H100,
+        Verdict.USE_BUILTIN,
+        Reason.ALL_CONDITIONS,
+    ),
+    ("no template: write", cand("other", ops=("my::op",)), H100, Verdict.WRITE, Reason.ALL_CONDITIONS),
+    (
+        "already the fused norm",
+        cand("norm", variant="rmsnorm", ops=("aten::rms_norm",)),
+        H100,
+        Verdict.COMPILE,
+        Reason.ALREADY_USES,
+    ),
+    (
+        "naive softcap attention",
+        naive_attention(softcap=50.0),
+        H100,
+        Verdict.USE_BUILTIN,
+        Reason.VARIANT_NEEDS_BUILTIN,
+    ),
+    (
+        "naive attention, no benchmark, SDPA's backends measured",
+        naive_attention(head_dim=64, mask="none", q=[8, 16, 1024, 64]),
+        H100,
+        Verdict.USE_BUILTIN,
+        Reason.SDPA_BEST_BACKEND,
+    ),
+    (
+        "naive attention, nothing measured",
+        naive_attention(head_dim=96, mask="none", q=[8, 16, 1024, 96]),
+        H100,
+        Verdict.USE_BUILTIN,
+        Reason.NO_BUILTIN_BENCHMARK,
+    ),
+    (
+        "naive attention, SDPA faster",
+        naive_attention(head_dim=64, mask="none"),
+        H200,
+        Verdict.USE_BUILTIN,
+        Reason.SDPA_FASTER,
+    ),
+    # The shipped table measures SDPA faster everywhere: the built-in's row comes from a patch below.
+    (
+        "naive attention, built-in faster",
+        naive_attention(head_dim=64, mask="none"),
+        H200,
+        Verdict.USE_BUILTIN,
+        Reason.BUILTIN_FASTER,
+    ),
+    (
+        "library attention, no shapes",
+        cand("attention", headroom=None, kernels=(kernel(FLASH),)),
+        H100,
+        Verdict.SKIP,
+        Reason.NO_CEILING,
+    ),
+    (
+        "library attention above the table",
+        library_attention("cudnn", 500.0),
+        H100,
+        Verdict.SKIP,
+        Reason.CEILING_DISAGREES,
+    ),
+    (
+        "library attention, cold",
+        library_attention("flash", 100.0, share=0.001),
+        H100,
+        Verdict.SKIP,
+        Reason.COLD,
+    ),
+    (
+        "FlashAttention where cuDNN is faster",
+        library_attention("flash", 280.0),
+        H100,
+        Verdict.USE_BUILTIN,
+        Reason.FASTER_BACKEND,
+    ),
+    (
+        "library attention far below the best",
+        library_attention("flash", 100.0),
+        H100,
+        Verdict.WRITE,
+        Reason.BELOW_BEST_RATE,
+    ),
+    (
+        "cuDNN attention at the best rate",
+        library_attention("cudnn", 400.0),
+        H100,
+        Verdict.SKIP,
+        Reason.LIBRARY_AT_ROOF,
+    ),
+    (
+        "cuDNN attention a little below",
+        library_attention("cudnn", 300.0),
+        H100,
+        Verdict.SKIP,
+        Reason.LOW_HEADROOM,
+    ),
+    (
+        "library attention outside the table: first principles",
+        short_library_attention(90.0),
+        H100,
+        Verdict.WRITE,
+        Reason.BELOW_FIRST_PRINCIPLES,
+    ),
+    (
+        "SDPA on its fp32 math path",
+        t5_attention(),
+        H100,
+        Verdict.USE_BUILTIN,
+        Reason.MATH_PATH,
+    ),
+    ("Inductor kernel below its roof", inductor(), H100, Verdict.WRITE, Reason.ALL_CONDITIONS),
+    ("Inductor kernel at its roof", inductor(1.02), H100, Verdict.SKIP, Reason.COMPILED_AT_ROOF),
+    ("Inductor kernel, cold", inductor(share=0.001), H100, Verdict.SKIP, Reason.COLD),
+    (
+        "Inductor kernel, no ceiling",
+        inductor(None, estimate="an opaque extern call"),
+        H100,
+        Verdict.SKIP,
+        Reason.NO_CEILING,
+    ),
+    ("Inductor kernel, estimate far off", inductor(100.0), H100, Verdict.SKIP, Reason.ESTIMATE_FAILED),
+    ("Inductor kernel faster than its estimate", inductor(0.5), H100, Verdict.SKIP, Reason.CEILING_DISAGREES),
+    ("Inductor kernel, launch-bound", launch_bound(inductor()), H100, Verdict.COMPILE, Reason.LAUNCH_BOUND),
+    (
+        "Inductor kernel at its launch floor",
+        launch_bound(inductor(1.5)),
+        H100,
+        Verdict.SKIP,
+        Reason.LAUNCH_BOUND,
+    ),
+    ("Inductor kernel a little below", inductor(1.5), H100, Verdict.SKIP, Reason.LOW_HEADROOM),
+    ("Inductor kernel, unstable shapes", inductor(distinct=10), H100, Verdict.SKIP, Reason.UNSTABLE_SHAPES),
+    (
+        "FP32 SIMT GEMM on tensor cores",
+        cand("gemm", headroom=1.02, kernels=(kernel("ampere_sgemm_128x64_nn"),), library_op="aten::mm"),
+        H100,
+        Verdict.USE_BUILTIN,
+        Reason.FP32_OFF_TENSOR_CORES,
+    ),
+]
+
+
+def judge(c: Candidate, gpu: GPUSpec | None) -> Candidate:
+    """``c`` judged beside a hotter candidate (a collective), as in a real report."""
+    other = cand("communication", share=0.5, time_ms=25.0)
+    decide([c, other], RULES, gpu)
+    return c
+
+
+@pytest.fixture
+def builtin_faster(monkeypatch, request):
+    if "built-in faster" in request.node.callspec.id:
+        monkeypatch.setattr(attention_choice, "attention_perf", lambda gpu, head_dim, causal: (300.0, 400.0))
+
+
+@pytest.mark.parametrize(("name", "c", "gpu", "verdict", "reason"), CASES, ids=[case[0] for case in CASES])
+def test_every_branch_gives_its_verdict_and_reason(builtin_faster, name, c, gpu, verdict, reason):
+    judge(c, gpu)
+    assert (c.verdict, Reason.of(c.reason)) == (verdict, reason), (name, c.reason, c.note)
+    assert type(c.verdict) is Verdict
+    # On the wire a member is its value: JSON, f-strings and str() give the word itself.
+    assert json.loads(json.dumps({"verdict": c.verdict, "reason": c.reason})) == {
+        "verdict": verdict.value,
+        "reason": str(c.reason),
+    }
+    assert f"{c.verdict}" == str(c.verdict) == verdict.value
+
+
+def test_the_table_reaches_the_whole_vocabulary():
+    assert {case[3] for case in CASES} == set(Verdict)
+    assert {case[4] for case in CASES} == set(Reason)
+
+
+def test_reason_texts_are_the_words_the_report_always_gave():
+    """Codes are the bare word; sentences read as before the vocabulary existed."""
+    cold = judge(cand(share=0.001), H100)
+    assert cold.reason == "cold" and cold.note == ""
+    norm = judge(cand("norm", variant="rmsnorm", ops=("aten::rms_norm",)), H100)
+    assert norm.reason == (
+        "all three conditions hold; it already uses aten::rms_norm, which runs well below its ceiling here"
+    )
+    switch = judge(library_attention("flash", 280.0), H100)
+    assert switch.reason.startswith("cudnn measured faster here (") and switch.reason.endswith(
+        "TFLOP/s for flash at S=1024, the S=1024 row)"
+    )
+    assert switch.builtin.startswith("SDPA's cuDNN backend")
+    written = judge(inductor(), H100)
+    assert (
+        written.reason
+        == "all three conditions hold; Inductor's kernel reaches 20% of its memory-bound ceiling"
+    )
+    # A skip the rules give keeps the rules' word; a made-up one is read back as nothing.
+    assert Reason.of("not-a-kernel") is Reason.NOT_A_KERNEL and Reason.of("my-own-reason") is None
+
+
+def test_the_cutoffs_decide_where_the_rules_put_them():
+    """The verdicts read their cut-offs from the rules: moving one moves the verdict."""
+    tight = load_rules()
+    assert tight.thresholds.at_roof == 1.1 and tight.cutoffs.switch_ratio == 1.15
+    c = cand(headroom=1.02)
+    decide([c, cand("communication", share=0.5)], tight, H100)
+    assert c.reason == Reason.AT_ROOF
+    loose = replace(tight, thresholds=replace(tight.thresholds, at_roof=1.0))  # 1.02 shows as 1.0×
+    c = cand(headroom=1.02)
+    decide([c, cand("communication", share=0.5)], loose, H100)
+    assert c.reason == Reason.LOW_HEADROOM
+    # FlashAttention at 280 of cuDNN's 416: switched at 1.15×, kept (write) at a 1.5× ratio.
+    c = library_attention("flash", 280.0)
+    decide(
+        [c, cand("communication", share=0.5)],
+        replace(tight, cutoffs=replace(tight.cutoffs, switch_ratio=1.5)),
+        H100,
+    )
+    assert c.verdict == Verdict.SKIP and c.reason == Reason.LOW_HEADROOM
+
+
+def test_attention_outside_the_table_is_judged_from_first_principles():
+    """S=512 lies below the H100 rows: a ceiling from its FLOPs and bytes, not no ceiling."""
+    c = judge(short_library_attention(90.0), H100)
+    assert c.headroom is not None and c.roofline.source == "first principles"
+    basis = c.attrs["headroom_basis"]
+    assert basis["kind"] == "first-principles ceiling" and basis["first_principles"]["unit"] == "bf16"
+    rate = basis["first_principles"]["tflops"]
+    # Its FLOPs at 60% of the achievable bf16 rate, capped below the table's lengths at the best
+    # rate measured at its shortest one (cuDNN forward at S=1024, D=64: 416 TFLOP/s).
+    assert 0.6 * H100.ceiling_tflop("bf16") > rate == pytest.approx(416.0, rel=1e-3)
+    assert basis["first_principles"]["capped_by"] == {"seq_len": 1024, "backend": "cudnn"}
+    assert c.headroom == pytest.approx(rate / 90.0, rel=0.02)  # compute-bound at S=512
+    # FlashAttention there: cuDNN is faster at every length the H100 table measured, so the
+    # verdict is the backend switch, predicted at their ratio at the shortest row.
+    flash = judge(short_library_attention(90.0, backend="flash"), H100)
+    assert flash.verdict == Verdict.USE_BUILTIN and "CUDNN_ATTENTION" in flash.builtin
+    assert "S=1024, the shortest row (S=512 is shorter" in flash.reason
+    assert flash.expected_saving_share == pytest.approx(0.2 * (1 - 283 / 416), rel=1e-3)
+    # A head dim never measured: no row to cap it, 60% of the achievable bf16 rate.
+    d96 = {**SDPA_512, "dims": [[32, 16, 512, 96]] * 3 + [[], [], []]}
+    other = judge(replace(short_library_attention(90.0), example=[d96]), H100)
+    fp = other.attrs["headroom_basis"]["first_principles"]
+    assert fp["tflops"] == pytest.approx(0.6 * H100.ceiling_tflop("bf16"), rel=1e-3) and "capped_by" not in fp
+    assert "S=512 lies outside" in c.conditions["headroom"].detail
+    # Near the first-principles rate it is at its roof, not a kernel to write.
+    near = judge(short_library_attention(0.99 * rate), H100)
+    assert near.verdict == Verdict.SKIP and near.reason == Reason.LIBRARY_AT_ROOF
+
+
+def test_sdpa_math_path_is_a_finding_with_its_cause_and_an_edit():
+    """T5: fp32 GEMMs and softmax<float> under SDPA, an fp32 position bias beside bf16 q."""
+    c = judge(t5_attention(), H100)
+    assert c.verdict == Verdict.USE_BUILTIN and Reason.of(c.reason) == Reason.MATH_PATH
+    assert "position bias (32x12x512x512) is fp32 while q is bf16" in c.reason
+    assert c.roofline.source == "first principles" and c.roofline.precision in ("fp32", "tf32")
+    assert c.attrs["math_path"]["unit"] in ("fp32", "tf32")
+    # A position bias leaves SDPA its memory-efficient kernels: predicted at their measured
+    # forward rate on the H100 at the shortest length measured (S=1024, D=64: 128 TFLOP/s).
+    assert c.expected_saving_share == pytest.approx(0.2 * (1 - 15.4 / 128.0), rel=0.02)
+    assert "efficient's rate measured at S=1024" in c.attrs["saving_basis"]
+    assert c.fix and c.fix.startswith("attn_mask = attn_mask.to(q.dtype)")
+    # The cast is one the runner applies (verify measures it), not an edit by hand.
+    assert c.recipe["id"] == "sdpa-mask-dtype" and c.recipe["apply"] == {"kind": "sdpa-mask-dtype"}
+
+
+def test_the_ladders_are_data_and_every_step_they_name_exists():
+    from typing import get_args
+
+    from kerneltriage.analysis.judge.library_advice import ADVICE
+    from kerneltriage.analysis.judge.verdict_data import Step, verdicts
+    from kerneltriage.analysis.judge.verdict_steps import STEPS
+
+    union = get_args(get_args(Step)[0])
+    assert set(STEPS) == {get_args(m.model_fields["step"].annotation)[0] for m in union}
+    data = verdicts()
+    assert [s.step for s in data.ladders["eager"].steps][-1] == "recommend"
+    assert [s.step for s in data.ladders["compiled"].steps][-1] == "compiled-write"
+    assert {a for steps in data.advice.values() for a in steps} <= set(ADVICE)
+
+
+def test_a_template_naming_an_unknown_field_is_refused():
+    from pydantic import ValidationError
+
+    from kerneltriage.analysis.judge.verdict_data import VerdictsFile
+    from kerneltriage.resources import load_yaml
+
+    data = json.loads(json.dumps(load_yaml("verdicts.yaml")))
+    data["words"]["low_headroom"] = "{what} at {nope}"
+    with pytest.raises(ValidationError, match=r"unknown field \{nope\}"):
+        VerdictsFile.model_validate(data)
+    data = json.loads(json.dumps(load_yaml("verdicts.yaml")))
+    data["ladders"]["eager"]["steps"].append({"step": "cold"})
+    with pytest.raises(ValidationError, match="a ladder ends with"):
+        VerdictsFile.model_validate(data)

@@ -1,0 +1,86 @@
+"""Hot-kernel selection for phase 2 on the real H200 capture."""
+
+from __future__ import annotations
+
+from kerneltriage.analysis.rules import load_rules
+from kerneltriage.analysis.timeline.hot_kernels import select_hot_kernels, without_counter_rows
+from kerneltriage.ingest.ncu_csv import read_counters
+from tests.helpers import EXAMPLE_RUN, timeline
+
+
+def test_hot_kernels_cover_the_step():
+    hot = select_hot_kernels(timeline(), load_rules(), coverage=0.95, max_kernels=64)
+    assert hot.coverage >= 0.95
+    assert "softmax_warp_forward" in hot.names and any(n.startswith("nvjet") for n in hot.names)
+    assert hot.names == sorted(hot.names, key=hot.names.index)  # hottest first, no repeats
+    assert len(set(hot.names)) == len(hot.names)
+    capped = select_hot_kernels(timeline(), load_rules(), coverage=1.0, max_kernels=3)
+    assert len(capped.names) == 3 and capped.names == hot.names[:3]
+    assert 0 < hot.configs <= 510
+
+
+def test_the_rules_say_which_kernels_are_communication(tmp_path):
+    # The user's rules decide what counts as communication (left out: ncu would serialize it).
+    user = tmp_path / "rules.yaml"
+    user.write_text(
+        "schema: kerneltriage.rules/1\n"
+        "op_classes:\n"
+        "  - {kind: communication, kernels: ['softmax_warp_forward']}\n"
+        "  - {kind: other, ops: ['.'], kernels: ['.']}\n"
+    )
+    default = select_hot_kernels(timeline(), load_rules(), coverage=0.95, max_kernels=64)
+    mine = select_hot_kernels(timeline(), load_rules(user), coverage=0.95, max_kernels=64)
+    assert "softmax_warp_forward" in default.names and not default.left_out
+    assert mine.left_out == ["softmax_warp_forward"]
+    assert "softmax_warp_forward" not in mine.names
+
+
+def test_variable_size_kernels_fit_a_launch_budget_or_are_named():
+    # The two persistent GEMMs of the capture run several sizes under one launch configuration
+    # (21 and 20 launches a step): the default budget profiles every launch of both.
+    hot = select_hot_kernels(timeline(), load_rules(), coverage=0.95, max_kernels=64)
+    assert sorted(hot.variable) == [
+        "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT",
+        "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT",
+    ]
+    assert hot.variable_launches == 41 and hot.over_budget == {}
+    # A budget too small for one of them: the hotter one first, the other named, not dropped.
+    tight = select_hot_kernels(
+        timeline(), load_rules(), coverage=0.95, max_kernels=64, max_variable_launches=30
+    )
+    assert tight.variable == ["nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"]
+    assert tight.over_budget == {"nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT": 20}
+    assert tight.variable_launches == 21 and set(tight.names) == set(hot.names)
+
+
+def test_hot_kernels_without_counter_rows_are_those_no_export_names():
+    # The shipped run's two exports: per configuration, and every launch of the variable-size GEMMs.
+    per_config = read_counters(EXAMPLE_RUN / "ncu.csv.gz").rows
+    every_launch = read_counters(EXAMPLE_RUN / "ncu.launches.csv.gz").rows
+    named = list(dict.fromkeys(per_config["base_name"]))
+    assert without_counter_rows([*named, "no_such_kernel"], [per_config]) == ["no_such_kernel"]
+    gemms = sorted(set(every_launch["base_name"]) - set(per_config["base_name"]))
+    assert gemms and all(g.startswith("nvjet") for g in gemms)
+    assert without_counter_rows(gemms, [per_config]) == gemms  # in hot order, as asked
+    assert without_counter_rows(gemms, [per_config, every_launch]) == []
+    assert without_counter_rows(named, []) == named  # no export: nothing was profiled
+
+
+def test_warnings_name_kernels_short_and_demangled():
+    from kerneltriage.analysis.timeline.hot_kernels import SHORT_NAME_LIMIT, short_name
+
+    # A CUTLASS grouped GEMM as ncu and Kineto leave it mangled: thousands of characters.
+    grouped = (
+        "_ZN7cutlass13device_kernelIN10flashinfer4gemm17GroupedGemmKernelINS_4gemm6kernel"
+        + "I" * 2000
+        + "EEEEvNT_6ParamsE"
+    )
+    shown = short_name(grouped)
+    assert shown.startswith("cutlass::device_kernel<flashinfer::gemm::GroupedGemmKernel")
+    assert len(shown) <= SHORT_NAME_LIMIT and "…" in shown
+    aligned = "_ZN7cutlass7Kernel2I52cutlass_80_tensorop_s1688gemm_256x128_32x3_tn_align1EEvNT_6ParamsE"
+    assert (
+        short_name(aligned, limit=200)
+        == "cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_256x128_32x3_tn_align1…>"
+    )
+    assert short_name("flash_fwd_kernel") == "flash_fwd_kernel"

@@ -11,7 +11,7 @@ kernel) → measure again → write a kernel only for what still sits below its 
   is built: every verified fix of the run whose preconditions (PyTorch version, GPU, packages)
   hold here, through the same runner; a handle says what was applied and what was refused, why.
 
-The fixes come from ``verify.json`` (``kerneltriage.verify.record.read``) or, for a candidate
+The fixes come from ``verify.json`` (``kerneltriage.verify_record.read``) or, for a candidate
 named but not verified, from the report's candidate (``recipe.apply``): the recipes of
 ``kerneltriage/data/fixes.yaml``, the one piece of data the report's fix text, verify and this
 module share.
@@ -72,7 +72,7 @@ def fixes_of(run: str | os.PathLike[str], ids: list[str] | None = None) -> list[
     recipe_id, apply, predicted_saving_share, realized_saving_share, status}``: the candidates
     ``ids`` (their verified recipe, else the report's), else every fix ``verify`` verified.
     An ``InputError`` (one line) when there is none, or a named one cannot be applied."""
-    from kerneltriage.verify.record import read
+    from kerneltriage.verify_record import read
 
     path = Path(run)
     if not rundir.is_run_dir(path):

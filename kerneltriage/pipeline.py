@@ -146,7 +146,7 @@ def _verified(report: Report, path: Any) -> None:
         return
     from kerneltriage.analysis.fixes.verification import attach
     from kerneltriage.errors import RunDirError
-    from kerneltriage.verify.record import read  # verify's record of a run folder (a layer seam)
+    from kerneltriage.verify_record import read  # verify.json, beside the run folder's other files
 
     try:
         data = read(path)

@@ -95,8 +95,8 @@ def samples(root: Path = ROOT) -> list[Sample]:
 def output(command: list[str]) -> str:
     """What ``command`` prints on stdout, run from the repository's root."""
     if command[:1] == ["verify-results"] and len(command) == 2:
+        from kerneltriage import verify_record as record
         from kerneltriage.render.verify_text import result_lines
-        from kerneltriage.verify import record
 
         data = record.read(ROOT / command[1])
         if data is None:

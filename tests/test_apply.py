@@ -15,8 +15,8 @@ pytest.importorskip("transformers")
 
 import kerneltriage  # noqa: E402
 from kerneltriage import ladder, rundir  # noqa: E402
+from kerneltriage import verify_record as record  # noqa: E402
 from kerneltriage.errors import InputError  # noqa: E402
-from kerneltriage.verify import record  # noqa: E402
 from tests.helpers import tiny_llama  # noqa: E402
 
 RUN = Path(__file__).resolve().parents[1] / "examples" / "runs" / "gpt-naive-h200"

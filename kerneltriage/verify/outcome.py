@@ -19,7 +19,7 @@ import statistics
 from typing import Any
 
 from kerneltriage.analysis.timeline import steady
-from kerneltriage.verify.record import LossCheck, Status, Timing
+from kerneltriage.verify_record import LossCheck, Status, Timing
 
 #: A fix is refuted when it realizes less than this share of its predicted saving.
 REFUTED_BELOW = 0.5

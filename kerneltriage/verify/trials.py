@@ -24,9 +24,10 @@ from typing import Any
 
 import kerneltriage
 from kerneltriage import rundir
+from kerneltriage import verify_record as record
 from kerneltriage.errors import InputError, RunDirError, ToolError
 from kerneltriage.profile.command import Command, parse_command
-from kerneltriage.verify import outcome, record, torchrun
+from kerneltriage.verify import outcome, torchrun
 from kerneltriage.verify.harness import CONFIG_ENV, MODULE
 from kerneltriage.verify.plan import Plan, Planned, Settings, make_plan
 

@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from kerneltriage import rundir
+from kerneltriage import verify_record as record
 from kerneltriage.cli import main
-from kerneltriage.verify import record
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow  # each profile runs the script in a fresh Python (about 15 s)

@@ -13,8 +13,9 @@ from types import SimpleNamespace
 import pytest
 
 from kerneltriage import rundir
+from kerneltriage import verify_record as record
 from kerneltriage.profile.command import parse_command
-from kerneltriage.verify import record, torchrun
+from kerneltriage.verify import torchrun
 from kerneltriage.verify.plan import Plan, Planned, Settings
 from kerneltriage.verify.trials import load_plan, run_verify
 

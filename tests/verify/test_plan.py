@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from kerneltriage import api, rundir
+from kerneltriage import verify_record as record
 from kerneltriage.analysis.fixes.verification import attach
 from kerneltriage.errors import InputError, RunDirError
-from kerneltriage.verify import outcome, record
+from kerneltriage.verify import outcome
 from kerneltriage.verify.plan import Settings, describe, make_plan
 
 ROOT = Path(__file__).resolve().parents[2]

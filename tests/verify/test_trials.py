@@ -12,8 +12,8 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from kerneltriage import rundir
+from kerneltriage import verify_record as record
 from kerneltriage.cli import main
-from kerneltriage.verify import record
 from kerneltriage.verify.plan import Plan, Planned, Settings
 from kerneltriage.verify.trials import run_verify
 

@@ -156,7 +156,7 @@ def _ladder_pair(tmp_path, measured: bool = True):
     import shutil
 
     from kerneltriage import rundir
-    from kerneltriage.verify import record
+    from kerneltriage import verify_record as record
 
     first, second = tmp_path / "first", tmp_path / "second"
     shutil.copytree(RUNS / "gpt-naive-h200", first)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from kerneltriage import verify_record as record
 from kerneltriage.api import report
-from kerneltriage.verify import record
 
 RUNS = Path(__file__).resolve().parents[3] / "examples" / "runs"
 

@@ -125,6 +125,10 @@ DIFF_COLUMNS = (
     "ceiling_reached",
     "verdict_before",
     "how",
+    # The second rung (``profile --apply``): the applied fixes that covered this candidate before.
+    "fixes_applied",
+    "fixes_predicted_share",
+    "fixes_realized_alone_share",
 )
 
 RANK_COLUMNS = ("rank", "step_time_ms", "gpu_busy_pct", "communication_ms", "exposed_communication_ms")
@@ -249,8 +253,23 @@ def gaps_frame(gaps: list[Any]) -> pd.DataFrame:
     )
 
 
+def _applied(d: Any, before_ids: list[str]) -> dict[str, Any]:
+    """The ``profile --apply`` fixes (``Diff.ladder``) covering any of these candidates: their
+    ids, and their predictions and savings alone summed (each fix once)."""
+    fixes = [f for f in ((d.ladder or {}).get("fixes") or []) if f["id"] in before_ids]
+    if not fixes:
+        return {"fixes_applied": "", "fixes_predicted_share": None, "fixes_realized_alone_share": None}
+    alone = [f["realized_saving_share"] for f in fixes if f["realized_saving_share"] is not None]
+    return {
+        "fixes_applied": ", ".join(f["id"] for f in fixes),
+        "fixes_predicted_share": sum(f["predicted_saving_share"] or 0.0 for f in fixes),
+        "fixes_realized_alone_share": sum(alone) if alone else None,
+    }
+
+
 def diff_frame(d: Any) -> pd.DataFrame:
-    """One row per matched candidate of a ``Diff``, in its order (largest prediction first)."""
+    """One row per matched candidate of a ``Diff``, in its order (largest prediction first),
+    with the fixes a second-rung run was profiled with where they covered it."""
     rows = [
         {
             "name": m.name,
@@ -265,6 +284,7 @@ def diff_frame(d: Any) -> pd.DataFrame:
             "ceiling_reached": m.ceiling_reached,
             "verdict_before": m.verdict_before,
             "how": m.how,
+            **_applied(d, m.ids["before"]),
         }
         for m in d.candidates
     ]

@@ -3,8 +3,10 @@ the H200 example against itself."""
 
 from __future__ import annotations
 
+import io
 import json
 
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
@@ -258,6 +260,14 @@ def test_every_diff_format_shows_the_fixes_and_their_combination(tmp_path):
     assert "C1 " in term.output and "alone 63.0% (verify)" in term.output
     assert "alone they sum to 68.0% (verify), predicted 71.1%" in " ".join(term.output.split())
     assert "they overlap, 4.0% of the step less together than the sum" in " ".join(term.output.split())
+    csv_out = runner.invoke(main, ["diff", str(first), str(second), "--format", "csv"]).output
+    frame = pd.read_csv(io.StringIO(csv_out), keep_default_na=False)
+    covered = frame[frame["fixes_applied"] != ""]
+    assert set(", ".join(covered["fixes_applied"]).split(", ")) == {"C1", "C4", "C5"}
+    c1 = covered[covered["fixes_applied"].str.contains("C1")].iloc[0]
+    assert (float(c1["fixes_predicted_share"]), float(c1["fixes_realized_alone_share"])) == pytest.approx(
+        (0.6525, 0.63)
+    )
     data = json.loads(runner.invoke(main, ["diff", str(first), str(second), "--format", "json"]).output)
     assert data["ladder"]["sum_realized_saving_share"] == pytest.approx(0.68)
     assert [r["id"] for r in data["ladder"]["fixes"]] == ["C1", "C4", "C5"]

@@ -25,7 +25,7 @@ from kerneltriage.analysis.candidates.roofline import raised_roofs, with_raised_
 from kerneltriage.analysis.fixes.fix_environment import environment
 from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.analysis.judge.graph_advice import compiled_graph_advice
-from kerneltriage.analysis.judge.verdict import decide
+from kerneltriage.analysis.judge.verdict import decide, rank_in_order
 from kerneltriage.analysis.model import Candidate, Gap, Idle, Report
 from kerneltriage.analysis.rules import Rules
 from kerneltriage.analysis.timeline import plausibility, steady
@@ -41,7 +41,6 @@ from kerneltriage.analysis.timeline.idle import (
 )
 from kerneltriage.analysis.timeline.invariants import check_report, clean_timeline
 from kerneltriage.analysis.timeline.join import JoinResult, join_counters
-from kerneltriage.analysis.vocabulary import Verdict
 from kerneltriage.errors import TraceFormatError
 from kerneltriage.ingest.ncu_csv import Counters
 from kerneltriage.ingest.tables import Timeline
@@ -83,11 +82,7 @@ def triage(
     warnings += plausibility.check_rates(candidates, gpu)  # after the verdicts' own notes
     compiled = _compiled(timeline, attr, rules, steps, source)
     compiled_graph_advice(compiled, rules, env)
-    candidates.sort(
-        key=lambda c: (c.verdict != Verdict.SKIP, c.expected_saving_share, c.time_share), reverse=True
-    )
-    for i, c in enumerate(candidates, 1):
-        c.rank = i
+    rank_in_order(candidates)
     report = _assemble_report(
         timeline, attr, in_step, gpu, rules, source, steps, join, candidates, compiled, warnings
     )

@@ -421,7 +421,7 @@ def _leave_out_wait(rep: Report, wait_fraction: float) -> None:
     """The rank's collectives counted at their transfer time, the wait for a rank still in a
     profiled step left out (a note says how much), its exposed communication likewise; the
     candidates re-ranked as the triage ranks them."""
-    from kerneltriage.analysis.vocabulary import Verdict
+    from kerneltriage.analysis.judge.verdict import rank_in_order
 
     comm = rep.source["communication"]
     wait = comm["wait_ms_per_step"]
@@ -446,11 +446,7 @@ def _leave_out_wait(rep: Report, wait_fraction: float) -> None:
         "still in a profiled step (the ranks' plain steps run in step): left out of the collectives' "
         "candidates and of the exposed communication"
     )
-    rep.candidates.sort(
-        key=lambda c: (c.verdict != Verdict.SKIP, c.expected_saving_share, c.time_share), reverse=True
-    )
-    for i, c in enumerate(rep.candidates, 1):
-        c.rank = i
+    rank_in_order(rep.candidates)
 
 
 # --- DDP's settings where its communication is exposed -----------------------------------------

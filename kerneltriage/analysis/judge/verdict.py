@@ -76,3 +76,13 @@ def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
     for step in ladder.steps:
         if STEPS[step.step](c, rules, gpu, rec, step):
             return
+
+
+def rank_in_order(candidates: list[Candidate]) -> None:
+    """The report's order, in place: actionable verdicts first, then by expected saving and
+    share; ``rank`` numbered from 1 (ids stay as ``decide`` gave them)."""
+    candidates.sort(
+        key=lambda c: (c.verdict != Verdict.SKIP, c.expected_saving_share, c.time_share), reverse=True
+    )
+    for i, c in enumerate(candidates, 1):
+        c.rank = i

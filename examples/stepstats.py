@@ -27,6 +27,7 @@ class StepStats:
         self.torch = torch
         self.cuda = torch.device(device).type == "cuda"
         self.marks: list = []
+        self.wall: list[float] = []  # host clock at each mark, to line steps up with GPU clock samples
         self.path = os.environ.get(ENV)
         if self.path:
             atexit.register(self.write)
@@ -34,6 +35,7 @@ class StepStats:
     def step_done(self) -> None:
         if not self.path:
             return
+        self.wall.append(round(time.time(), 4))
         if self.cuda:
             event = self.torch.cuda.Event(enable_timing=True)
             event.record()
@@ -64,6 +66,7 @@ class StepStats:
             "argv": sys.argv,
             "kerneltriage_mode": mode,
             "step_ms": self.step_ms(),  # step k's time: from the end of step k-1 to its end
+            "step_wall": self.wall[1:],  # host time.time() when step k's end was recorded
             "graph_breaks": int(sum(breaks.values())),
             "unique_graphs": int(counters["stats"]["unique_graphs"]),
             "graph_break_reasons": [r.splitlines()[0][:200] for r in list(breaks)[:5]],

@@ -160,7 +160,7 @@ def _step_time(
     if timing:
         plausibility.check_step_time(timing, busy_ms, timeline.source, recorded_ms=step_ms)
         plain = steady.steady(timing.get("plain_ms") or [])
-        processes = _processes(timing)
+        processes = _processes(timing, warnings)
         if processes is not None:
             # Several timing processes: the mean of their steady medians, with the interval of
             # the two-stage bootstrap (processes, then steps).
@@ -187,13 +187,37 @@ def _step_time(
     )
 
 
-def _processes(timing: dict[str, Any]) -> steady.Interval | None:
-    """The step time over ``profile``'s timing processes (two or more), else None."""
+def _processes(timing: dict[str, Any], warnings: list[str]) -> steady.Interval | None:
+    """The step time over ``profile``'s timing processes (two or more), else None. A process far
+    from the others (``steady.outlier_runs``) is left out, as verify leaves out an outlier run;
+    steps a process ran above its floor (``steady.level``) are said."""
     series = [s for s in (timing.get("processes_plain_ms") or []) if s]
     if len(series) < 2:
         return None
-    kept = [list(found.values) for found in map(steady.steady, series) if found is not None]
-    return steady.side_time(kept) if len(kept) >= 2 else None
+    found = [f for f in map(steady.steady, series) if f is not None]
+    if len(found) < 2:
+        return None
+    out = set(steady.outlier_runs([f.median for f in found]))
+    kept = [f for i, f in enumerate(found) if i not in out]
+    disturbed = [(i + 1, f) for i, f in enumerate(found) if f.disturbed and i not in out]
+    if disturbed:
+        said = "; ".join(
+            f"process {i}: {f.disturbed} of {len(f.values)} steps above its {f.median:.2f} ms floor"
+            for i, f in disturbed
+        )
+        warnings.append(
+            f"timing: steps ran in slower stretches above a floor that repeats to within 0.5% ({said}); "
+            "the GPU's work per step does not change, so the stretches are the machine's other load "
+            "delaying launches: the step time is the floor's"
+        )
+    if out:
+        others = float(np.median([f.median for f in kept]))
+        said = ", ".join(f"{found[i].median:.2f} ms (process {i + 1})" for i in sorted(out))
+        warnings.append(
+            f"timing: {said} left out of the step time, far from the other processes' {others:.2f} ms "
+            "(a slow stretch of the machine, or a process that never reached its floor)"
+        )
+    return steady.side_time([list(f.values) for f in kept])
 
 
 def _interval(bounds: tuple[float, float]) -> tuple[float, float]:

@@ -1,7 +1,7 @@
 """From the runs' results to each candidate's verdict (pure).
 
 - step times: each process's steps are cut to their steady state (``analysis/timeline/steady.py``); a
-  side's time is the mean of its processes' steady medians, with a two-stage bootstrap
+  side's time is the mean of its processes' steady medians (a disturbed process's floor), with a two-stage bootstrap
   interval (processes, then steps);
 - realized saving: ``1 − fixed / baseline``, a share of the step as the report's predicted
   saving is, with the interval of the same bootstrap over both sides;
@@ -37,8 +37,8 @@ def steady_runs(runs: list[list[float]]) -> tuple[list[list[float]], int, int, l
         kept.append(list(s.values))
         skipped += s.skipped
         unsettled += not s.settled
-    out = set(steady.outlier_runs([statistics.median(r) for r in kept]))
-    dropped = [round(statistics.median(r), 4) for i, r in enumerate(kept) if i in out]
+    out = set(steady.outlier_runs([steady.level(r) for r in kept]))
+    dropped = [round(steady.level(r), 4) for i, r in enumerate(kept) if i in out]
     return [r for i, r in enumerate(kept) if i not in out], skipped, unsettled, dropped
 
 
@@ -55,7 +55,7 @@ def timing(runs: list[list[float]]) -> Timing | None:
         low_ms=round(side.low, 4),
         high_ms=round(side.high, 4),
         spread_ms=round(q[2] - q[0], 4),
-        run_medians_ms=[round(statistics.median(run), 4) for run in kept],
+        run_medians_ms=[round(steady.level(run), 4) for run in kept],
         steps=len(steps),
         runs=len(kept),
         transient_steps=skipped,

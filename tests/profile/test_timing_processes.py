@@ -44,6 +44,19 @@ def test_the_report_spans_the_timing_processes(tmp_path):
     assert "over 3 processes" in step_time_text(three) and "over" not in step_time_text(one)
 
 
+def test_a_timing_process_far_from_the_others_is_left_out_and_said(tmp_path):
+    # ConvNeXt-T on an H100: two processes at their floor, one through a slow stretch (ms).
+    first = [32.24, 35.89, 35.42, 36.65, 34.22, 32.63] + [28.71] * 14
+    second = [28.86, 28.82, 28.80, 28.80, 28.93, 28.93, 28.95, 72.04, 46.64, 34.44] + [28.92] * 10
+    third = [31.70, 35.69, 33.63, 32.37, 33.19, 30.85, 50.32, 78.53, 35.22, 31.37]
+    third += [33.29, 33.41, 32.55, 32.23, 31.85, 33.15, 32.26, 33.09, 33.64, 34.51]
+    report = api.report(with_processes(tmp_path, [first, second, third]))
+    assert report.step_time_ms == pytest.approx((28.71 + 28.92) / 2, abs=0.02)
+    assert report.step_interval_ms[0] <= 28.75 <= report.step_interval_ms[1]
+    said = [w for w in report.warnings if "left out of the step time" in w]
+    assert len(said) == 1 and "(process 3)" in said[0]
+
+
 def test_a_timing_process_runs_the_plain_steps_and_stops():
     class Event:
         def __init__(self, t):

@@ -10,7 +10,12 @@ the spread is small):
   at least ``min_steps`` steps are left and the medians of their first and second halves
   agree within ``tolerance`` (the median of a sliding window has stopped moving).
 - **One process**: the median of its steady steps, with a percentile bootstrap interval
-  (``scipy.stats.bootstrap``) over those steps.
+  (``scipy.stats.bootstrap``) over those steps. A process's GPU work is the same every step;
+  where its steps split into a tight *floor* (a share of them within a percent or two of the
+  fastest) and slower stretches well above it, the slower steps are the machine's other load
+  delaying the host's launches (on an H100, ConvNeXt-T: a floor of 28.7 ms at a constant SM
+  clock, stretches of 31-45 ms that come and go by the minute), and the process's step time is
+  its floor's median; the steps above are counted as *disturbed* and said.
 - **Several processes** (``verify``): each process's steady median; a side's time is their
   mean. Processes of the same script differ by more than their steps do (a 6% gap between two
   processes each steady within 1% was measured on an H100), so the interval resamples both
@@ -57,9 +62,10 @@ class Steady:
     values: tuple[float, ...]  # the steady steps, in order
     skipped: int  # leading steps dropped as a transient
     settled: bool  # enough steady steps, and their window medians agree
-    median: float
+    median: float  # the process's step time: its steady median, or its floor's where disturbed
     low: float  # the median's interval
     high: float
+    disturbed: int = 0  # steady steps above the floor, left out of the step time
 
     @property
     def half_width(self) -> float:
@@ -105,9 +111,52 @@ def settled(values: Sequence[float], *, min_steps: int, tolerance: float) -> boo
     if len(values) < max(2, min_steps):
         return False
     half = len(values) // 2
-    first, second = float(np.median(values[:half])), float(np.median(values[half:]))
-    mid = float(np.median(values))
+    first, second = level(values[:half]), level(values[half:])
+    mid = level(values)
     return mid > 0 and abs(second - first) / mid <= tolerance
+
+
+def _floor_settings() -> tuple[float, float, float, float]:
+    conf = settings()["floor"]
+    return (
+        float(conf["quantile"]),
+        float(conf["width"]),
+        float(conf["min_share"]),
+        float(conf["min_excess"]),
+    )
+
+
+def _levels(x: np.ndarray) -> np.ndarray:
+    """The step time of each row of ``x`` (resamples × steps): the row's median, or, where the
+    row splits into a floor and slower stretches, the median of its floor."""
+    quantile, width, min_share, min_excess = _floor_settings()
+    x = np.atleast_2d(np.asarray(x, dtype=float))
+    median = np.median(x, axis=1)
+    floor = np.quantile(x, quantile, axis=1)
+    in_floor = x <= (floor * (1.0 + width))[:, None]
+    split = (in_floor.mean(axis=1) >= min_share) & (median > floor * (1.0 + min_excess))
+    if not split.any():
+        return median
+    floor_median = np.nanmedian(np.where(in_floor, x, np.nan), axis=1)
+    return np.where(split, floor_median, median)
+
+
+def level(values: Sequence[float] | np.ndarray) -> float:
+    """One process's step time from its steady steps: their median, or their floor's median
+    where they split into a floor and slower stretches (``measurement.yaml``'s ``floor``)."""
+    x = np.asarray(values, dtype=float)
+    if len(x) == 0:
+        return math.nan
+    return float(_levels(x[None, :])[0])
+
+
+def disturbed_steps(values: Sequence[float] | np.ndarray) -> int:
+    """How many steps lie above the floor band where the series splits (0 where it does not)."""
+    x = np.asarray(values, dtype=float)
+    if len(x) == 0 or level(x) == float(np.median(x)):
+        return 0
+    quantile, width, _, _ = _floor_settings()
+    return int((x > np.quantile(x, quantile) * (1.0 + width)).sum())
 
 
 def settings() -> dict[str, Any]:
@@ -136,26 +185,39 @@ def steady(
         values=tuple(tail),
         skipped=cut,
         settled=settled(tail, min_steps=min_steps, tolerance=tolerance),
-        median=float(np.median(tail)),
+        median=level(tail),
         low=low,
         high=high,
+        disturbed=disturbed_steps(tail),
     )
 
 
 def median_interval(values: Sequence[float] | np.ndarray) -> tuple[float, float]:
-    """The percentile-bootstrap interval of the median of one process's steps."""
+    """The percentile-bootstrap interval of one process's step time (``level``: the median of
+    its steps, or of their floor)."""
     x = np.asarray(values, dtype=float)
     if len(x) < 3 or float(x.max() - x.min()) == 0.0:
         mid = float(np.median(x)) if len(x) else math.nan
         return (float(x.min()), float(x.max())) if len(x) else (mid, mid)
-    if len(x) > LARGE:
+    if len(x) <= LARGE:
+        return _bootstrap(x, _level_statistic)
+    if level(x) == float(np.median(x)):
         # Distribution-free: the order statistics around n/2 that bracket the median.
         from scipy.stats import binom
 
         n, ordered = len(x), np.sort(x)
         k = int(binom.ppf((1 - CONFIDENCE) / 2, n, 0.5))
         return float(ordered[max(k - 1, 0)]), float(ordered[min(n - k, n - 1)])
-    return _bootstrap(x, np.median)
+    rng = np.random.default_rng(_SEED)
+    draws = _levels(x[rng.integers(0, len(x), size=(RESAMPLES, len(x)))])
+    lo, hi = np.quantile(draws, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
+    return float(lo), float(hi)
+
+
+def _level_statistic(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """``level`` in the form ``scipy.stats.bootstrap`` vectorizes (resamples along ``axis``)."""
+    moved = np.moveaxis(np.asarray(x, dtype=float), axis, -1)
+    return _levels(moved.reshape(-1, moved.shape[-1])).reshape(moved.shape[:-1])
 
 
 def mean_interval(values: Sequence[float] | np.ndarray) -> tuple[float, float]:
@@ -205,12 +267,12 @@ def outlier_runs(medians: Sequence[float]) -> list[int]:
 
 def _side_resamples(processes: Sequence[Sequence[float]], rng: np.random.Generator) -> np.ndarray:
     """RESAMPLES draws of a side's time: processes resampled, then steps within each; a draw is
-    the mean of the drawn processes' medians."""
+    the mean of the drawn processes' step times (``level``)."""
     medians = np.empty((len(processes), RESAMPLES))
     for p, steps in enumerate(processes):
         x = np.asarray(steps, dtype=float)
         draws = rng.integers(0, len(x), size=(RESAMPLES, len(x)))
-        medians[p] = np.median(x[draws], axis=1)
+        medians[p] = _levels(x[draws])
     pick = rng.integers(0, len(processes), size=(RESAMPLES, len(processes)))
     return np.take_along_axis(medians.T, pick, axis=1).mean(axis=1)
 
@@ -220,7 +282,7 @@ def side_time(processes: Sequence[Sequence[float]]) -> Interval | None:
     runs = [list(p) for p in processes if len(p)]
     if not runs:
         return None
-    value = float(np.mean([np.median(r) for r in runs]))
+    value = float(np.mean([level(r) for r in runs]))
     draws = _side_resamples(runs, np.random.default_rng(_SEED))
     lo, hi = np.quantile(draws, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
     return Interval(value, float(lo), float(hi))
@@ -233,8 +295,8 @@ def saving(baseline: Sequence[Sequence[float]], fixed: Sequence[Sequence[float]]
     fix = [list(p) for p in fixed if len(p)]
     if not base or not fix:
         return None
-    b = float(np.mean([np.median(r) for r in base]))
-    f = float(np.mean([np.median(r) for r in fix]))
+    b = float(np.mean([level(r) for r in base]))
+    f = float(np.mean([level(r) for r in fix]))
     if b <= 0:
         return None
     rng = np.random.default_rng(_SEED)

@@ -87,3 +87,38 @@ def test_a_process_far_from_the_others_is_an_outlier():
     # T5-base: processes 196.0, 180.05, 175.66 ms differ, but none stands apart from the rest.
     assert steady.outlier_runs([196.0, 180.05, 175.66]) == []
     assert steady.outlier_runs([50.0, 60.0]) == []  # two cannot say which one is off
+
+
+# ConvNeXt-T plain steps on an H100 (ms), SM clock at 1980 MHz throughout: a floor that repeats
+# to within 0.1%, and stretches above it while the machine's other load delays the launches.
+CONVNEXT_DISTURBED = [28.8226, 28.7739, 29.0994, 31.6012, 29.9281, 30.0137, 32.0422, 31.2086, 30.1096]
+CONVNEXT_DISTURBED += [28.6879, 28.6782, 28.8811, 30.6495, 28.6656, 28.6585, 28.6858, 32.206, 32.8322]
+CONVNEXT_DISTURBED += [32.2535, 34.2234, 114.1921]
+# A Mixtral-class MoE alone on an H100: steps spread by routing, no floor (windows of 10 steps
+# had medians 57.9-65.1 ms).
+MOE_SPREAD = [62.4, 61.1, 60.3, 59.6, 64.8, 63.1, 59.7, 58.8, 58.0, 64.3, 63.4, 65.1, 63.0, 59.5, 57.9]
+
+
+def test_a_floor_with_slower_stretches_is_measured_by_its_floor():
+    s = steady.steady(CONVNEXT_DISTURBED)
+    assert float(np.median(s.values)) > 30.0  # the median sits inside the stretches
+    assert s.median == pytest.approx(28.69, abs=0.05)
+    assert s.disturbed >= 10 and s.low <= s.median <= s.high
+    assert steady.level(CONVNEXT_DISTURBED) == s.median
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_broad_spread_keeps_its_median(seed):
+    series = list(np.random.default_rng(seed).permutation(MOE_SPREAD * 3))
+    s = steady.steady(series)
+    assert s.disturbed == 0 and s.median == pytest.approx(float(np.median(s.values)))
+    # A level that is simply higher, steady within 1%, is not a floor either.
+    assert steady.steady(noisy(92.8, 30, seed)).disturbed == 0
+
+
+def test_side_time_of_disturbed_processes_leaves_the_stretches_out():
+    quiet = noisy(28.72, 20, 5, sd=0.01)
+    side = steady.side_time([CONVNEXT_DISTURBED, quiet])
+    assert side.value == pytest.approx(28.7, abs=0.05) and side.covers(28.75)
+    # The same processes by their medians would have put the step 2% higher.
+    assert float(np.mean([np.median(CONVNEXT_DISTURBED), np.median(quiet)])) > 29.3

@@ -23,7 +23,7 @@ from typing import Any
 from kerneltriage import rundir
 from kerneltriage.errors import ToolError
 from kerneltriage.profile.command import Command
-from kerneltriage.profile.context import Options, ProfileSession, asked_plan
+from kerneltriage.profile.context import Options, ProfileSession, asked_plan, plain_bounds
 from kerneltriage.profile.fix_install import EXIT_NOT_APPLIED
 from kerneltriage.profile.step_plan import CAPTURE_RANGE, EXIT_NO_GPU, EXIT_NO_TORCH, StepPlan
 from kerneltriage.profile.step_time import clean_summary, other_ranks_step_time, record_step_time
@@ -116,12 +116,17 @@ def _steps_seen(statuses: list[dict[str, Any]]) -> int:
 
 def fitted_timing(options: Options, steps_seen: int) -> tuple[int, int] | None:
     """(timing steps, plain steps) that a script of ``steps_seen`` steps leaves room for, when
-    it ran at least the warm-up and recorded steps but too few for the asked plan: fewer plain
-    steps first (down to ``--timing-steps``), then fewer timing steps (None: the asked plan
-    fits, or the script is too short for any)."""
+    it ran at least the warm-up and recorded steps but left no trace: fewer plain steps first
+    (down to ``--timing-steps``), then fewer timing steps (None: no timing steps were asked, or
+    the script is too short for any). A script long enough for the plan's fewest plain steps
+    left no trace because its plain steps went on past its end, unsettled: again with as many
+    plain steps as fit, fixed."""
     asked = asked_plan(options)
-    if not options.timing_steps or steps_seen >= asked.stop_after:
+    if not options.timing_steps:
         return None
+    if steps_seen >= asked.stop_after:
+        most = plain_bounds(options)[1]
+        return options.timing_steps, min(most, asked.plain_count + steps_seen - asked.stop_after)
     if steps_seen < StepPlan(options.warmup, options.steps, 0).stop_after:
         return None
     t = options.timing_steps
@@ -144,16 +149,22 @@ def _fitted_rerun(options: Options, steps_seen: int) -> _Rerun | None:
         return None
     fitted, plain = fits
     asked = asked_plan(options)
-    message = (
-        f"the script ran {steps_seen} steps; --warmup {options.warmup}, {asked.plain_count} plain and "
-        f"{options.timing_steps} clean timing steps and --steps {options.steps} need {asked.stop_after}: "
-        f"profiled again with {plain} plain and {fitted} clean steps"
-        + (
-            ""
-            if fitted
-            else " (no plain steps: step and idle time are the recorded steps', profiler included)"
+    if steps_seen >= asked.stop_after:
+        message = (
+            f"the script ended after {steps_seen} steps while its plain steps were still settling: "
+            f"profiled again with {plain} plain steps, fixed"
         )
-    )
+    else:
+        message = (
+            f"the script ran {steps_seen} steps; --warmup {options.warmup}, {asked.plain_count} plain and "
+            f"{options.timing_steps} clean timing steps and --steps {options.steps} need {asked.stop_after}: "
+            f"profiled again with {plain} plain and {fitted} clean steps"
+            + (
+                ""
+                if fitted
+                else " (no plain steps: step and idle time are the recorded steps', profiler included)"
+            )
+        )
     options = dataclasses.replace(options, timing_steps=fitted, plain_min=plain, plain_max=plain)
     return _Rerun(options, whole_run=False, log="phase1-fit", said=message, noted=message)
 

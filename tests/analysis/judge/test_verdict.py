@@ -457,6 +457,26 @@ def test_sdpa_math_path_is_a_finding_with_its_cause_and_an_edit():
     assert c.recipe["id"] == "sdpa-mask-dtype" and c.recipe["apply"] == {"kind": "sdpa-mask-dtype"}
 
 
+def test_sdpa_math_path_with_its_elementwise_kernels_is_still_the_math_path():
+    """T5-base under autocast with dropout on an H100: the mask's add, the scale, dropout and
+    where kernels took 49% of SDPA's time, the fp32 GEMMs 35% and the softmax 11%."""
+    add = "void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl<at::native::CUDAFunctor_add<float> >"
+    dropout = "void at::native::(anonymous namespace)::fused_dropout_kernel_vec<float, float, unsigned int, 1, 4, bool>"
+    ms = T5_FLOPS / (15.4e12) * 1e3
+    kernels = (
+        kernel(SGEMM, 0.35 * ms),
+        kernel(SOFTMAX_F32, 0.11 * ms),
+        kernel(add, 0.3 * ms),
+        kernel(dropout, 0.19 * ms),
+    )
+    c = judge(replace(t5_attention(), kernels=kernels), H100)
+    assert c.verdict == Verdict.USE_BUILTIN and Reason.of(c.reason) == Reason.MATH_PATH
+    assert c.recipe["id"] == "sdpa-mask-dtype"
+    # Elementwise kernels alone, with no GEMM and softmax, are not a math path.
+    plain = judge(replace(t5_attention(), kernels=(kernel(add, ms),)), H100)
+    assert Reason.of(plain.reason) != Reason.MATH_PATH
+
+
 def test_the_ladders_are_data_and_every_step_they_name_exists():
     from typing import get_args
 

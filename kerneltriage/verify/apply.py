@@ -7,7 +7,8 @@ The kinds and what each does are the contract's table (``design``: fix recipes).
 - *at the first forward*: a global module forward pre-hook treats the first module that runs
   as the root, changes ``root.modules()`` and removes itself. Children run after the root's
   pre-hook, so they already take the new forward (``norm-swap``, ``compile-module``,
-  ``compile-model``, ``hf-attention``, ``autocast``, ``channels-last``).
+  ``compile-model``, ``hf-attention``, ``autocast``, ``channels-last``; ``fsdp-prefetch`` and
+  ``fsdp-reshard`` set FSDP2's layers, ``verify/fsdp.py``).
 
 ``install`` returns an ``Applied`` that says what was done (``details``), whether it happened at
 all (``problem``), and undoes it (``remove``, for tests that apply fixes in-process).
@@ -37,6 +38,8 @@ KINDS = (
     "cudnn-benchmark",
     "fused-optimizer",
     "ddp",
+    "fsdp-prefetch",
+    "fsdp-reshard",
 )
 #: DistributedDataParallel's constructor settings a ``ddp`` fix may set (where the report finds
 #: its communication exposed): every DDP the script builds gets them.
@@ -49,6 +52,8 @@ AT_FIRST_FORWARD = (
     "hf-attention",
     "autocast",
     "channels-last",
+    "fsdp-prefetch",
+    "fsdp-reshard",
 )
 _FIELDS: dict[str, tuple[str, ...]] = {
     "norm-swap": ("classes",),
@@ -114,6 +119,10 @@ def check(apply: Any) -> str | None:
         return f"autocast dtype {apply['dtype']!r} is neither bfloat16 nor float16"
     if kind == "ddp":
         return _check_ddp(apply)
+    if kind in ("fsdp-prefetch", "fsdp-reshard"):
+        from kerneltriage.verify import fsdp
+
+        return fsdp.check(apply)
     return None
 
 
@@ -150,7 +159,23 @@ def _ddp(torch, applied: Applied, fields: dict[str, Any]) -> None:
     applied._undo.append(functools.partial(setattr, cls, "__init__", original))
 
 
-_INSTALLERS_DDP = {"ddp": _ddp}
+def _fsdp(torch, applied: Applied, fields: dict[str, Any]) -> None:
+    """FSDP2's prefetch or reshard settings on the layers of the first module that runs
+    (``verify/fsdp.py``), which must be sharded with ``fully_shard``."""
+    from kerneltriage.verify import fsdp
+
+    action = fsdp.prefetch if applied.kind == "fsdp-prefetch" else fsdp.keep_last
+
+    def at_root(root, _args):
+        try:
+            return action(torch, root, fields)
+        except fsdp.Refused as exc:
+            raise ApplyFailed(str(exc)) from None
+
+    _at_first_forward(torch, applied, at_root)
+
+
+_INSTALLERS_DDP = {"ddp": _ddp, "fsdp-prefetch": _fsdp, "fsdp-reshard": _fsdp}
 
 
 def install(apply: dict[str, Any]) -> Applied:

@@ -27,6 +27,11 @@ from typing import Any
 
 import numpy as np
 
+# The exposed communication and the settings offered for it live in ``exposed``; the names stay
+# importable from here, where the ranks' reports are put together.
+from kerneltriage.analysis.compare.exposed import COMMUNICATION as COMMUNICATION
+from kerneltriage.analysis.compare.exposed import communication_fix as communication_fix
+from kerneltriage.analysis.compare.exposed import last_collective as last_collective
 from kerneltriage.analysis.model import Candidate, Report, json_safe
 from kerneltriage.ingest.tables import Timeline
 
@@ -35,7 +40,6 @@ STRAGGLER_STEP = 1.10  # a rank's step this much slower than the median step
 STRAGGLER_CANDIDATE = 1.25  # a hot candidate this much slower on one rank than its median
 
 
-COMMUNICATION = "communication"  # the kind the rules give collectives
 #: Two ranks' ends of one collective further apart than this (after the clocks' offset), plus
 #: ``END_MATCH_SHARE`` of the shorter kernel, are not the same collective.
 END_MATCH_NS = 50_000
@@ -447,100 +451,3 @@ def _leave_out_wait(rep: Report, wait_fraction: float) -> None:
         "candidates and of the exposed communication"
     )
     rank_in_order(rep.candidates)
-
-
-# --- DDP's settings where its communication is exposed -----------------------------------------
-
-#: What ``communication_fix`` names as the built-in: DistributedDataParallel's own settings.
-DDP_BUILTIN = "torch.nn.parallel.DistributedDataParallel(gradient_as_bucket_view=True, static_graph=True)"
-_ALL_REDUCE = ("allreduce", "all_reduce")
-
-
-def communication_fix(report: Report, recipes: Sequence[Any]) -> None:
-    """DDP's settings (fixes.yaml's ``ddp-exposed-communication``) on the all-reduce of a rank
-    whose exposed communication, less the wait for other ranks where that is known, is at least
-    ``min_share`` of its step. The verdict stays ``skip`` (communication): the fix line and the
-    note say what to set and how much of the step is exposed."""
-    from kerneltriage.analysis.fixes.fix_choice import choose
-    from kerneltriage.analysis.fixes.fix_environment import environment
-
-    step = report.step_time_ms
-    split = report.source.get("communication") or {}
-    wait = float(split.get("wait_ms_per_step") or 0.0)
-    comm = report.communication_ms_per_step
-    transfer_share = 1.0 - wait / comm if comm > 0 else 1.0
-    exposed = report.exposed_communication_ms_per_step * transfer_share
-    if step <= 0 or exposed < report.thresholds.min_share * step:
-        return
-    reduces = [
-        c
-        for c in report.candidates
-        if c.kind == COMMUNICATION and any(k in c.name.lower().replace("-", "_") for k in _ALL_REDUCE)
-    ]
-    if not reduces or _has_fix(reduces):
-        return
-    c = max(reduces, key=lambda x: x.time_ms_per_step)
-    before = c.builtin
-    c.builtin = DDP_BUILTIN
-    recipe = choose(c, tuple(recipes), environment(report.gpu, report.source, None), {})
-    if recipe is None or recipe.get("blocked"):
-        c.builtin = before
-        return
-    c.fix = recipe.pop("text")
-    for key in ("needs", "declined", "fuses_residual_add"):
-        recipe.pop(key, None)
-    c.recipe = recipe
-    waited = f", after {wait:.2f} ms of waiting for other ranks is taken out" if wait > 0 else ""
-    note = (
-        f"communication exposed {exposed:.2f} ms per step ({exposed / step:.1%} of the step{waited}): "
-        "DDP's gradient_as_bucket_view, static_graph and bucket_cap_mb decide how much of the all-reduce "
-        "the backward hides"
-    )
-    last = report.source.get("last_collective") or {}
-    if last.get("exposed_ms"):
-        note += (
-            f"; the step's last collective (of {last['collectives_per_step']}) is exposed "
-            f"{last['exposed_ms']:.2f} ms: in DDP the last bucket, the gradients the backward computes "
-            "last (the first layers' and the embedding's); smaller buckets start it earlier"
-        )
-    c.note = "; ".join(x for x in (c.note, note) if x)
-
-
-def last_collective(timeline: Timeline, is_comm: Callable[[str], bool]) -> dict[str, Any] | None:
-    """The exposed time of each step's last collective (not overlapped by any compute kernel),
-    averaged over the ``ProfilerStep#`` steps of the trace: in DDP the last bucket's all-reduce,
-    which holds the gradients the backward computes last (the first layers', the embedding's).
-    None without step ranges or collectives."""
-    from kerneltriage.analysis.timeline.idle import union
-
-    cpu, k = timeline.cpu, timeline.kernels
-    if cpu.empty or k.empty:
-        return None
-    steps = cpu[cpu["name"].astype(str).str.startswith("ProfilerStep#")]
-    k = k[k["kind"] == "kernel"]
-    comm = k["name"].astype(str).map(is_comm).to_numpy(dtype=bool)
-    if steps.empty or not comm.any():
-        return None
-    starts = k["start"].to_numpy().astype(np.int64)
-    ends = starts + k["dur"].to_numpy().astype(np.int64)
-    compute = union(starts[~comm], ends[~comm])
-    c_starts, c_ends = starts[comm], ends[comm]
-    bounds = sorted(int(x) for x in steps["start"].to_numpy())
-    exposed, counts = [], []
-    for lo, hi in zip(bounds, [*bounds[1:], None]):
-        # A step's collectives: launched on the GPU from its start to the next step's start.
-        inside = (c_starts >= lo) & ((c_starts < hi) if hi is not None else True)
-        if not inside.any():
-            continue
-        last = int(np.argmax(np.where(inside, c_starts, -1)))
-        s, e = int(c_starts[last]), int(c_ends[last])
-        covered = sum(max(0, min(e, ce) - max(s, cs)) for cs, ce in compute if ce > s and cs < e)
-        exposed.append(e - s - covered)
-        counts.append(int(inside.sum()))
-    if not exposed:
-        return None
-    return {"exposed_ms": float(np.mean(exposed)) / 1e6, "collectives_per_step": int(np.median(counts))}
-
-
-def _has_fix(candidates: Sequence[Candidate]) -> bool:
-    return any(c.fix for c in candidates)

@@ -54,6 +54,8 @@ APPLY_KINDS: dict[str, tuple[str, ...]] = {
     "cudnn-benchmark": (),
     "fused-optimizer": (),
     "ddp": ("gradient_as_bucket_view", "static_graph", "bucket_cap_mb"),
+    "fsdp-prefetch": ("forward", "backward"),
+    "fsdp-reshard": ("last",),
 }
 #: Candidate fields a recipe's ``when`` may test.
 WHEN_FIELDS = (

@@ -48,6 +48,7 @@ class Group:
     kernel_index: list[int] = field(default_factory=list)
     library: bool = False
     attrs: dict[str, Any] = field(default_factory=dict)
+    full_name: str | None = None  # the kernel's own name where ``name`` shortens it (a mangled symbol)
 
 
 def _compute_types(
@@ -364,6 +365,8 @@ def _new_other_group(
     key: tuple, kind: str, level: str, label: str, name: str, activity: str, rules: Rules
 ) -> Group:
     g = Group(key, kind, level, name=label, ops=[label] if level == "op" else [])
+    if level == "kernel" and name.strip().startswith("_Z"):
+        g.full_name = name.strip()  # labelled by its demangled head and a digest (kernel_label)
     g.library = level == "op" and rules.is_library_op(label)
     if key[0] == "compiled":
         g.attrs["compiled"] = True

@@ -4,10 +4,12 @@ pattern."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from kerneltriage.analysis.candidates.estimate import tensor_inputs
 from kerneltriage.analysis.timeline.compiled import FLAVOURS, decode_inductor
+from kerneltriage.analysis.timeline.hot_kernels import short_name
 from kerneltriage.analysis.timeline.regions import Segment
 from kerneltriage.ingest.kernel_names import base_name
 
@@ -24,12 +26,26 @@ _GENERIC_KERNELS = {
     "index_elementwise_kernel",
 }
 _TEMPLATE_WHAT = re.compile(r"\b(cutlass_\w+|\w+Functor\w*|\w+_kernel_cuda|\w+Ops|\w+_functor)\b")
+# A mangled symbol's label: its demangled head within this many characters, then " #" and
+# the digest (six hex digits), within the report's 80-character names (measure.NAME_LIMIT).
+_MANGLED_HEAD = 72
+_DIGEST_BYTES = 3
 
 
 def kernel_label(name: str) -> str:
     """A kernel's readable name: its identifier, and for generic templates (``cutlass::Kernel``,
     ATen's ``vectorized_elementwise_kernel``, ``reduce_kernel``) what it instantiates:
-    ``vectorized_elementwise_kernel<AddFunctor>``, ``Kernel<cutlass_80_tensorop_s1688gemm_…>``."""
+    ``vectorized_elementwise_kernel<AddFunctor>``, ``Kernel<cutlass_80_tensorop_s1688gemm_…>``.
+
+    A symbol the profiler left mangled (CUTLASS 3 and Composable Kernel templates run to 2,000
+    characters) reads as its demangled head, as warnings print it, and a digest of the whole
+    symbol: ``cutlass::device_kernel<at::cuda::detail::enable_3x_kernel_for_sm9x…> #3dee71``.
+    Instantiations of one template share the head; the digest tells them apart, the same in
+    every run, so the label still names one kernel when reports are compared."""
+    text = name.strip()
+    if text.startswith("_Z"):
+        digest = hashlib.blake2b(text.encode(), digest_size=_DIGEST_BYTES).hexdigest()
+        return f"{short_name(text, _MANGLED_HEAD)} #{digest}"
     base = base_name(name)
     if base not in _GENERIC_KERNELS or "<" not in name:
         return base

@@ -49,7 +49,7 @@ def build_candidate(
     name = g.name
     if module and g.level != "kernel":
         name = f"{name} in {module}"
-    full_name, name = name, short_name(name)
+    full_name, name = g.full_name or name, short_name(name)
     attrs = _json_attrs(g) | ({"full_name": full_name} if full_name != name else {})
     order = tuple(attrs)
     # What the report reads becomes a typed field; the rest stays in attrs for the analysis.

@@ -115,9 +115,12 @@ class UnstableStep(_Texts):
 
 
 class RecommendStep(_Texts):
+    TEMPLATES = {"compiled_library": ("library", "builtin")}
     step: Literal["recommend"]
     already_builtin: StrictStr
     already_note: StrictStr
+    compiled_modes: re.Pattern[str]  # a compile whose built-in names one still changes a kept library kernel
+    compiled_library: StrictStr  # the note of a library kernel a compiled graph kept
 
 
 class CompiledWriteStep(_Texts):

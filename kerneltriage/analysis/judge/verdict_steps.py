@@ -233,7 +233,20 @@ def _recommend(
         c.verdict, c.builtin = Verdict.COMPILE, step.already_builtin
         c.reason = Reason.ALREADY_USES.text(op=used)
         c.note = step.already_note
+    kept = c.verdict == Verdict.COMPILE and kept_library_kernel(c, rules)
+    if kept and not step.compiled_modes.search(c.builtin or ""):
+        # Compiling the model again leaves a library kernel its compiled graph kept as it is.
+        library = c.attrs.get("kernel_library") or "library"
+        c.note = step.compiled_library.format(library=library, builtin=c.builtin or "torch.compile")
+        c.verdict, c.reason, c.builtin = Verdict.SKIP, Reason.LIBRARY_KERNEL, None
     return True
+
+
+def kept_library_kernel(c: Candidate, rules: Rules) -> bool:
+    """A library kernel in a compiled graph (cuBLAS, CUTLASS, cuDNN, …: Inductor left the op to
+    it), not one Inductor generated: compiling again does not change it."""
+    vendor = c.attrs.get("vendor_share", 0.0)
+    return c.compiled and not c.inductor and vendor >= rules.cutoffs.library_vendor_share
 
 
 def _compiled_write(c: Candidate, rules: Rules, gpu: GPUSpec | None, rec: Recommendation, step: Any) -> bool:

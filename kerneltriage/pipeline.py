@@ -73,6 +73,13 @@ def rank_report(
     if result.source.get("timing") is not None and timing:
         # The plain steps themselves: the step time's interval (stragglers across ranks).
         result.source["timing"]["plain_ms"] = list(timing.get("plain_ms") or [])
+    if profile.regions:
+        from kerneltriage.analysis.compare.exposed import module_parameters
+
+        # The modules' parameter sizes in forward order: which modules DDP's exposed bucket holds.
+        params = module_parameters(profile.regions)
+        if params:
+            result.source["module_parameters"] = params
     if doubt:
         result.warnings.append(doubt)
     elif not isinstance(gpu, GPUSpec) and profile.manifest is not None:

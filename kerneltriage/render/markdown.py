@@ -49,7 +49,7 @@ def markdown(report: Report, *, top: int | None, run_ref: str, rank: int | None 
             f"{c.roofline.bound or '—'} | {c.shapes.distinct} | {_md_escape(verdict_text(c, short=True))} | {saving_cell(c)} |"
             + (f" {realized_cell(c.verification)} |" if verified else "")
         )
-    for c in [c for c in candidates if c.verdict != Verdict.SKIP]:
+    for c in [c for c in candidates if c.verdict != Verdict.SKIP or c.fix]:
         out += ["", f"### {c.id} {_md_escape(c.name)} → {verdict_text(c)}", ""]
         for name in ("headroom", "hotness", "stability"):
             mark, label, text = condition_line(name, c.conditions[name])

@@ -133,7 +133,8 @@ def _candidates_table(candidates: list[Candidate], width: int) -> Table:
 def _detailed(candidates: list[Candidate]) -> list[Candidate]:
     """The candidates shown in detail: every actionable one (else the first), then up to
     three skipped ones of at least 5% of the step."""
-    detail = [c for c in candidates if c.verdict != Verdict.SKIP] or candidates[:1]
+    # A skip that carries a setting to try (DDP's buckets on exposed communication) is shown too.
+    detail = [c for c in candidates if c.verdict != Verdict.SKIP or c.fix] or candidates[:1]
     shown = {id(c) for c in detail}
     detail += [
         c for c in candidates if c.verdict == Verdict.SKIP and c.time_share >= 0.05 and id(c) not in shown
@@ -165,10 +166,11 @@ def _print_candidate_detail(console: Console, c: Candidate, run_ref: str, rank: 
         )
     if c.verification:
         console.print(Text(f"  verify     {verification_line(c.verification)}"))
-    if c.verdict != Verdict.SKIP:
+    if c.verdict != Verdict.SKIP or c.fix:
         why = c.reason + (f"; {c.note}" if c.note else "")
         console.print(f"  why        {why}")
         if c.fix:
             fix = c.fix.replace("\n", "\n             ")
             console.print(Text(f"  fix        {fix}"))
+    if c.verdict != Verdict.SKIP:
         console.print(f"  start      {scaffold_command(run_ref, c.id, rank)}")

@@ -154,16 +154,22 @@ def recipe_of(candidate: Any) -> dict[str, Any] | None:
 
 
 def select(candidates: list[Any], ids: list[str] | None, by_hand: str | None = None) -> list[Any]:
-    """The candidates asked for (``--candidates``, ``--by-hand``), else the actionable ones."""
+    """The candidates asked for (``--candidates``, ``--by-hand``), else the actionable ones and
+    the skips that carry a setting the runner applies (DDP's or FSDP's on exposed communication)."""
     wanted = [by_hand] if by_hand else ids
     if not wanted:
-        return [c for c in candidates if c.verdict != Verdict.SKIP]
+        return [c for c in candidates if c.verdict != Verdict.SKIP or _runner_setting(c)]
     by_id = {c.id.lower(): c for c in candidates}
     missing = [i for i in wanted if i.lower() not in by_id]
     if missing:
         known = ", ".join(c.id for c in candidates[:12])
         raise InputError(f"no candidate {', '.join(missing)} in this run's report (it has {known}, …)")
     return [by_id[i.lower()] for i in wanted]
+
+
+def _runner_setting(candidate: Any) -> bool:
+    recipe = recipe_of(candidate)
+    return bool(recipe and isinstance(recipe.get("apply"), dict) and not recipe.get("blocked"))
 
 
 def plan_candidate(
@@ -184,7 +190,9 @@ def plan_candidate(
     )
     if by_hand is not None:
         planned.apply = None  # the user's command carries the fix
-    elif candidate.verdict == Verdict.SKIP:
+    elif candidate.verdict == Verdict.SKIP and recipe is None:
+        # A skip can still carry a setting to try (DDP's buckets, FSDP's prefetch on exposed
+        # communication): that one is measured like any fix.
         planned.why_not = "its verdict is skip: there is no fix to verify"
     elif recipe is None:
         planned.why_not = "the report gives no fix recipe for it" + _by_hand_hint(candidate)

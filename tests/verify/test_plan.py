@@ -99,6 +99,29 @@ def test_plan_refuses_blocked_unknown_kinds_and_unknown_ids(naive):
         make_plan(str(NAIVE), manifest, candidates, Settings(), ids=["C99"])
 
 
+def test_a_skip_carrying_a_runner_setting_is_planned_and_a_bare_skip_is_not(naive):
+    # An FSDP job's exposed all-gather: the verdict stays skip (communication), the recipe is a
+    # setting the runner applies; verify measures it like any fix.
+    report, manifest = naive
+    candidates = copy.deepcopy(report.candidates)
+    skips = [c for c in candidates if c.verdict == "skip"]
+    setting, bare = skips[0], skips[1]
+    setting.recipe = recipe(
+        "fsdp-explicit-prefetch", apply={"kind": "fsdp-prefetch", "forward": 2, "backward": 1}
+    )
+    bare.recipe = None
+    plan = make_plan(str(NAIVE), manifest, candidates, Settings(), step_ms=report.step_time_ms)
+    planned = {c.id: c for c in plan.candidates}
+    assert setting.id in planned and planned[setting.id].apply == {
+        "kind": "fsdp-prefetch",
+        "forward": 2,
+        "backward": 1,
+    }
+    assert bare.id not in planned
+    asked = make_plan(str(NAIVE), manifest, candidates, Settings(), ids=[bare.id])
+    assert asked.candidates[0].why_not == "its verdict is skip: there is no fix to verify"
+
+
 def test_loss_guard():
     base = [[10.5896, 10.0653, 9.6383], [10.5896, 10.0653, 9.6383]]
     same = outcome.compare_losses(base, [[10.5897, 10.0655, 9.6382]], 0.005)

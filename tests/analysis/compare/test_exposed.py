@@ -130,10 +130,19 @@ def test_the_last_bucket_names_the_modules_whose_gradients_it_holds(ddp):
 
 def test_without_the_modules_the_bucket_cap_reasoning_gives_the_bucket_size(ddp):
     rep = _copy(ddp[0])
+    rep.source.pop("module_parameters", None)  # a run made before regions.jsonl held them
     rep.exposed_communication_ms_per_step = 3.0
     communication_fix(rep, RECIPES)
     (c,) = [c for c in rep.candidates if c.kind == "communication"]
     assert "bucket_cap_mb: the last bucket is 125.0 MB; a cap below that splits it" in c.note
+
+
+def test_the_report_names_the_modules_in_the_exposed_bucket(ddp):
+    # The shipped run's regions.jsonl records the modules' parameter sizes; the report passes
+    # them on, so the note names what the last bucket holds.
+    assert ddp[0].source.get("module_parameters")
+    (c,) = [c for c in ddp[0].candidates if c.kind == "communication" and "last bucket" in (c.note or "")]
+    assert "module.emb (125.0 MB)" in c.note
 
 
 # --- FSDP2: two synthetic ranks -----------------------------------------------------------------

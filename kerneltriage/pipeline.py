@@ -73,7 +73,7 @@ def rank_report(
     if result.source.get("timing") is not None and timing:
         # The plain steps themselves: the step time's interval (stragglers across ranks).
         result.source["timing"]["plain_ms"] = list(timing.get("plain_ms") or [])
-    if profile.regions and len(profile.timelines) > 1:
+    if profile.regions and profile.manifest is not None and len(profile.manifest.ranks) > 1:
         from kerneltriage.analysis.compare.exposed import module_parameters
 
         # The modules' parameter sizes in forward order: which modules DDP's exposed bucket holds.

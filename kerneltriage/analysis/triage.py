@@ -206,7 +206,7 @@ def _processes(timing: dict[str, Any], warnings: list[str]) -> steady.Interval |
             for i, f in disturbed
         )
         warnings.append(
-            f"timing: steps ran in slower stretches above a floor that repeats to within 0.5% ({said}); "
+            f"timing: steps ran in slower stretches above a floor that repeats to within 0.2% ({said}); "
             "the GPU's work per step does not change, so the stretches are the machine's other load "
             "delaying launches: the step time is the floor's"
         )

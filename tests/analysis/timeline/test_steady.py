@@ -114,6 +114,9 @@ def test_a_broad_spread_keeps_its_median(seed):
     assert s.disturbed == 0 and s.median == pytest.approx(float(np.median(s.values)))
     # A level that is simply higher, steady within 1%, is not a floor either.
     assert steady.steady(noisy(92.8, 30, seed)).disturbed == 0
+    # Nor a T5-base-class process whose steps spread 165-181 ms (four of them at 165-166).
+    t5 = [180, 167, 166, 174, 175, 175, 166, 177, 173, 174, 176, 168, 167, 165, 166, 179, 181, 179, 178, 177]
+    assert steady.steady(t5).disturbed == 0 and steady.level(t5) == float(np.median(t5))
 
 
 def test_side_time_of_disturbed_processes_leaves_the_stretches_out():

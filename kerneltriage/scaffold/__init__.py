@@ -7,8 +7,9 @@ result = scaffold_kind("rmsnorm", ["16384x4096"], "bf16", "kernels/my_norm")
 The family (``families.FAMILIES``: its template folder under ``templates/`` and the code that
 fills it) comes from the candidate's kind: attention → ``attention``, norm → ``rownorm``,
 softmax and cross-entropy → ``softmax``, gemm → ``gemm_epilogue``, elementwise →
-``elementwise``; every other kind, or a candidate the family cannot model, gets ``generic`` (a
-correct elementwise/reduction starting point), and says so.
+``elementwise``, a depthwise convolution → ``depthwise_conv``; every other kind, or a candidate
+the family cannot model (a dense or grouped convolution), gets ``generic`` (a correct
+elementwise/reduction starting point), and says so.
 """
 
 from __future__ import annotations

@@ -21,9 +21,14 @@ SHAPES = {
     "attention": "2x4x96x64",
     "gemm_epilogue": "64x96x80",
     "elementwise": "64x1000",
+    "depthwise_conv": "2x40x13x13",
     "generic": "64x1000",
 }
-CHAINS = {"gemm_epilogue": "linear+bias+silu", "elementwise": "mul+silu"}
+CHAINS = {
+    "gemm_epilogue": "linear+bias+silu",
+    "elementwise": "mul+silu",
+    "depthwise_conv": "depthwise_conv3x3_stride2",
+}
 
 
 def _words(text: str) -> str:

@@ -7,7 +7,15 @@ it takes, and builds its template context from a candidate or from ``--kind`` op
 
 from __future__ import annotations
 
-from kerneltriage.scaffold.families import attention, elementwise, gemm_epilogue, generic, rownorm, softmax
+from kerneltriage.scaffold.families import (
+    attention,
+    depthwise_conv,
+    elementwise,
+    gemm_epilogue,
+    generic,
+    rownorm,
+    softmax,
+)
 from kerneltriage.scaffold.families.base import FILES, TemplateClass
 
 __all__ = ["FAMILIES", "FILES", "GENERIC", "TemplateClass", "for_kind", "for_report_kind", "kinds_text"]
@@ -21,6 +29,7 @@ FAMILIES: dict[str, TemplateClass] = {
         attention.FAMILY,
         gemm_epilogue.FAMILY,
         elementwise.FAMILY,
+        depthwise_conv.FAMILY,
         generic.FAMILY,
     )
 }

@@ -122,9 +122,25 @@ class TimelinePhase(_Part):
     plain_extended: StrictInt | None = None  # plain steps added until the step times settled
 
 
+class NcuPassRecord(_Part):
+    """One ncu process of phase 2 (``phases.ncu.passes``): its file stem, the GPU it was given
+    (``CUDA_VISIBLE_DEVICES``; None: the parent's), its kernels, the launches expected and
+    profiled, when it started (seconds into the phase), how long it ran and its exit code."""
+
+    stem: StrictStr
+    gpu: StrictStr | None = None
+    kernels: list[StrictStr] = []
+    expected: StrictInt | None = None
+    launches: StrictInt | None = None
+    start_s: Seconds | None = None
+    seconds: Seconds | None = None
+    exit_code: StrictInt | StrictStr | None = None  # "timeout" when it was stopped
+
+
 class NcuPhase(_Part):
     """``phases.ncu``: the hot kernels asked for and each pass's time and exit code (a pass's
-    keys are named after its file stem: ``ncu_…`` and ``ncu.launches_…``)."""
+    keys are named after its file stem: ``ncu_…`` and ``ncu.launches_…``; ``passes`` lists
+    every ncu process, also when the kernels were split over several GPUs at once)."""
 
     kernels: list[StrictStr] | None = None
     expected_configs: StrictInt | None = None
@@ -141,6 +157,9 @@ class NcuPhase(_Part):
     ncu_exit_code: StrictInt | StrictStr | None = None  # "timeout" when it was stopped
     launches_seconds: Seconds | None = Field(default=None, alias="ncu.launches_seconds")
     launches_exit_code: StrictInt | StrictStr | None = Field(default=None, alias="ncu.launches_exit_code")
+    passes: list[NcuPassRecord] | None = None
+    gpus: list[StrictStr] | None = None  # the GPUs the kernels were split over, when they were
+    single_gpu_reason: StrictStr | None = None  # why several visible GPUs were not used
 
     def record_pass(
         self, stem: str, *, seconds: float | None = None, exit_code: int | str | None = None

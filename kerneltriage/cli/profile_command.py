@@ -167,6 +167,16 @@ _SESSION_OPTIONS = (
         help="Seconds each Nsight Compute pass may take; past it ncu is stopped and the timeline kept.",
     ),
     click.option(
+        "--ncu-gpus",
+        type=click.IntRange(min=1),
+        default=None,
+        metavar="N",
+        help="Nsight Compute on N GPUs at once [default: every visible GPU]: the hot kernels are shared among "
+        "N processes of the script, one per GPU (CUDA_VISIBLE_DEVICES set to it, so the script's cuda:0 lands "
+        "there), and their counters merged into the same files. For a single-process script that fits on one "
+        "GPU; torchrun jobs and scripts that use several GPUs stay on one. 1: one process at a time, as on one GPU.",
+    ),
+    click.option(
         "--timeline",
         type=click.Choice(["torch", "nsys"]),
         default="torch",

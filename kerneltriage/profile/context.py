@@ -41,6 +41,9 @@ class Options:
     timeline: str = "torch"
     calibrate: bool = False
     ncu_timeout: float = 900.0  # seconds for each ncu pass
+    # GPUs phase 2 splits a single-process script's hot kernels over, one ncu process each, at
+    # once (None: every visible GPU; 1: one process at a time, on the script's own GPU).
+    ncu_gpus: int | None = None
     rules_file: Path | None = None  # --rules: merged over the shipped rules (hot-kernel selection)
     # Plain steps (nothing installed) and as many clean steps (CUDA-only profiler) before the
     # recorded ones (``step_plan.StepPlan``): the plain steps give the step time the report

@@ -5,25 +5,36 @@ that run several problem sizes under one launch configuration get a first pass t
 their every launch of one step; the others one launch per configuration. Each pass's report
 is exported to CSV; a pass that fails or hangs stops the ones after it, and every hot kernel
 left without counters is named, with why.
+
+A single-process script on a machine of several GPUs has its kernels shared among concurrent
+ncu processes, one per GPU (``ncu_gpus.py``): each runs its share's passes in that order, and
+their exports are merged into the same files. A process that fails loses only its own kernels.
 """
 
 from __future__ import annotations
 
 import gzip
+import shutil
 import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from kerneltriage import rundir
 from kerneltriage.analysis.rules import load_rules
 from kerneltriage.errors import ToolError
+from kerneltriage.profile import ncu_gpus
 from kerneltriage.profile import nsight_compute as ncu_tools
 from kerneltriage.profile.context import ProfileSession
 from kerneltriage.profile.ncu_names import mangled_in_trace, with_trace_spelling
-from kerneltriage.profile.processes import TIMED_OUT
+from kerneltriage.profile.processes import TIMED_OUT, run_child
 
 if TYPE_CHECKING:  # pragma: no cover
     from kerneltriage.analysis.timeline.hot_kernels import HotKernels
+    from kerneltriage.ingest.tables import Timeline
 
 
 class NcuPass(NamedTuple):
@@ -37,11 +48,20 @@ class NcuPass(NamedTuple):
     expected: int
 
 
+class PassRun(NamedTuple):
+    """How one pass went: its counters exported, its seconds, launches profiled, exit code."""
+
+    ok: bool
+    seconds: float
+    launches: int
+    exit_code: int | str | None
+
+
 def run_ncu(session: ProfileSession, ncu: str) -> None:
     """Phase 2 with the ncu at ``ncu``: the manifest's ``phases.ncu`` and the counters' CSVs."""
     manifest, out = session.manifest, session.out
     manifest.versions["ncu"] = ncu_tools.ncu_version(ncu) or "unknown"
-    hot = _hot_kernels(session)
+    hot, timeline = _hot_kernels(session)
     if not hot.names:
         session.warnings.append("phase 1 recorded no GPU kernels in the steps: nothing for ncu to profile")
         return
@@ -58,21 +78,34 @@ def run_ncu(session: ProfileSession, ncu: str) -> None:
         variable_launches_per_step=hot.variable_launches,
         variable_over_budget=hot.over_budget,
     )
+    shares, order = _shares(session, hot, timeline, whole_run)
+    del timeline
+    on = f" on {len(shares)} GPUs at once" if shares else ""
     session.reporter.phase(
         "ncu",
         f"Nsight Compute on {len(hot.names)} hot kernels ({hot.coverage:.0%} of GPU time), "
-        f"~{hot.configs} launch configurations",
+        f"~{hot.configs} launch configurations{on}",
     )
-    passes = _ncu_passes(hot, whole_run)
-    total_seconds, launches, not_run = _run_passes(session, ncu, passes, metrics, config)
+    started = time.perf_counter()
+    if shares:
+        total_seconds, launches, not_run = _run_shares(session, ncu, shares, order, metrics, config, started)
+    else:
+        lane = _Lane(session)
+        try:
+            passes = _ncu_passes(hot, whole_run)
+            total_seconds, launches, not_run = _run_passes(
+                session, ncu, passes, metrics, config, lane, started
+            )
+        finally:
+            session.ncu_record.passes = lane.records
     session.ncu_record.seconds, session.ncu_record.profiled_launches = round(total_seconds, 2), launches
     _hot_without_counters(session, hot, not_run)
     if (out / rundir.NCU_CSV).is_file() or (out / rundir.NCU_LAUNCHES_CSV).is_file():
-        session.reporter.phase_done("ncu", total_seconds, f"{launches} launches profiled")
+        session.reporter.phase_done("ncu", total_seconds, f"{launches} launches profiled{on}")
 
 
-def _hot_kernels(session: ProfileSession) -> HotKernels:
-    """The hot kernels of the ncu rank's phase-1 trace."""
+def _hot_kernels(session: ProfileSession) -> tuple[HotKernels, Timeline]:
+    """The hot kernels of the ncu rank's phase-1 trace, and that trace."""
     options, out = session.options, session.out
     rank_trace = out / (
         rundir.TRACE if not session.command.distributed else f"trace.rank{options.ncu_rank}.json.gz"
@@ -86,13 +119,47 @@ def _hot_kernels(session: ProfileSession) -> HotKernels:
     from kerneltriage.analysis.timeline.hot_kernels import select_hot_kernels
     from kerneltriage.ingest.source import read_timeline
 
-    return select_hot_kernels(
-        read_timeline(rank_trace),
+    timeline = read_timeline(rank_trace)
+    hot = select_hot_kernels(
+        timeline,
         load_rules(options.rules_file),
         coverage=options.coverage,
         max_kernels=options.max_kernels,
         max_variable_launches=options.max_variable_launches,
     )
+    return hot, timeline
+
+
+def _shares(
+    session: ProfileSession, hot: HotKernels, timeline: Timeline, whole_run: bool
+) -> tuple[list[ncu_gpus.Share], list[tuple]]:
+    """Each GPU's share of the hot kernels when phase 2 is split over several (at least two
+    shares; none: one ncu process at a time), and the step's launch order their exports are
+    merged in. Why several visible GPUs go unused is recorded."""
+    if session.options.ncu_gpus == 1 or len(hot.names) < 2:
+        return [], []
+    gpus = ncu_gpus.visible_gpus()
+    if len(gpus) < 2:
+        return [], []
+    asked, distributed = session.options.ncu_gpus, session.command.distributed
+    choice = ncu_gpus.choose_gpus(asked, distributed, [0], gpus)
+    step = ncu_gpus.StepLaunches({}, {}, [], [])
+    if choice.gpus:  # the step is counted only for a split that may happen
+        step = ncu_gpus.step_launches(timeline, hot)
+        choice = ncu_gpus.choose_gpus(asked, distributed, step.devices, gpus)
+    if choice.gpus and (
+        sum(step.configs.values()) != hot.configs
+        or (not whole_run and sum(step.launches.get(n, 0) for n in hot.variable) != hot.variable_launches)
+    ):
+        choice = ncu_gpus.GpuChoice(reason="the hot kernels' launches could not be counted per kernel")
+    if choice.reason:
+        session.ncu_record.single_gpu_reason = choice.reason
+        return [], []
+    shares = ncu_gpus.plan_shares(hot, step, choice.gpus, whole_run)
+    if len(shares) < 2:
+        return [], []
+    session.ncu_record.gpus = [share.gpu.device for share in shares]
+    return shares, step.order
 
 
 def _ncu_passes(hot: HotKernels, whole_run: bool) -> list[NcuPass]:
@@ -115,8 +182,209 @@ def _ncu_passes(hot: HotKernels, whole_run: bool) -> list[NcuPass]:
     return passes
 
 
+def _share_passes(share: ncu_gpus.Share, label: str) -> list[NcuPass]:
+    """One GPU's passes, as ``_ncu_passes`` orders them; their exports go to ``logs/`` until
+    they are merged."""
+    passes = []
+    if share.variable:
+        stem = f"ncu.launches.gpu{label}"
+        v = share.variable_launches
+        passes.append(NcuPass(stem, f"{rundir.LOGS}/{stem}.csv.gz", share.variable, v, v))
+    if share.configs:
+        stem = f"ncu.gpu{label}"
+        passes.append(NcuPass(stem, f"{rundir.LOGS}/{stem}.csv.gz", share.configs, None, share.config_count))
+    return passes
+
+
+class _Lane:
+    """Where one chain of passes runs and what it tells the user: the session as it is (one
+    ncu process at a time), or one GPU of several, through a ``_Board``."""
+
+    def __init__(
+        self,
+        session: ProfileSession,
+        gpu: ncu_gpus.Gpu | None = None,
+        board: _Board | None = None,
+        env: list[str] | None = None,
+    ) -> None:
+        self.session, self.gpu, self.board = session, gpu, board
+        self.env = env or []  # more VAR=value for its processes (ncu_gpus.apart_env)
+        self.finished = 0  # launches profiled by its passes that ended
+        self.done = 0  # ... and by the one running
+        self.total = 0  # launches expected of all its passes
+        self.records: list[rundir.NcuPassRecord] = []
+
+    def command(self, cmd: list[str]) -> list[str]:
+        if self.gpu is None:
+            return cmd
+        # The script's cuda:0 is this GPU: env(1) sets it for ncu and the script alike.
+        return ["env", f"CUDA_VISIBLE_DEVICES={self.gpu.device}", *self.env, *cmd]
+
+    def run(
+        self, cmd: list[str], config: Path, log: str, on_line: Callable[[str], bool], timeout: float
+    ) -> tuple[float, int, list[str]]:
+        if self.board is None:
+            return self.session.run(cmd, config, log, on_line=on_line, timeout=timeout)
+        echo = self.board.echo(self)
+        return run_child(cmd, config, self.session.logs / log, echo, on_line=on_line, timeout=timeout)
+
+    def progress(self, one: NcuPass, done: int, kernel: str) -> None:
+        if self.board is None:
+            self.session.reporter.ncu_progress(done, max(one.expected, done), kernel)
+        else:
+            self.board.progress(self, self.finished + done, kernel)
+
+    def warn(self, message: str) -> None:
+        if self.board is None:
+            self.session.reporter.warn(message)
+        else:
+            self.board.warn(message)
+
+
+class _Board:
+    """The reporter of lanes that run at once: one progress bar over all their launches that
+    says each GPU's own count, output lines marked with their GPU, each warning once."""
+
+    def __init__(self, session: ProfileSession) -> None:
+        self.reporter = session.reporter
+        self.lanes: list[_Lane] = []
+        self.lock = threading.Lock()
+        self.warned: set[str] = set()
+
+    def echo(self, lane: _Lane) -> Callable[[str, str], None]:
+        gpu = lane.gpu.device if lane.gpu else ""
+
+        def echo(line: str, stream: str) -> None:
+            with self.lock:
+                self.reporter.output(f"[GPU {gpu}] {line}", stream)
+
+        return echo
+
+    def progress(self, lane: _Lane, done: int, kernel: str) -> None:
+        with self.lock:
+            lane.done = done
+            lane.total = max(lane.total, done)
+            each = " ".join(f"{x.gpu.device if x.gpu else ''}:{x.done}/{x.total}" for x in self.lanes)
+            done_all, total_all = sum(x.done for x in self.lanes), sum(x.total for x in self.lanes)
+            self.reporter.ncu_progress(done_all, total_all, f"GPU {each} {kernel}")
+
+    def warn(self, message: str) -> None:
+        with self.lock:
+            if message not in self.warned:
+                self.warned.add(message)
+                self.reporter.warn(message)
+
+
+def _run_shares(
+    session: ProfileSession,
+    ncu: str,
+    shares: list[ncu_gpus.Share],
+    order: list[tuple],
+    metrics: list[str],
+    config: Path,
+    started: float,
+) -> tuple[float, int, dict[str, str]]:
+    """Each GPU's passes in a process chain of its own, all at once; then each policy's
+    exports merged into its file in the step's launch order. (seconds of the whole, launches
+    profiled, kernel -> why it has no counters.)"""
+    board = _Board(session)
+    labels = [s.gpu.device for s in shares]
+    if not all(label.isdigit() for label in labels):
+        labels = [str(i) for i in range(len(shares))]  # UUIDs in file names: numbered instead
+    lock_dirs = [tempfile.mkdtemp(prefix=f"kerneltriage-ncu{label}-") for label in labels]
+    try:
+        chains = []
+        for share, label, lock_dir in zip(shares, labels, lock_dirs):
+            lane = _Lane(session, share.gpu, board, ncu_gpus.apart_env(lock_dir))
+            passes = _share_passes(share, label)
+            lane.total = sum(one.expected for one in passes)
+            board.lanes.append(lane)
+            chains.append((lane, passes))
+        return _run_chains(session, chains, ncu, order, metrics, config, started)
+    finally:
+        for lock_dir in lock_dirs:
+            shutil.rmtree(lock_dir, ignore_errors=True)
+
+
+def _run_chains(
+    session: ProfileSession,
+    chains: list[tuple[_Lane, list[NcuPass]]],
+    ncu: str,
+    order: list[tuple],
+    metrics: list[str],
+    config: Path,
+    started: float,
+) -> tuple[float, int, dict[str, str]]:
+    """The lanes' pass chains, one thread each; their records; the merged exports."""
+    results: list[tuple[float, int, dict[str, str]] | BaseException | None] = [None] * len(chains)
+
+    def chain(i: int) -> None:
+        lane, passes = chains[i]
+        try:
+            results[i] = _run_passes(session, ncu, passes, metrics, config, lane, started)
+        except BaseException as exc:  # a Ctrl-C passed on, or a child that could not start
+            results[i] = exc
+
+    threads = [threading.Thread(target=chain, args=(i,), name=f"ncu-gpu-{i}") for i in range(len(chains))]
+    for t in threads:
+        t.start()
+    try:
+        # Not join(): a join that Ctrl-C interrupts can leave its thread marked as ended.
+        while any(t.is_alive() for t in threads):
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        # Each chain's run_child stops its process group as a Ctrl-C stops one process.
+        for t in threads:
+            if t.is_alive():
+                _interrupt(t)
+        while any(t.is_alive() for t in threads):
+            time.sleep(0.05)
+        raise
+    finally:
+        session.ncu_record.passes = [r for lane, _ in chains for r in lane.records]
+    failed = next((r for r in results if isinstance(r, BaseException)), None)
+    if failed is not None:
+        raise failed
+    launches = 0
+    not_run: dict[str, str] = {}
+    for result in results:
+        assert isinstance(result, tuple)
+        launches += result[1]
+        not_run.update(result[2])
+    for every, target in ((True, rundir.NCU_LAUNCHES_CSV), (False, rundir.NCU_CSV)):
+        # A pass writes its export only when it went well.
+        files = [session.out / one.csv_name for _, passes in chains for one in passes]
+        kinds = [one.every_launch is not None for _, passes in chains for one in passes]
+        parts = [
+            gzip.decompress(f.read_bytes()).decode()
+            for f, k in zip(files, kinds)
+            if k == every and f.is_file()
+        ]
+        if parts:
+            with gzip.open(session.out / target, "wt") as f:
+                f.write(ncu_gpus.merge_exports(parts, order))
+    return time.perf_counter() - started, launches, not_run
+
+
+def _interrupt(thread: threading.Thread) -> None:
+    """Raise KeyboardInterrupt in ``thread`` (Ctrl-C reaches the main thread only): its wait
+    on ncu is a Python loop, so run_child's own clean-up then stops ncu and the script."""
+    import ctypes
+
+    if thread.ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(thread.ident), ctypes.py_object(KeyboardInterrupt)
+        )
+
+
 def _run_passes(
-    session: ProfileSession, ncu: str, passes: list[NcuPass], metrics: list[str], config: Path
+    session: ProfileSession,
+    ncu: str,
+    passes: list[NcuPass],
+    metrics: list[str],
+    config: Path,
+    lane: _Lane,
+    started: float,
 ) -> tuple[float, int, dict[str, str]]:
     """Run the passes in order, up to the first that fails: (seconds, launches profiled, kernel
     -> why it has no counters, for the kernels of the failed pass and of those after it)."""
@@ -125,22 +393,41 @@ def _run_passes(
     launches = 0
     not_run: dict[str, str] = {}
     for index, one in enumerate(passes):
-        cmd = ncu_tools.ncu_command(
-            ncu,
-            session.out / one.stem,
-            one.kernels,
-            metrics,
-            session.command.with_runner(),
-            nvtx=not whole_run,
-            full_set=session.options.ncu_set == "full",
-            every_launch=one.every_launch,
+        cmd = lane.command(
+            ncu_tools.ncu_command(
+                ncu,
+                session.out / one.stem,
+                one.kernels,
+                metrics,
+                session.command.with_runner(),
+                nvtx=not whole_run,
+                full_set=session.options.ncu_set == "full",
+                every_launch=one.every_launch,
+            )
         )
         (session.logs / f"{one.stem}_command.txt").write_text(" ".join(cmd) + "\n")
-        ok, seconds, done = _run_pass(session, ncu, cmd, one, config)
-        total_seconds += seconds
-        launches += done
-        session.ncu_record.record_pass(one.stem, seconds=round(seconds, 2))
-        if not ok:
+        start_s = time.perf_counter() - started
+        result = _run_pass(session, ncu, cmd, one, config, lane)
+        total_seconds += result.seconds
+        launches += result.launches
+        lane.finished = lane.done = lane.finished + result.launches
+        if lane.gpu is None:  # the keys of one process chain, as before GPUs were split
+            session.ncu_record.record_pass(
+                one.stem, seconds=round(result.seconds, 2), exit_code=result.exit_code
+            )
+        lane.records.append(
+            rundir.NcuPassRecord(
+                stem=one.stem,
+                gpu=lane.gpu.device if lane.gpu else None,
+                kernels=one.kernels,
+                expected=one.expected,
+                launches=result.launches,
+                start_s=round(start_s, 2),
+                seconds=round(result.seconds, 2),
+                exit_code=result.exit_code,
+            )
+        )
+        if not result.ok:
             for later in passes[index:]:
                 why = "failed" if later.stem == one.stem else f"did not run (the {one.stem} pass failed)"
                 not_run.update(dict.fromkeys(later.kernels, f"its ncu pass ({later.stem}) {why}"))
@@ -149,30 +436,32 @@ def _run_passes(
 
 
 def _run_pass(
-    session: ProfileSession, ncu: str, cmd: list[str], one: NcuPass, config: Path
-) -> tuple[bool, float, int]:
-    """One ncu run and its CSV export. Returns (went well, seconds, launches profiled)."""
+    session: ProfileSession, ncu: str, cmd: list[str], one: NcuPass, config: Path, lane: _Lane
+) -> PassRun:
+    """One ncu run and its CSV export."""
     out, warnings, stem = session.out, session.warnings, one.stem
     timeout = session.options.ncu_timeout
+    who = f"ncu ({stem})" if lane.gpu else "ncu"  # one GPU's pass among several
     progress = {"done": 0}
 
     def on_line(line: str) -> bool:
         p = ncu_tools.parse_progress(line, progress["done"])
         if p is not None:
             progress["done"] = p.index
-            session.reporter.ncu_progress(p.index, max(one.expected, p.index), p.kernel)
+            lane.progress(one, p.index, p.kernel)
             return True
         return False
 
     log_name = stem.replace("ncu", "phase2")
-    seconds, code, tail = session.run(cmd, config, log_name, on_line=on_line, timeout=timeout)
+    seconds, code, tail = lane.run(cmd, config, log_name, on_line, timeout)
     logs = session.logs / log_name
     log = Path(f"{logs}.stdout").read_text(errors="replace") + Path(f"{logs}.stderr").read_text(
         errors="replace"
     )
     rep = out / f"{stem}.ncu-rep"
+    exit_code: int | str = code
     if code == TIMED_OUT:
-        session.ncu_record.record_pass(stem, exit_code="timeout")
+        exit_code = "timeout"
         if "==PROF== Report:" in log and rep.is_file():
             # ncu finished and wrote its report; only the application failed to exit.
             warnings.append(
@@ -180,32 +469,30 @@ def _run_pass(
                 f"after {timeout:.0f} s and the counters are kept"
             )
         else:
-            session.reporter.warn(
-                f"Nsight Compute did not finish within {timeout:.0f} s: stopped; the timeline is kept"
-            )
+            lane.warn(f"Nsight Compute did not finish within {timeout:.0f} s: stopped; the timeline is kept")
             warnings.append(
                 f"ncu ({stem}) was stopped after {timeout:.0f} s ({progress['done']} launches profiled); "
                 "no counters from it (raise --ncu-timeout, or lower --max-kernels)"
             )
-            return False, seconds, progress["done"]
-    else:
-        session.ncu_record.record_pass(stem, exit_code=code)
+            return PassRun(False, seconds, progress["done"], exit_code)
     if "ERR_NVGPUCTRPERM" in log:
-        session.reporter.warn(ncu_tools.PERMISSION_HELP)
-        warnings.append("ncu could not read the performance counters (ERR_NVGPUCTRPERM): timeline only")
-        return False, seconds, 0
+        lane.warn(ncu_tools.PERMISSION_HELP)
+        perm = "ncu could not read the performance counters (ERR_NVGPUCTRPERM): timeline only"
+        if perm not in warnings:
+            warnings.append(perm)
+        return PassRun(False, seconds, 0, exit_code)
     if not rep.is_file():
-        warnings.append(f"ncu wrote no report (exit code {code}); last output: " + " | ".join(tail[-3:]))
-        return False, seconds, progress["done"]
+        warnings.append(f"{who} wrote no report (exit code {code}); last output: " + " | ".join(tail[-3:]))
+        return PassRun(False, seconds, progress["done"], exit_code)
     if code not in (0, TIMED_OUT):
-        warnings.append(f"ncu exited with code {code} after writing its report")
+        warnings.append(f"{who} exited with code {code} after writing its report")
     export = subprocess.run(ncu_tools.export_command(ncu, rep), capture_output=True, text=True, check=False)
     if export.returncode != 0 or not export.stdout.strip():
-        warnings.append(f"ncu could not export its report to CSV: {export.stderr.strip()[-300:]}")
-        return False, seconds, progress["done"]
+        warnings.append(f"{who} could not export its report to CSV: {export.stderr.strip()[-300:]}")
+        return PassRun(False, seconds, progress["done"], exit_code)
     with gzip.open(out / one.csv_name, "wt") as f:
         f.write(_trace_spelling(ncu, rep, export.stdout, one.kernels))
-    return True, seconds, progress["done"]
+    return PassRun(True, seconds, progress["done"], exit_code)
 
 
 def _trace_spelling(ncu: str, rep: Path, text: str, kernels: list[str]) -> str:

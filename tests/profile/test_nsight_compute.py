@@ -22,37 +22,66 @@ from kerneltriage.profile.phase_ncu import run_ncu
 from tests.helpers import GPT, NCU_PER_CONFIG, TRACE
 
 FAKE_NCU = r'''#!{python}
-"""Stand-in for Nsight Compute: records its argv, prints ncu-like output, exports a CSV."""
-import gzip, os, sys
+"""Stand-in for Nsight Compute: records its argv, prints ncu-like output, exports a CSV.
+
+Each call's log line starts with the CUDA_VISIBLE_DEVICES and TMPDIR it ran with. With
+FAKE_NCU_FILTER set, the report keeps the -k filter and the export holds only the rows of the
+CSV (FAKE_NCU_LAUNCHES_CSV for an every-launch pass, when set) whose kernels it matches, as a
+real capture would. FAKE_NCU_FAIL_GPU / FAKE_NCU_HANG_GPU: that GPU's process fails / hangs."""
+import gzip, json, os, sys
 args = sys.argv[1:]
+gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "-")
 with open(os.environ["FAKE_NCU_LOG"], "a") as f:
-    f.write(" ".join(args) + "\n")
+    f.write(f"[{gpu} {os.environ.get('TMPDIR', '-')}] " + " ".join(args) + "\n")
+mode = os.environ.get("FAKE_NCU_MODE")
+if args[:1] != ["--import"] and gpu == os.environ.get("FAKE_NCU_HANG_GPU"):
+    mode = "hang"
 if args[:1] == ["--version"]:
     print("NVIDIA (R) Nsight Compute Command Line Profiler\nVersion 2025.3.1.0 (build 1)")
 elif args[:1] == ["--query-metrics"]:
     print(open(os.environ["FAKE_NCU_METRICS"]).read())
 elif args[:1] == ["--import"]:
-    sys.stdout.write(gzip.open(os.environ["FAKE_NCU_CSV"], "rt").read())
-elif os.environ.get("FAKE_NCU_MODE") == "hang":
+    text = gzip.open(os.environ["FAKE_NCU_CSV"], "rt").read()
+    if os.environ.get("FAKE_NCU_FILTER"):
+        import csv, io, re
+        from kerneltriage.ingest.kernel_names import base_name
+        asked = json.load(open(args[1]))
+        if asked["every"] and os.environ.get("FAKE_NCU_LAUNCHES_CSV"):
+            text = gzip.open(os.environ["FAKE_NCU_LAUNCHES_CSV"], "rt").read()
+        pattern = re.compile(asked["k"][len("regex:"):])
+        table = list(csv.reader(io.StringIO(text)))
+        name = table[0].index("Kernel Name")
+        keep = [r for r in table[2:] if pattern.search(f"{len(base_name(r[name]))}{base_name(r[name])}")]
+        out = io.StringIO()
+        csv.writer(out, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows(table[:2] + keep)
+        text = out.getvalue()
+    sys.stdout.write(text)
+elif mode == "hang":
     import time
+    if os.environ.get("FAKE_NCU_PIDS"):
+        open(os.path.join(os.environ["FAKE_NCU_PIDS"], str(os.getpid())), "w").close()
     print('==PROF== Profiling "elementwise_kernel": 0%....50%....100% - 15 passes', flush=True)
     time.sleep(600)
-elif os.environ.get("FAKE_NCU_MODE") == "report-then-hang":
+elif mode == "report-then-hang":
     import time
     print('==PROF== Profiling "elementwise_kernel": 0%....50%....100% - 15 passes', flush=True)
     report = args[args.index("-o") + 1] + ".ncu-rep"
     open(report, "wb").write(b"fake report")
     print("==PROF== Report: " + report, flush=True)
     time.sleep(600)  # the application never exits
-elif os.environ.get("FAKE_NCU_MODE") == "perm":
+elif mode == "perm":
     print("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance Counters")
+    sys.exit(1)
+elif gpu == os.environ.get("FAKE_NCU_FAIL_GPU"):
+    print("==ERROR== The application returned an error code (1)", file=sys.stderr)
     sys.exit(1)
 else:
     for line in open(os.environ["FAKE_NCU_PROGRESS"]):
         if line.startswith("==PROF== Profiling"):
             print(line.rstrip())
     report = args[args.index("-o") + 1] + ".ncu-rep"
-    open(report, "wb").write(b"fake report")
+    asked = {"k": args[args.index("-k") + 1] if "-k" in args else "regex:.", "every": "--filter-mode" not in args}
+    open(report, "w").write(json.dumps(asked))
 '''
 
 
@@ -74,6 +103,8 @@ def fake_ncu(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_NCU_METRICS", str(metrics))
     monkeypatch.setenv("FAKE_NCU_CSV", str(NCU_PER_CONFIG))
     monkeypatch.setenv("FAKE_NCU_PROGRESS", str(GPT / "ncu_per_config_log.txt"))
+    # One GPU whatever the machine: the split over several has tests of its own (test_phase_ncu.py).
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     return log
 
 
@@ -190,6 +221,16 @@ def test_phase_two_end_to_end_with_a_stand_in_ncu(tmp_path, monkeypatch, fake_nc
     assert "coopA_NNT" not in config_cmd and "elementwise_kernel" in config_cmd
     assert "coopA_NNT" in " ".join(launches_cmd)
     assert phase["ncu.launches_seconds"] >= 0 and phase["ncu_seconds"] >= 0
+    # Each process, in order: one at a time, on the script's own GPU.
+    (first, second) = phase["passes"]
+    assert (first["stem"], first["gpu"], first["expected"], first["launches"]) == (
+        "ncu.launches",
+        None,
+        41,
+        30,
+    )
+    assert (second["stem"], second["gpu"], second["exit_code"]) == ("ncu", None, 0)
+    assert second["start_s"] >= first["start_s"] + first["seconds"] - 0.01
     assert manifest.versions["ncu"] == "2025.3.1.0"
     profile_call = next(line for line in fake_ncu.read_text().splitlines() if "per-launch-config" in line)
     assert "--nvtx-include kerneltriage.ncu" in profile_call

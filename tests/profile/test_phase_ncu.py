@@ -1,0 +1,243 @@
+"""Phase 2 split over several GPUs, against the stand-in ncu of test_nsight_compute.py: which
+process profiles which kernels on which GPU, the merged exports, a process that fails or hangs,
+Ctrl-C, and the runs that stay on one GPU (--ncu-gpus 1, torchrun)."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import os
+import re
+import shutil
+import signal
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from kerneltriage import rundir
+from kerneltriage.ingest.kernel_names import base_name
+from kerneltriage.profile import nsight_compute as ncu_tools
+from kerneltriage.profile.command import parse_command
+from kerneltriage.profile.context import Options, ProfileSession, Reporter
+from kerneltriage.profile.phase_ncu import run_ncu
+from tests.helpers import NCU_ALL, NCU_PER_CONFIG, TRACE
+from tests.profile import test_nsight_compute as harness
+from tests.profile.test_nsight_compute import _phase, _run_dir
+
+fake_ncu = harness.fake_ncu  # the stand-in ncu, a fixture
+
+
+def _profiling_calls(log: Path) -> list[tuple[str, str, list[str]]]:
+    """(CUDA_VISIBLE_DEVICES, TMPDIR, argv) of each ncu call that ran the script."""
+    calls = []
+    for line in log.read_text().splitlines():
+        match = re.match(r"\[(\S+) (\S+)\] (.*)", line)
+        assert match, line
+        args = match.group(3).split(" ")
+        if "-o" in args:
+            calls.append((match.group(1), match.group(2), args))
+    return calls
+
+
+def _covers(args: list[str], names: list[str]) -> set[str]:
+    """The kernels of ``names`` that a call's -k filter lets through."""
+    pattern = re.compile(args[args.index("-k") + 1][len("regex:") :])
+    return {n for n in names if pattern.search(f"{len(n)}{n}")}
+
+
+def _rows(path: Path) -> tuple[list[str], list[list[str]]]:
+    table = list(csv.reader(io.StringIO(gzip.decompress(path.read_bytes()).decode())))
+    return table[0], table[2:]
+
+
+def _split(tmp_path, monkeypatch, gpus: str, **options):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", gpus)
+    monkeypatch.setenv("FAKE_NCU_FILTER", "1")
+    monkeypatch.setenv("FAKE_NCU_LAUNCHES_CSV", str(NCU_ALL))
+    out = _run_dir(tmp_path)
+    manifest, warnings, events = _phase(out, tmp_path, monkeypatch, **options)
+    return out, manifest.phases.ncu.to_json(), manifest, warnings, events
+
+
+def test_two_gpus_share_the_hot_kernels(tmp_path, monkeypatch, fake_ncu):
+    out, phase, _, _, events = _split(tmp_path, monkeypatch, "0,1")
+    hot = phase["kernels"]
+    calls = _profiling_calls(fake_ncu)
+    assert sorted(gpu for gpu, _, _ in calls) == ["0", "1"]  # one process per GPU, each pinned
+    assert len({tmp for _, tmp, _ in calls}) == 2 and os.environ.get("TMPDIR", "-") not in {
+        tmp for _, tmp, _ in calls
+    }  # a lock of its own each
+    covered = Counter(n for _, _, args in calls for n in _covers(args, hot))
+    assert set(covered) == set(hot) and set(covered.values()) == {1}  # the hot set, no kernel twice
+    for _, _, args in calls:
+        assert " ".join(args).endswith("-m kerneltriage.profile.runner train.py")
+    # Every kernel keeps its policy: the variable-size GEMMs every launch, the rest per config.
+    assert phase["gpus"] == ["0", "1"]
+    records = {r["stem"]: r for r in phase["passes"]}
+    assert set(records) == {"ncu.launches.gpu0", "ncu.gpu1"}
+    assert records["ncu.launches.gpu0"]["kernels"] == phase["variable_size_kernels"]
+    assert set(records["ncu.gpu1"]["kernels"]) == set(hot) - set(phase["variable_size_kernels"])
+    every = next(args for gpu, _, args in calls if gpu == records["ncu.launches.gpu0"]["gpu"])
+    assert "--filter-mode" not in every and every[every.index("--launch-count") + 1] == "41"
+    assert all(r["seconds"] >= 0 and r["start_s"] >= 0 and r["exit_code"] == 0 for r in records.values())
+    assert "ncu_seconds" not in phase and phase["seconds"] >= 0
+    assert phase["profiled_launches"] == 60 and events[-1][1] == 41 + records["ncu.gpu1"]["expected"]
+    assert all(re.search(r"GPU 0:\d+/41 1:\d+/\d+", kernel) for _, _, kernel in events)
+    # The merged files hold what each process exported.
+    header, launches = _rows(out / rundir.NCU_LAUNCHES_CSV)
+    name = header.index("Kernel Name")
+    assert {base_name(r[name]) for r in launches} == set(phase["variable_size_kernels"])
+    header, configs = _rows(out / rundir.NCU_CSV)
+    name = header.index("Kernel Name")
+    assert {base_name(r[name]) for r in configs} <= set(records["ncu.gpu1"]["kernels"])
+
+
+def test_merged_exports_are_the_union_of_the_processes(tmp_path, monkeypatch, fake_ncu):
+    # Four GPUs: the every-launch GEMMs stay in one process, the rest go to two more.
+    out, phase, _, _, _ = _split(tmp_path, monkeypatch, "0,1,2,3")
+    records = {r["stem"]: r for r in phase["passes"]}
+    assert sorted(records) == ["ncu.gpu1", "ncu.gpu2", "ncu.launches.gpu0"]
+    # One process's every-launch export is the file, as that process wrote it.
+    launches = out / rundir.NCU_LAUNCHES_CSV
+    part = out / rundir.LOGS / "ncu.launches.gpu0.csv.gz"
+    assert gzip.decompress(launches.read_bytes()) == gzip.decompress(part.read_bytes())
+    # One launch per configuration: the union of both processes' rows, each process's rows in
+    # its own order, the IDs numbered anew.
+    merged_header, merged = _rows(out / rundir.NCU_CSV)
+    header, whole = _rows(NCU_PER_CONFIG)
+    name = header.index("Kernel Name")
+    rest = set(phase["kernels"]) - set(phase["variable_size_kernels"])
+    wanted = [r for r in whole if base_name(r[name]) in rest]
+    assert merged_header == header and [r[0] for r in merged] == [str(i) for i in range(len(wanted))]
+    assert Counter(tuple(r[1:]) for r in merged) == Counter(tuple(r[1:]) for r in wanted)
+    for stem in ("ncu.gpu1", "ncu.gpu2"):
+        mine = set(records[stem]["kernels"])
+        assert [r[1:] for r in merged if base_name(r[name]) in mine] == [
+            r[1:] for r in wanted if base_name(r[name]) in mine
+        ]
+    assert not mine & set(records["ncu.gpu1"]["kernels"])
+
+
+def test_a_failed_process_loses_only_its_own_kernels(tmp_path, monkeypatch, fake_ncu):
+    monkeypatch.setenv("FAKE_NCU_FAIL_GPU", "1")
+    out, phase, manifest, warnings, _ = _split(tmp_path, monkeypatch, "0,1")
+    records = {r["gpu"]: r for r in phase["passes"]}
+    assert records["1"]["exit_code"] == 1 and records["0"]["exit_code"] == 0
+    lost = set(records["1"]["kernels"])
+    missing = phase["hot_without_counters"]
+    assert lost <= set(missing)
+    assert all(missing[n] == f"its ncu pass ({records['1']['stem']}) failed" for n in lost)
+    # GPU 0's counters are kept, and the report hears of the kernels only this side knows of.
+    header, rows = _rows(out / rundir.NCU_LAUNCHES_CSV)
+    assert {base_name(r[header.index("Kernel Name")]) for r in rows} == set(records["0"]["kernels"])
+    assert not (out / rundir.NCU_CSV).exists()
+    assert not set(records["0"]["kernels"]) & set(missing)
+    assert any(f"ncu ({records['1']['stem']}) wrote no report" in w for w in warnings)
+    (line,) = manifest.warnings
+    assert "failed" in line
+
+
+def test_a_hung_process_is_stopped_and_the_others_kept(tmp_path, monkeypatch, fake_ncu):
+    monkeypatch.setenv("FAKE_NCU_HANG_GPU", "0")
+    start = time.perf_counter()
+    out, phase, _, warnings, _ = _split(tmp_path, monkeypatch, "0,1", ncu_timeout=3.0)
+    assert time.perf_counter() - start < 60
+    records = {r["gpu"]: r for r in phase["passes"]}
+    assert records["0"]["exit_code"] == "timeout" and records["1"]["exit_code"] == 0
+    assert (out / rundir.NCU_CSV).is_file() and not (out / rundir.NCU_LAUNCHES_CSV).exists()
+    assert all("failed" in phase["hot_without_counters"][n] for n in records["0"]["kernels"])
+    assert any(f"ncu ({records['0']['stem']}) was stopped after 3 s" in w for w in warnings)
+
+
+def test_ctrl_c_stops_every_process(tmp_path, monkeypatch, fake_ncu):
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    monkeypatch.setenv("FAKE_NCU_MODE", "hang")
+    monkeypatch.setenv("FAKE_NCU_PIDS", str(pids))
+    main = threading.main_thread().ident
+
+    def interrupt_when_both_run() -> None:
+        deadline = time.monotonic() + 60
+        while len(list(pids.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        signal.pthread_kill(main, signal.SIGINT)  # what a terminal's Ctrl-C does to the parent
+
+    threading.Thread(target=interrupt_when_both_run, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        _split(tmp_path, monkeypatch, "0,1")
+    started = [int(p.name) for p in pids.iterdir()]
+    assert len(started) == 2
+    for pid in started:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_one_gpu_asked_runs_one_process_at_a_time(tmp_path, monkeypatch, fake_ncu):
+    out, phase, _, _, events = _split(tmp_path, monkeypatch, "0,1", ncu_gpus=1)
+    calls = _profiling_calls(fake_ncu)
+    # Today's chain: the every-launch pass, then the per-configuration pass, on the GPUs the
+    # script was given, with ncu's own lock.
+    assert [(gpu, tmp) for gpu, tmp, _ in calls] == [("0,1", os.environ.get("TMPDIR", "-"))] * 2
+    assert "--filter-mode" not in calls[0][2] and "per-launch-config" in calls[1][2]
+    assert calls[0][2][0] != "env" and (out / "logs" / "ncu.launches_command.txt").read_text().startswith(
+        str(Path(ncu_tools.find_ncu()))
+    )
+    assert "gpus" not in phase and "single_gpu_reason" not in phase
+    assert [(r["stem"], r["gpu"]) for r in phase["passes"]] == [("ncu.launches", None), ("ncu", None)]
+    assert phase["ncu.launches_exit_code"] == 0 and phase["ncu_seconds"] >= 0
+    assert events[-1][1] == phase["passes"][1]["expected"]  # the bar follows each pass, as before
+    assert (out / rundir.NCU_CSV).is_file() and (out / rundir.NCU_LAUNCHES_CSV).is_file()
+
+
+def test_a_torchrun_job_is_not_split(tmp_path, monkeypatch, fake_ncu):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+    out = tmp_path / "run"
+    (out / rundir.LOGS).mkdir(parents=True)
+    shutil.copy(TRACE, out / "trace.rank0.json.gz")
+    manifest = rundir.Manifest(command=["torchrun", "train.py"])
+    command = parse_command(["torchrun", "--nproc-per-node", "2", "train.py"])
+    run_ncu(ProfileSession(command, Options(), out, manifest, Reporter(), []), ncu_tools.find_ncu())
+    phase = manifest.phases.ncu.to_json()
+    assert {gpu for gpu, _, _ in _profiling_calls(fake_ncu)} == {"0,1"}
+    assert "torchrun" in phase["single_gpu_reason"] and "gpus" not in phase
+    assert [r["gpu"] for r in phase["passes"]] == [None, None]
+
+
+def test_the_option_reaches_the_session(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from kerneltriage.cli import main
+    from kerneltriage.profile import session
+
+    seen: list[Options] = []
+
+    def run_profile(argv, options, reporter=None):
+        seen.append(options)
+        return session.Result(tmp_path / "run", rundir.Manifest(), [])
+
+    monkeypatch.setattr(session, "run_profile", run_profile)
+    runner = CliRunner()
+    assert runner.invoke(main, ["profile", "--ncu-gpus", "2", "--", "python", "t.py"]).exit_code == 0
+    assert runner.invoke(main, ["profile", "--", "python", "t.py"]).exit_code == 0
+    assert [o.ncu_gpus for o in seen] == [2, None]  # None: every visible GPU
+    refused = runner.invoke(main, ["profile", "--ncu-gpus", "0", "--", "python", "t.py"])
+    assert refused.exit_code == 2 and "--ncu-gpus" in refused.output
+    text = " ".join(runner.invoke(main, ["profile", "--help"], terminal_width=200).output.split())
+    assert "--ncu-gpus N" in text and "CUDA_VISIBLE_DEVICES" in text and "1: one process at a time" in text
+
+
+def test_manifests_with_and_without_the_processes_load(tmp_path, monkeypatch, fake_ncu):
+    from tests.helpers import EXAMPLE_RUN
+
+    older = rundir.read_manifest(EXAMPLE_RUN)  # written before phase 2 recorded its processes
+    assert older.phases.ncu is not None and older.phases.ncu.passes is None and older.phases.ncu.gpus is None
+    _, phase, manifest, _, _ = _split(tmp_path, monkeypatch, "0,1")
+    rundir.write_manifest(tmp_path / "again", manifest)
+    again = rundir.read_manifest(tmp_path / "again").phases.ncu
+    assert again.to_json() == phase and [p.gpu for p in again.passes] == ["0", "1"]

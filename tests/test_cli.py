@@ -292,6 +292,11 @@ def test_cli_and_api_pick_the_counters_rank(tmp_path):
     # Reading both ranks matches their collectives: wait and transfer, which one rank alone lacks.
     matched = by_rank["1"]["source"].pop("communication")
     assert matched["matched_collectives"] > 0 and "communication" not in alone["source"]
+    # ... and, with the wait known, what the collectives' notes add (DDP's exposed last bucket).
+    for both, single in zip(by_rank["1"]["candidates"], alone["candidates"]):
+        if both["kind"] == "communication" and both["note"] != single["note"]:
+            assert both["note"].startswith(single["note"]) and "last bucket" in both["note"]
+            both["note"] = single["note"]
     assert by_rank["1"] == alone  # the same report, but for the traces read beside it
 
     cli = run("diff", copy, copy, "--format", "json")

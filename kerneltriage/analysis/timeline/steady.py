@@ -126,6 +126,14 @@ def _floor_settings() -> tuple[float, float, float, float]:
     )
 
 
+def _floor_medians(x: np.ndarray) -> np.ndarray:
+    """The median of each row's floor: its steps within ``width`` of its ``quantile`` step."""
+    quantile, width, _, _ = _floor_settings()
+    floor = np.quantile(x, quantile, axis=1)
+    in_floor = x <= (floor * (1.0 + width))[:, None]
+    return np.nanmedian(np.where(in_floor, x, np.nan), axis=1)
+
+
 def _levels(x: np.ndarray) -> np.ndarray:
     """The step time of each row of ``x`` (resamples × steps): the row's median, or, where the
     row splits into a floor and slower stretches, the median of its floor."""
@@ -137,8 +145,15 @@ def _levels(x: np.ndarray) -> np.ndarray:
     split = (in_floor.mean(axis=1) >= min_share) & (median > floor * (1.0 + min_excess))
     if not split.any():
         return median
-    floor_median = np.nanmedian(np.where(in_floor, x, np.nan), axis=1)
-    return np.where(split, floor_median, median)
+    return np.where(split, _floor_medians(x), median)
+
+
+def _resampled(x: np.ndarray, draws: np.ndarray) -> np.ndarray:
+    """The step time of each resample ``x[draws]`` by the rule the whole series follows: its
+    floor's median where the series splits, else its median. (Deciding per resample would
+    find a floor in resamples of a series that has none, and pull the interval down.)"""
+    rows = x[draws]
+    return _floor_medians(rows) if level(x) != float(np.median(x)) else np.median(rows, axis=1)
 
 
 def level(values: Sequence[float] | np.ndarray) -> float:
@@ -199,25 +214,19 @@ def median_interval(values: Sequence[float] | np.ndarray) -> tuple[float, float]
     if len(x) < 3 or float(x.max() - x.min()) == 0.0:
         mid = float(np.median(x)) if len(x) else math.nan
         return (float(x.min()), float(x.max())) if len(x) else (mid, mid)
+    if level(x) != float(np.median(x)):
+        rng = np.random.default_rng(_SEED)
+        draws = _resampled(x, rng.integers(0, len(x), size=(RESAMPLES, len(x))))
+        lo, hi = np.quantile(draws, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
+        return float(lo), float(hi)
     if len(x) <= LARGE:
-        return _bootstrap(x, _level_statistic)
-    if level(x) == float(np.median(x)):
-        # Distribution-free: the order statistics around n/2 that bracket the median.
-        from scipy.stats import binom
+        return _bootstrap(x, np.median)
+    # Distribution-free: the order statistics around n/2 that bracket the median.
+    from scipy.stats import binom
 
-        n, ordered = len(x), np.sort(x)
-        k = int(binom.ppf((1 - CONFIDENCE) / 2, n, 0.5))
-        return float(ordered[max(k - 1, 0)]), float(ordered[min(n - k, n - 1)])
-    rng = np.random.default_rng(_SEED)
-    draws = _levels(x[rng.integers(0, len(x), size=(RESAMPLES, len(x)))])
-    lo, hi = np.quantile(draws, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
-    return float(lo), float(hi)
-
-
-def _level_statistic(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    """``level`` in the form ``scipy.stats.bootstrap`` vectorizes (resamples along ``axis``)."""
-    moved = np.moveaxis(np.asarray(x, dtype=float), axis, -1)
-    return _levels(moved.reshape(-1, moved.shape[-1])).reshape(moved.shape[:-1])
+    n, ordered = len(x), np.sort(x)
+    k = int(binom.ppf((1 - CONFIDENCE) / 2, n, 0.5))
+    return float(ordered[max(k - 1, 0)]), float(ordered[min(n - k, n - 1)])
 
 
 def mean_interval(values: Sequence[float] | np.ndarray) -> tuple[float, float]:
@@ -272,7 +281,7 @@ def _side_resamples(processes: Sequence[Sequence[float]], rng: np.random.Generat
     for p, steps in enumerate(processes):
         x = np.asarray(steps, dtype=float)
         draws = rng.integers(0, len(x), size=(RESAMPLES, len(x)))
-        medians[p] = _levels(x[draws])
+        medians[p] = _resampled(x, draws)
     pick = rng.integers(0, len(processes), size=(RESAMPLES, len(processes)))
     return np.take_along_axis(medians.T, pick, axis=1).mean(axis=1)
 

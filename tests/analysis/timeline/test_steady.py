@@ -123,6 +123,10 @@ def test_a_broad_spread_keeps_its_median(seed):
 def test_side_time_of_disturbed_processes_leaves_the_stretches_out():
     quiet = noisy(28.72, 20, 5, sd=0.01)
     side = steady.side_time([CONVNEXT_DISTURBED, quiet])
-    assert side.value == pytest.approx(28.7, abs=0.05) and side.covers(28.75)
+    assert side.value == pytest.approx(28.7, abs=0.05) and side.low < 28.69 < 28.71 < side.high
+    # Each process by its own rule in every resample: a series with no floor keeps its median's
+    # interval (resamples of five steps would often show a floor that the series does not have).
+    five = [68.73, 70.18, 70.18, 85.97, 79.35]  # an HF Llama run's plain steps (ms)
+    assert steady.steady(five).disturbed == 0 and steady.steady(five).high == pytest.approx(85.97)
     # The same processes by their medians would have put the step 2% higher.
     assert float(np.mean([np.median(CONVNEXT_DISTURBED), np.median(quiet)])) > 29.3

@@ -40,6 +40,17 @@ def stop(pool: ProcessPoolExecutor) -> None:
     processes = getattr(pool, "_processes", None) or {}
     for process in list(processes.values()):
         process.terminate()
+    # Neither pipe to the dead workers may hold the exit (a Ctrl-C hung 1 exit in 2 without
+    # this). Work still buffered for them: the call queue's feeder thread would wait forever to
+    # write it. A result a worker was killed while writing: the pool's manager thread would wait
+    # forever for its last bytes, unless the parent's own copy of the pipe's writing end closes,
+    # so that the dead workers' ends were the last and the read ends.
+    call_queue = getattr(pool, "_call_queue", None)
+    if call_queue is not None:
+        call_queue.cancel_join_thread()
+    writer = getattr(getattr(pool, "_result_queue", None), "_writer", None)
+    if writer is not None:
+        writer.close()
     pool.shutdown(wait=False, cancel_futures=True)
 
 

@@ -162,10 +162,13 @@ def _step_time(
         plain = steady.steady(timing.get("plain_ms") or [])
         processes = _processes(timing, warnings)
         if processes is not None:
-            # Several timing processes: the mean of their steady medians, with the interval of
-            # the two-stage bootstrap (processes, then steps).
+            # Several timing processes: the mean of their steady medians, with the interval a
+            # further run of the script falls in (steady.run_interval).
             timing = {**timing, "plain_median_ms": processes.value}
-            interval = _interval((processes.low, processes.high))
+            # No run is shorter than the GPU's own work in a step.
+            floor_ms = float(timing.get("gpu_busy_ms") or 0.0)
+            low = max(processes.low, floor_ms) if floor_ms < processes.value else processes.low
+            interval = _interval((low, processes.high))
         elif plain is not None:
             # The plain steps' steady state: a warm-up transient inside them is cut.
             timing = {**timing, "plain_median_ms": plain.median}
@@ -217,7 +220,19 @@ def _processes(timing: dict[str, Any], warnings: list[str]) -> steady.Interval |
             f"timing: {said} left out of the step time, far from the other processes' {others:.2f} ms "
             "(a slow stretch of the machine, or a process that never reached its floor)"
         )
-    return steady.side_time([list(f.values) for f in kept])
+    # The interval of a run of the script, not of the processes' mean: a user compares it
+    # with the step time their own run prints.
+    run = steady.run_interval([list(f.values) for f in kept])
+    target = float(steady.settings()["timing"]["target_half_width"])
+    apart = steady.prediction_half_width([f.median for f in kept])
+    if run is not None and run.value > 0 and apart > target * run.value:
+        said = ", ".join(f"{f.median:.2f}" for f in kept)
+        warnings.append(
+            f"timing: processes of the script ran {said} ms a step, so a run of it falls anywhere in "
+            f"{run.low:.2f}–{run.high:.2f} ms (95%): the machine's other load moves it by more than "
+            f"±{target:.0%}, and a change of step time inside that is not a finding"
+        )
+    return run
 
 
 def _interval(bounds: tuple[float, float]) -> tuple[float, float]:

@@ -112,8 +112,16 @@ _SESSION_OPTIONS = (
         default=3,
         show_default=True,
         help="Processes whose plain steps give the step time and its interval: phase 1 and N-1 more that run "
-        "only the warm-up and plain steps (processes of one script differ by more than the steps of one do). "
-        "1: phase 1 alone. Not for --cpu or torchrun jobs.",
+        "only the warm-up and plain steps (processes of one script differ by more than the steps of one do); "
+        "more, up to --max-timing-processes, while the interval a run of the script falls in is wider than "
+        "±3% of the step. 1: phase 1 alone. Not for --cpu or torchrun jobs.",
+    ),
+    click.option(
+        "--max-timing-processes",
+        type=click.IntRange(min=1),
+        default=None,
+        help="The most timing processes when those so far disagree [default: 6, measurement.yaml's "
+        "timing.max_processes]; equal to --timing-processes: exactly that many.",
     ),
     click.option(
         "--max-variable-launches",

@@ -57,6 +57,9 @@ class Options:
     # processes that run only the warm-up and plain steps (processes of one script differ by
     # up to 9% on an H100, more than one process's steps do). 1: phase 1 alone.
     timing_processes: int = 3
+    # More processes, up to this many in all (None: measurement.yaml's ``timing.max_processes``),
+    # while the interval a further run falls in is wider than ``timing.target_half_width``.
+    max_timing_processes: int | None = None
     # Launches per step the every-launch ncu pass may profile (about 0.32 s each on an H200
     # with the roofline metric set: 256 launches ≈ 80 s).
     max_variable_launches: int = 256

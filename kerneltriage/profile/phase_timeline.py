@@ -345,7 +345,9 @@ def _check_plain_steps(phases: list[dict[str, Any]], warnings: list[str]) -> Non
 
 def time_more_processes(session: ProfileSession, runs: TimelineRuns, *, whole_run: bool) -> None:
     """``--timing-processes`` N: N − 1 more processes of the script, each timing its warm-up
-    and plain steps only, so that the report's step time and its interval span processes. Not
+    and plain steps only, so that the report's step time and its interval span processes; then
+    one more at a time, up to ``--max-timing-processes``, while the interval a further run of
+    the script falls in (``steady.run_interval``) is wider than measurement.yaml's target. Not
     for a CPU dry run, a torchrun job (its ranks time one process each) or a whole-run record."""
     options = session.options
     step = session.timeline_record.step_time
@@ -359,10 +361,23 @@ def time_more_processes(session: ProfileSession, runs: TimelineRuns, *, whole_ru
     ):
         return
     series = [list(step.plain_ms)]
-    for i in range(1, options.timing_processes):
-        session.reporter.phase(
-            "timing", f"process {i + 1} of {options.timing_processes}: warm-up and plain steps"
-        )
+    target, most = _more_processes_settings(options.timing_processes, options.max_timing_processes)
+    i = 0
+    while True:
+        i += 1
+        if i >= options.timing_processes:
+            wide = _wide_interval(series, target)
+            if i >= most or wide is None:
+                break
+            session.reporter.phase(
+                "timing",
+                f"process {i + 1} (at most {most}): the {i} so far put a run of the script within "
+                f"±{wide:.1%} of its step time, wider than ±{target:.0%}",
+            )
+        else:
+            session.reporter.phase(
+                "timing", f"process {i + 1} of {options.timing_processes}: warm-up and plain steps"
+            )
         config = session.write_config("timing", whole_run=False)
         seconds, code, _ = session.run(session.command.with_runner(), config, f"timing{i}")
         runs.seconds += seconds
@@ -378,6 +393,29 @@ def time_more_processes(session: ProfileSession, runs: TimelineRuns, *, whole_ru
         session.reporter.phase_done("timing", seconds, f"{len(plain)} plain steps")
     step.processes_plain_ms = series
     session.timeline_record.seconds = round(runs.seconds, 2)
+
+
+def _more_processes_settings(asked: int, most: int | None) -> tuple[float, int]:
+    """measurement.yaml's ``timing``: the half-width past which one more process is timed, and
+    the most processes in all (``most`` where given; never fewer than asked)."""
+    from kerneltriage.analysis.timeline.steady import settings
+
+    conf = settings()["timing"]
+    return float(conf["target_half_width"]), max(asked, most or int(conf["max_processes"]))
+
+
+def _wide_interval(series: list[list[float]], target: float) -> float | None:
+    """The relative half-width of the interval a further run falls in, where it is wider than
+    ``target`` (None: narrow enough, or too few processes to tell)."""
+    from kerneltriage.analysis.timeline import steady
+
+    found = [f for f in map(steady.steady, series) if f is not None]
+    kept = [f for i, f in enumerate(found) if i not in set(steady.outlier_runs([f.median for f in found]))]
+    run = steady.run_interval([list(f.values) for f in kept])
+    if run is None or len(kept) < 2 or run.value <= 0:
+        return None
+    half = max(run.high - run.value, run.value - run.low) / run.value
+    return half if half > target else None
 
 
 # --- phase 1 under Nsight Systems ----------------------------------------------------------

@@ -88,11 +88,11 @@ def test_profile_runs_the_extra_processes_and_records_their_steps(tmp_path, monk
     manifest.phases.timeline = rundir.TimelinePhase(
         seconds=10.0, step_time=rundir.StepTime(plain_ms=[50.0, 50.2], plain_median_ms=50.1)
     )
-    medians = iter([52.0, 49.0])
+    medians: list[float] = []
 
     def fake_run(cmd, config, log, **kw):
         assert json.loads(Path(config).read_text())["mode"] == "timing"
-        m = next(medians)
+        m = medians.pop(0)
         status = {"rank": 0, "status": "ok", "step_times": {"plain_ms": [m, m + 0.1]}}
         (out / rundir.LOGS / "status.timing.rank0.json").write_text(json.dumps(status))
         return 3.0, 0, []
@@ -106,12 +106,44 @@ def test_profile_runs_the_extra_processes_and_records_their_steps(tmp_path, monk
         monkeypatch.setattr(session, "run", fake_run)
         return session
 
-    session = session_with(Options(timing_processes=3))
-    time_more_processes(session, runs, whole_run=False)
-    assert manifest.phases.timeline.step_time.processes_plain_ms == [[50.0, 50.2], [52.0, 52.1], [49.0, 49.1]]
-    assert manifest.phases.timeline.seconds == 16.0 and not session.warnings
+    def timed(options: Options, given: list[float]) -> list[list[float]]:
+        medians[:] = given
+        manifest.phases.timeline.step_time.processes_plain_ms = []
+        manifest.phases.timeline.seconds = 10.0
+        session = session_with(options)
+        time_more_processes(session, runs, whole_run=False)
+        assert not session.warnings
+        return manifest.phases.timeline.step_time.processes_plain_ms
+
+    # Three processes that agree (within ±3% for a further run): none more.
+    agree = timed(Options(timing_processes=3), [50.12, 50.08, 99.0])
+    assert agree == [[50.0, 50.2], [50.12, 50.22], [50.08, 50.18]] and medians == [99.0]
+    assert manifest.phases.timeline.seconds == 16.0
+    # Three that differ by 6% (an H100 shared with other load): more, up to measurement.yaml's six.
+    apart = timed(Options(timing_processes=3), [52.0, 49.0, 50.5, 50.0, 50.2, 99.0])
+    assert [p[0] for p in apart] == [50.0, 52.0, 49.0, 50.5, 50.0, 50.2] and medians == [99.0]
+    # --max-timing-processes equal to --timing-processes: exactly that many.
+    exact = timed(Options(timing_processes=3, max_timing_processes=3), [52.0, 49.0, 99.0])
+    assert len(exact) == 3 and medians == [99.0]
     # A CPU dry run and --timing-processes 1 run none.
     for skip in (Options(timing_processes=3, cpu=True), Options(timing_processes=1)):
-        manifest.phases.timeline.step_time.processes_plain_ms = []
-        time_more_processes(session_with(skip), runs, whole_run=False)
-        assert manifest.phases.timeline.step_time.processes_plain_ms == []
+        assert timed(skip, [99.0]) == []
+
+
+def test_processes_that_disagree_widen_the_interval_and_are_said(tmp_path):
+    plain = json.loads((LLAMA / rundir.MANIFEST).read_text())["phases"]["timeline"]["step_time"]["plain_ms"]
+    # A Qwen2-class LM's three processes on a shared H100: 89.0, 89.2, 92.2 ms (3.6% apart).
+    series = [[t * k for t in plain] for k in (1.0, 1.002, 1.036)]
+    report = api.report(with_processes(tmp_path, series))
+    from kerneltriage.analysis.timeline import steady
+
+    low, high = report.step_interval_ms
+    levels = [steady.steady(s).median for s in series]
+    # Wider than the processes' own spread: a further run may fall beyond the three.
+    assert high - low > 2 * (max(levels) - min(levels))
+    assert low < min(levels) and high > max(levels)
+    said = [w for w in report.warnings if "a run of it falls anywhere in" in w]
+    assert len(said) == 1 and "not a finding" in said[0]
+    # Processes that agree: nothing said.
+    same = api.report(with_processes(tmp_path / "same", [plain, plain, [t * 1.001 for t in plain]]))
+    assert not [w for w in same.warnings if "a run of it falls anywhere in" in w]

@@ -130,3 +130,47 @@ def test_side_time_of_disturbed_processes_leaves_the_stretches_out():
     assert steady.steady(five).disturbed == 0 and steady.steady(five).high == pytest.approx(85.97)
     # The same processes by their medians would have put the step 2% higher.
     assert float(np.mean([np.median(CONVNEXT_DISTURBED), np.median(quiet)])) > 29.3
+
+
+# Timing processes of a Qwen2-class LM in two profiles on an H100 shared with other load
+# (2026-11-27), and the script alone minutes later: 93.92 ms.
+QWEN2_PROFILES = [(88.98, 89.17, 92.21), (85.95, 87.44, 92.74)]
+
+
+def test_a_run_of_the_script_falls_in_the_run_interval_where_the_mean_interval_misses_it():
+    for medians in QWEN2_PROFILES:
+        steps = [list(m + np.random.default_rng(1).normal(0, 2.0, 20)) for m in medians]
+        mean = steady.side_time(steps)
+        run = steady.run_interval(steps)
+        assert mean is not None and run is not None
+        assert run.value == pytest.approx(mean.value)
+        assert not mean.covers(93.92) and run.covers(93.92)
+        assert run.low <= mean.low and run.high >= mean.high
+
+
+def test_the_run_interval_covers_further_processes_at_its_confidence():
+    # Processes whose own levels differ (sd 3%) and whose steps are noisy (sd 2%): a further
+    # process's step time falls in the interval of three at about 95%, in the mean's far less.
+    rng = np.random.default_rng(7)
+    hits_run = hits_mean = 0
+    trials = 300
+    for _ in range(trials):
+        levels = 100.0 * (1 + rng.normal(0, 0.03, 4))
+        procs = [list(m * (1 + rng.normal(0, 0.02, 20))) for m in levels]
+        new = steady.level(procs[3])
+        hits_run += steady.run_interval(procs[:3]).covers(new)
+        hits_mean += steady.side_time(procs[:3]).covers(new)
+    assert hits_run / trials >= 0.9
+    assert hits_mean / trials <= 0.7
+
+
+def test_processes_that_agree_keep_a_narrow_run_interval():
+    # BERT-base on an H100: three processes within 0.4% of each other.
+    rng = np.random.default_rng(3)
+    procs = [list(m + rng.normal(0, 0.05, 20)) for m in (56.50, 56.50, 56.30)]
+    run = steady.run_interval(procs)
+    assert run is not None and (run.high - run.low) / 2 < 0.03 * run.value
+    assert run.covers(56.32)
+    # One process: the interval of its own median, as before.
+    one = steady.run_interval(procs[:1])
+    assert one == steady.side_time(procs[:1])

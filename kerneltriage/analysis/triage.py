@@ -222,7 +222,9 @@ def _processes(timing: dict[str, Any], warnings: list[str]) -> steady.Interval |
         )
     # The interval of a run of the script, not of the processes' mean: a user compares it
     # with the step time their own run prints.
-    run = steady.run_interval([list(f.values) for f in kept])
+    run = steady.run_interval(
+        [list(f.values) for f in kept], [list(f.values) for i, f in enumerate(found) if i in out]
+    )
     target = float(steady.settings()["timing"]["target_half_width"])
     apart = steady.prediction_half_width([f.median for f in kept])
     if run is not None and run.value > 0 and apart > target * run.value:

@@ -174,3 +174,23 @@ def test_processes_that_agree_keep_a_narrow_run_interval():
     # One process: the interval of its own median, as before.
     one = steady.run_interval(procs[:1])
     assert one == steady.side_time(procs[:1])
+
+
+def test_a_left_out_process_raises_the_top_of_the_run_interval():
+    # ConvNeXt-T on a shared H100: two processes at their 28.91 ms floor, one at 35.54 ms (left
+    # out of the step time), and the script alone minutes later at 37.93 ms.
+    rng = np.random.default_rng(5)
+    floor = [list(28.91 + rng.normal(0, 0.01, 20)) for _ in range(2)]
+    slow = [list(35.54 + rng.normal(0, 1.0, 20))]
+    assert steady.outlier_runs([steady.level(p) for p in floor + slow]) == [2]
+    without = steady.run_interval(floor)
+    run = steady.run_interval(floor, slow)
+    assert run.value == pytest.approx(28.91, abs=0.01) and run.low == without.low
+    assert not without.covers(37.93) and run.covers(37.93)
+
+
+def test_processes_that_agree_exactly_still_give_half_a_percent_either_way():
+    # BERT-base: three processes at 56.65 ms, the script alone at 56.70 ms on the same machine.
+    run = steady.run_interval([[56.65] * 20, [56.65] * 20, [56.65] * 20])
+    assert run.low == pytest.approx(56.65 * 0.995) and run.high == pytest.approx(56.65 * 1.005)
+    assert run.covers(56.70)

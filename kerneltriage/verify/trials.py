@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -183,6 +184,9 @@ def run_verify(
                 if rounds >= s.repeats:
                     total = index + (1 + len(active)) if active else index
         data = _file(plan, manifest, trials, complete=True)
+        short = _budget_note(data, trials, plan)
+        if short:
+            data.notes.append(short)
         record.write(run, data)
     except KeyboardInterrupt:
         data = _file(plan, manifest, trials, complete=False)
@@ -190,6 +194,33 @@ def run_verify(
         record.write(run, data)
         raise
     return data
+
+
+def _budget_note(data: record.VerifyFile, trials: Trials, plan: Plan) -> str | None:
+    """Where the budget left fixes with fewer runs than a status needs: the budget that gives
+    every fix ``outcome.MIN_RUNS`` runs a side at the pace its runs went (None: none short)."""
+    short = [
+        c.id
+        for c in data.candidates
+        if c.status == "inconclusive" and c.fixed is not None and c.fixed.runs < outcome.MIN_RUNS
+    ]
+    short += [
+        c.id for c in data.candidates if c.status == "not verified" and "within the budget" in (c.why or "")
+    ]
+    if not short:
+        return None
+    labels = [BASELINE, *(c.id for c in plan.to_run)]
+    need = sum(trials.durations.get(WARMUP) or [0.0])
+    # A fix not run yet takes at least a baseline run (its estimate may count no start-up).
+    base = trials.durations.get(BASELINE) or [0.0]
+    pace = sum(base) / len(base)
+    need += outcome.MIN_RUNS * sum(max(trials.run_seconds(label, plan), pace) for label in labels)
+    minutes = math.ceil(max(need * 1.1 / 60.0, plan.settings.budget_s / 60.0 + 0.5))
+    return (
+        f"the budget of {plan.settings.budget_s / 60:.1f} min left {', '.join(short)} with fewer than the "
+        f"{outcome.MIN_RUNS} runs a side a status needs; at the pace these runs went, every fix gets them "
+        f"in about {minutes} min: --budget {minutes}"
+    )
 
 
 def _timeout(plan: Plan, trials: Trials, label: str) -> float:

@@ -179,3 +179,17 @@ def test_a_fix_the_budget_leaves_no_time_for_is_not_run_rather_than_timed_out(ru
     out = verify(run, monkeypatch, fake, [planned("C1", 0.1), planned("C2", 0.15)], repeats=3, budget_s=90.0)
     assert "C2.0" not in fake.calls
     assert out["C2"].status == "not verified" and out["C2"].why == "not run within the budget"
+    # The budget that would give each fix its two runs a side is said.
+    note = next(n for n in out["_file"].notes if "--budget" in n)
+    assert "C1" in note and "C2" in note
+    minutes = int(note.rsplit("--budget ", 1)[1])
+    # Only the warm-up and one baseline run (40 s each) fitted: 40 s + 2 × 3 runs of at least
+    # 40 s ≈ 4.7 min, with a tenth to spare
+    assert 5 <= minutes <= 7
+
+
+def test_a_budget_that_gave_every_fix_its_runs_says_nothing_of_the_budget(run, monkeypatch):
+    fake = FakeRuns({"baseline": [50.0, 50.1, 49.9], "C1": [40.0, 40.1, 39.9]})
+    out = verify(run, monkeypatch, fake, [planned("C1", 0.2)], repeats=3, budget_s=600.0)
+    assert out["C1"].status == "verified"
+    assert not [n for n in out["_file"].notes if "--budget" in n]

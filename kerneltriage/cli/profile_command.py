@@ -250,6 +250,12 @@ def profile(command: tuple[str, ...], apply_spec: str | None, quiet: bool, **ses
     if not apply_spec and not command:
         raise click.UsageError("Missing argument 'COMMAND...'.")
 
+    most = session.get("max_timing_processes")
+    if most is not None and most < session["timing_processes"]:
+        raise click.UsageError(
+            f"--max-timing-processes {most} is fewer than --timing-processes {session['timing_processes']}: "
+            "the most processes cannot be fewer than the least"
+        )
     options = Options(ncu=not session.pop("no_ncu"), **session)
     # A Reporter by its methods: subclassing it would import the profiler at every start.
     reporter = cast("Reporter", _ProfileReporter(quiet))

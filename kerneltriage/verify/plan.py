@@ -324,7 +324,17 @@ def run_seconds(manifest: Manifest | None, settings: Settings, step_ms: float | 
     step_time = (timeline.step_time.plain_median_ms if timeline.step_time else None) or step_ms
     if not seconds or not step_time:
         return None
-    startup = max(0.0, float(seconds) - float(seen or 0) * step_time / 1000.0)
+    # The phase's seconds cover phase 1 and every timing process after it (each its warm-up
+    # and plain steps): the start-up is what is left, shared among the processes.
+    steps = float(seen or 0)
+    extra = [p for p in (timeline.step_time.processes_plain_ms if timeline.step_time else None) or [] if p][
+        1:
+    ]
+    warmup = (
+        manifest.schedule.warmup if manifest is not None and manifest.schedule.warmup else settings.warmup
+    )
+    steps += sum(len(p) + warmup for p in extra)
+    startup = max(0.0, float(seconds) - steps * step_time / 1000.0) / (1 + len(extra))
     return startup + (settings.warmup + settings.steps) * step_time / 1000.0
 
 

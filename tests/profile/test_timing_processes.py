@@ -147,3 +147,31 @@ def test_processes_that_disagree_widen_the_interval_and_are_said(tmp_path):
     # Processes that agree: nothing said.
     same = api.report(with_processes(tmp_path / "same", [plain, plain, [t * 1.001 for t in plain]]))
     assert not [w for w in same.warnings if "a run of it falls anywhere in" in w]
+
+
+def test_fewer_most_than_least_timing_processes_is_a_usage_error(tmp_path):
+    from click.testing import CliRunner
+
+    from kerneltriage.cli import main
+
+    (tmp_path / "train.py").write_text("pass\n")
+    result = CliRunner().invoke(
+        main,
+        [
+            "profile",
+            "--timing-processes",
+            "3",
+            "--max-timing-processes",
+            "2",
+            "--out",
+            str(tmp_path / "run"),
+            "--",
+            sys.executable,
+            str(tmp_path / "train.py"),
+        ],
+    )
+    assert (
+        result.exit_code == 2
+        and "--max-timing-processes 2 is fewer than --timing-processes 3" in result.output
+    )
+    assert not (tmp_path / "run").exists()

@@ -251,3 +251,26 @@ def test_diff_shows_what_verify_measured_on_the_run_before(tmp_path):
     assert "| verify (before) |" in md
     # Without verify.json the column is not there.
     assert "verify (before)" not in render_diff(diff(NAIVE, NAIVE.parent / "gpt-sdpa-h200"), "terminal")
+
+
+def test_a_run_is_estimated_from_one_process_start_up_not_the_whole_timing_phase():
+    # Qwen2-class on an H100: the timeline phase took 70.25 s over phase 1 (50 steps seen) and
+    # two timing processes (3 warm-up + 20 plain steps each) at 93.4 ms a step; a verify run of
+    # the script took 25 s. Counting the whole phase as one start-up made it 68 s.
+    from kerneltriage.verify.plan import run_seconds
+
+    manifest = rundir.Manifest(command=["python", "train.py"])
+    manifest.schedule.warmup = 3
+    manifest.phases.timeline = rundir.TimelinePhase(
+        seconds=70.25,
+        steps_seen=50,
+        step_time=rundir.StepTime(
+            plain_median_ms=93.4, processes_plain_ms=[[93.4] * 25, [93.4] * 20, [93.4] * 20]
+        ),
+    )
+    settings = Settings(warmup=3, steps=20)
+    one = run_seconds(manifest, settings, None)
+    assert one is not None and 20.0 <= one <= 25.0
+    # One process only: the phase is phase 1's start-up and steps, as before.
+    manifest.phases.timeline.step_time.processes_plain_ms = []
+    assert run_seconds(manifest, settings, None) == pytest.approx(70.25 - 50 * 0.0934 + 23 * 0.0934)

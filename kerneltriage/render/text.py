@@ -70,8 +70,12 @@ def step_time_text(report: Report) -> str:
     parts = []
     if report.step_interval_ms is not None:
         processes = (report.source.get("timing") or {}).get("processes") or 1
-        over = f" over {processes} processes" if processes > 1 else ""
-        parts.append(f"95% interval {ms_range(*report.step_interval_ms)}{over}")
+        if processes > 1:  # where a further run of the script falls (steady.run_interval)
+            parts.append(
+                f"a run falls in {ms_range(*report.step_interval_ms)} (95%, from {processes} processes)"
+            )
+        else:
+            parts.append(f"95% interval {ms_range(*report.step_interval_ms)}")
     if report.step_spread_ms is not None:
         parts.append(f"spread {ms(report.step_spread_ms)}")
     if report.step_transient:

@@ -41,7 +41,8 @@ def test_the_report_spans_the_timing_processes(tmp_path):
     assert three.source["timing"]["processes"] == 3 and one.source["timing"]["processes"] == 1
     from kerneltriage.render.text import step_time_text
 
-    assert "over 3 processes" in step_time_text(three) and "over" not in step_time_text(one)
+    assert "(95%, from 3 processes)" in step_time_text(three) and "processes" not in step_time_text(one)
+    assert "a run falls in" in step_time_text(three) and "95% interval" in step_time_text(one)
 
 
 def test_a_timing_process_far_from_the_others_is_left_out_and_said(tmp_path):

@@ -194,14 +194,10 @@ def _processes(timing: dict[str, Any], warnings: list[str]) -> steady.Interval |
     """The step time over ``profile``'s timing processes (two or more), else None. A process far
     from the others (``steady.outlier_runs``) is left out, as verify leaves out an outlier run;
     steps a process ran above its floor (``steady.level``) are said."""
-    series = [s for s in (timing.get("processes_plain_ms") or []) if s]
-    if len(series) < 2:
+    over = steady.over_processes(timing.get("processes_plain_ms") or [])
+    if over is None:
         return None
-    found = [f for f in map(steady.steady, series) if f is not None]
-    if len(found) < 2:
-        return None
-    out = set(steady.outlier_runs([f.median for f in found]))
-    kept = [f for i, f in enumerate(found) if i not in out]
+    found, out, kept = over.found, over.left_out, over.kept
     disturbed = [(i + 1, f) for i, f in enumerate(found) if f.disturbed and i not in out]
     if disturbed:
         said = "; ".join(
@@ -222,12 +218,10 @@ def _processes(timing: dict[str, Any], warnings: list[str]) -> steady.Interval |
         )
     # The interval of a run of the script, not of the processes' mean: a user compares it
     # with the step time their own run prints.
-    run = steady.run_interval(
-        [list(f.values) for f in kept], [list(f.values) for i, f in enumerate(found) if i in out]
-    )
+    run = over.run
     target = float(steady.settings()["timing"]["target_half_width"])
     apart = steady.prediction_half_width([f.median for f in kept])
-    if run is not None and run.value > 0 and apart > target * run.value:
+    if run.value > 0 and apart > target * run.value:
         said = ", ".join(f"{f.median:.2f}" for f in kept)
         warnings.append(
             f"timing: processes of the script ran {said} ms a step, so a run of it falls anywhere in "

@@ -409,11 +409,10 @@ def _wide_interval(series: list[list[float]], target: float) -> float | None:
     ``target`` (None: narrow enough, or too few processes to tell)."""
     from kerneltriage.analysis.timeline import steady
 
-    found = [f for f in map(steady.steady, series) if f is not None]
-    kept = [f for i, f in enumerate(found) if i not in set(steady.outlier_runs([f.median for f in found]))]
-    run = steady.run_interval([list(f.values) for f in kept])
-    if run is None or len(kept) < 2 or run.value <= 0:
+    over = steady.over_processes(series)
+    if over is None or over.run.value <= 0:
         return None
+    run = over.run  # a process left out as an outlier widens it too: a reason to time another
     half = max(run.high - run.value, run.value - run.low) / run.value
     return half if half > target else None
 

@@ -123,6 +123,10 @@ def test_profile_runs_the_extra_processes_and_records_their_steps(tmp_path, monk
     # Three that differ by 6% (an H100 shared with other load): more, up to measurement.yaml's six.
     apart = timed(Options(timing_processes=3), [52.0, 49.0, 50.5, 50.0, 50.2, 99.0])
     assert [p[0] for p in apart] == [50.0, 52.0, 49.0, 50.5, 50.0, 50.2] and medians == [99.0]
+    # Two that agree and one far slower (left out of the step time): the slow one shows how far
+    # a run may fall, so more are timed.
+    slow = timed(Options(timing_processes=3), [50.12, 58.0, 50.05, 50.1, 50.08, 99.0])
+    assert len(slow) == 6 and medians == [99.0]
     # --max-timing-processes equal to --timing-processes: exactly that many.
     exact = timed(Options(timing_processes=3, max_timing_processes=3), [52.0, 49.0, 99.0])
     assert len(exact) == 3 and medians == [99.0]

@@ -332,6 +332,32 @@ def run_interval(
     return Interval(side.value, low, high)
 
 
+@dataclass(frozen=True)
+class Processes:
+    """Several processes of one script: each one's steady part, those left out as outliers
+    (``outlier_runs``), and the interval a further run falls in (``run_interval``)."""
+
+    found: tuple[Steady, ...]
+    left_out: frozenset[int]
+    run: Interval
+
+    @property
+    def kept(self) -> list[Steady]:
+        return [f for i, f in enumerate(self.found) if i not in self.left_out]
+
+
+def over_processes(series: Sequence[Sequence[float]]) -> Processes | None:
+    """The step time over several processes' step series (None for fewer than two with steps)."""
+    found = [f for f in (steady(s) for s in series if len(s)) if f is not None]
+    if len(found) < 2:
+        return None
+    out = frozenset(outlier_runs([f.median for f in found]))
+    kept = [list(f.values) for i, f in enumerate(found) if i not in out]
+    run = run_interval(kept, [list(f.values) for i, f in enumerate(found) if i in out])
+    assert run is not None  # two or more processes, each with steps
+    return Processes(tuple(found), out, run)
+
+
 def _min_half_width() -> float:
     return float(settings()["timing"]["min_half_width"])
 

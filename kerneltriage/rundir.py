@@ -106,6 +106,9 @@ class StepTime(_Part):
     # The plain steps of every timing process, phase 1's first: processes of one script differ
     # by more than the steps of one do, so the step time's interval spans them (--timing-processes).
     processes_plain_ms: list[list[Milliseconds]] = []
+    # The timing processes' steps issued from an idle GPU, timed on the host's clock: the host's
+    # own time to issue a step (``hooks.HOST_STEPS`` a process; empty: not measured).
+    host_issue_ms: list[Milliseconds] = []
 
 
 class TimelinePhase(_Part):

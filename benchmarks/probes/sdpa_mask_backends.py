@@ -7,7 +7,8 @@ it at -2.5% (-10.5 to 5.6%) against 35-37% predicted: the cast ran, the step did
 faster. This probe forces each backend in turn on q, k, v of 32 x 12 x 512 x 64 (bf16) and a
 1 x 12 x 512 x 512 bias (fp32 or bf16, with and without a gradient, dropout 0 or 0.1), records
 PyTorch's own warning for every backend it refuses, and lists the kernels the default dispatch
-runs under autocast with the bf16 bias.
+runs under autocast with the bf16 bias; then times forward + backward as T5 calls it with the
+fp32 bias, the bias cast to bf16, and no bias.
 
     python3 benchmarks/probes/sdpa_mask_backends.py --out OUT_DIR
 
@@ -92,6 +93,7 @@ def main() -> None:
     print("default dispatch, bf16 bias with a gradient, dropout 0.1:")
     for name in kernels:
         print("  ", name[:160])
+    timed = time_variants(torch, F, args, shape)
     args.out.mkdir(parents=True, exist_ok=True)
     result = {
         "device": torch.cuda.get_device_name(),
@@ -99,8 +101,58 @@ def main() -> None:
         "shape": shape,
         "forced": rows,
         "default_kernels": kernels,
+        "timed": timed,
     }
     (args.out / "sdpa_mask_backends.json").write_text(json.dumps(result, indent=1))
+
+
+def time_variants(torch, F, args, shape) -> list[dict]:
+    """Forward + backward of the default dispatch under bf16 autocast, as T5 calls it (dropout
+    0.1, a bias with a gradient): the fp32 bias, the bias cast to bf16, and no bias at all
+    (the flash kernel's time, a floor). Median of 20 after 5, CUDA events; the kernels each
+    ran and their share of its time."""
+    import statistics
+
+    out = []
+    for name in ("fp32 bias", "bf16 bias", "no bias"):
+        q, k, v = (
+            torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)
+        )
+        bias = torch.randn(1, args.heads, args.seq, args.seq, device="cuda", requires_grad=True)
+
+        def once(q=q, k=k, v=v, bias=bias, name=name):
+            mask = {"fp32 bias": bias, "bf16 bias": bias.to(torch.bfloat16)}.get(name)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.1, scale=1.0)
+            o.sum().backward()
+
+        for _ in range(5):
+            once()
+        times = []
+        for _ in range(20):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            once()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            once()
+            torch.cuda.synchronize()
+        kernels: dict[str, float] = {}
+        for e in prof.events():
+            if e.device_type.name == "CUDA":
+                kernels[e.name[:120]] = kernels.get(e.name[:120], 0.0) + e.device_time / 1e3
+        row = {
+            "variant": name,
+            "median_ms": round(statistics.median(times), 4),
+            "kernels_ms": dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:8]),
+        }
+        out.append(row)
+        print(f"timed {name:10s} fwd+bwd {row['median_ms']:.3f} ms")
+        for kname, ms in list(row["kernels_ms"].items())[:5]:
+            print(f"    {ms:7.3f} ms  {kname}")
+    return out
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from kerneltriage.analysis.candidates.roofline import raised_roofs, with_raised_
 from kerneltriage.analysis.fixes.fix_environment import environment
 from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.analysis.judge.graph_advice import compiled_graph_advice
+from kerneltriage.analysis.judge.host_bound import HostTime, blocking_ms, cap_to_host, host_time
 from kerneltriage.analysis.judge.verdict import decide, rank_in_order
 from kerneltriage.analysis.model import Candidate, Gap, Idle, Report
 from kerneltriage.analysis.rules import Rules
@@ -79,6 +80,7 @@ def triage(
     candidates, gpu = _candidates(timeline, attr, in_step, join, counters, gpu, rules, steps, warnings)
     env = environment(gpu, source, timeline.meta)
     decide(candidates, rules, gpu, env)
+    warnings += cap_to_host(candidates, steps.host)  # a kernel-only fix saves what the host leaves
     warnings += plausibility.check_rates(candidates, gpu)  # after the verdicts' own notes
     compiled = _compiled(timeline, attr, rules, steps, source)
     compiled_graph_advice(compiled, rules, env)
@@ -135,6 +137,7 @@ class _StepTime:
     interval: tuple[float, float] | None = None  # the step time's 95% interval
     transient: int | None = None  # plain steps cut as a warm-up transient
     settled: bool | None = None
+    host: HostTime | None = None  # the host's time to issue a step (timing processes)
 
 
 def _step_time(
@@ -185,8 +188,25 @@ def _step_time(
         spread_ms = spread(list(plain.values) if plain is not None else timing.get("plain_ms") or [])
     comm_ns, exposed_ns = communication_overlap(attr, lambda n: rules.classify(None, n) == "communication")
     idle = idle_by_class(step_ms, busy_ms, spread_ms, gaps, exposed_ns / n_steps / 1e6, rules)
+    host = None
+    if timing:
+        recorded_ms = float(np.mean(walls)) / 1e6
+        host = host_time(timing, step_ms, blocking_ms(timeline, attr.windows), recorded_ms)
+        if host is not None:
+            source["timing"]["host"] = host.to_json()
     return _StepTime(
-        n_steps, step_ms, spread_ms, busy_ms, gaps, comm_ns, exposed_ns, idle, interval, transient, settled
+        n_steps,
+        step_ms,
+        spread_ms,
+        busy_ms,
+        gaps,
+        comm_ns,
+        exposed_ns,
+        idle,
+        interval,
+        transient,
+        settled,
+        host,
     )
 
 

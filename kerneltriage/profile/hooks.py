@@ -31,6 +31,12 @@ added after compilation are not guarded on (``skip_nnmodule_hook_guards``), so t
 recompilation either. Each step's phase, and whether a profiler existed then, is written to the
 status file (``phases``).
 
+A *timing* process (``--timing-processes``: more processes of the script, for the step time's
+interval) runs the warm-up and the plain steps only, then ``HOST_STEPS`` steps that each start
+from an idle GPU (a synchronize before each), timed on the host's clock: the host's own time to
+issue a step. Where that is most of the step, the GPU waits on the host, and a fix that only
+shortens kernels shortens the step by little.
+
 Phase 2 ("ncu") records nothing itself and installs no module hooks: it opens an NVTX
 *start/end* range around the first step phase 1 recorded (start/end ranges are process-wide,
 so the autograd thread's backward kernels fall inside it, unlike push/pop ranges) for Nsight
@@ -45,6 +51,7 @@ import gc
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -62,6 +69,10 @@ from kerneltriage.profile.step_plan import (
     clean_file,
     shapes_file,
 )
+
+#: Steps a timing process issues from an idle GPU after its plain steps, each timed on the
+#: host's clock (the host's time to issue a step: the report compares it with the step time).
+HOST_STEPS = 3
 
 
 class StepsDone(BaseException):
@@ -119,6 +130,9 @@ class ProfiledProcess:
         # plain steps must show none; tests read this from the status file).
         self.phase_log: list[dict[str, Any]] = []
         self.dynamo_plain: dict[str, Any] | None = None  # Dynamo's counts after the plain steps
+        # A timing process's steps issued from an idle GPU: the host's time to issue each (ms).
+        self.host_issue_ms: list[float] = []
+        self._host_t0 = 0.0
 
     # --- set-up -------------------------------------------------------------------------
 
@@ -344,12 +358,29 @@ class ProfiledProcess:
 
     def _timing_step(self) -> None:
         """A timing process (``profile``'s extra processes): the warm-up and the plain steps,
-        each end stamped as phase 1 stamps them, then it stops. Nothing else is installed."""
-        self._mark(self.steps_seen)
+        each end stamped as phase 1 stamps them; then, on a GPU, ``HOST_STEPS`` steps that each
+        start from an idle GPU, timed on the host's clock to the step's end: the host's time
+        to issue a step (``host_issue_ms``). Then it stops. Nothing else is installed."""
         plan = self.plan
-        if self.steps_seen >= plan.warmup + plan.plain_count and not self._extend_plain():
+        last_plain = plan.warmup + plan.plain_count
+        if self.steps_seen <= last_plain:
+            self._mark(self.steps_seen)
+            if self.steps_seen < last_plain or self._extend_plain():
+                return
+            if self.torch is None or not self._cuda_clock:
+                self.done = True
+                self._finish_and_stop()
+                return
+        else:
+            self.host_issue_ms.append(round(1000.0 * (time.perf_counter() - self._host_t0), 4))
+        if len(self.host_issue_ms) >= HOST_STEPS:
             self.done = True
             self._finish_and_stop()
+            return
+        # The next step starts with nothing queued: the host's time to its end is all its own
+        # (the plain steps are timed and read by now: this sync changes none of them).
+        self.torch.cuda.synchronize()
+        self._host_t0 = time.perf_counter()
 
     def _mark(self, step: int) -> None:
         """Time stamp the end of ``step`` if it bounds a recorded, clean or plain step."""
@@ -448,6 +479,8 @@ class ProfiledProcess:
             data["phases"] = self.phase_log
             data["plain_steps"] = self.plan.plain_count
             data["plain_extended"] = self.plain_extended
+        if self.mode == "timing":
+            data["host_issue_ms"] = self.host_issue_ms
         if self.mode == "timeline":
             data["dynamo"] = {"plain": self.dynamo_plain, "end": dynamo_facts()}
         if self.mode in ("timeline", "timing") and self.torch is not None:

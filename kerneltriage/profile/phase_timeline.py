@@ -361,6 +361,7 @@ def time_more_processes(session: ProfileSession, runs: TimelineRuns, *, whole_ru
     ):
         return
     series = [list(step.plain_ms)]
+    host: list[float] = []
     target, most = _more_processes_settings(options.timing_processes, options.max_timing_processes)
     i = 0
     while True:
@@ -390,8 +391,10 @@ def time_more_processes(session: ProfileSession, runs: TimelineRuns, *, whole_ru
             )
             break
         series.append([float(t) for t in plain])
+        host += [float(t) for t in first.get("host_issue_ms") or []]
         session.reporter.phase_done("timing", seconds, f"{len(plain)} plain steps")
     step.processes_plain_ms = series
+    step.host_issue_ms = host
     session.timeline_record.seconds = round(runs.seconds, 2)
 
 

@@ -33,6 +33,14 @@ def _timing_line(t: dict) -> str:
             f"ops and modules from {n.get('recorded', '?')} recorded steps "
             f"({ms(t['recorded_median_ms'])}{cost('attribution_overhead')})"
         )
+    host = t.get("host") or {}
+    if host.get("judged"):
+        parts.append(
+            f"host issues a step in {ms(host['host_issue_ms'])} from an idle GPU "
+            f"({host['share_of_step']:.0%} of the step, {host['samples']} steps)"
+        )
+    elif host:
+        parts.append(f"host time not judged: {host.get('why_not', '')}")
     return " · ".join(parts)
 
 

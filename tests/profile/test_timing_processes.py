@@ -79,7 +79,43 @@ def test_a_timing_process_runs_the_plain_steps_and_stops():
     with pytest.raises(hooks.StepsDone):
         for _ in range(20):
             s._step_ended()
-    assert s.steps_seen == 2 + 5  # the warm-up and the plain steps, then it stops
+    assert s.steps_seen == 2 + 5  # without a GPU: the warm-up and the plain steps, then it stops
+    assert s.host_issue_ms == []
+
+
+def test_a_timing_process_on_a_gpu_then_times_the_host_issuing_steps_from_an_idle_gpu(monkeypatch):
+    calls: list[str] = []
+
+    class Cuda:
+        @staticmethod
+        def is_available():
+            return True
+
+        @staticmethod
+        def synchronize():
+            calls.append("sync")
+
+    class Torch:
+        cuda = Cuda
+
+    s = hooks.ProfiledProcess(
+        {"mode": "timing", "out": "/nonexistent", "warmup": 2, "steps": 3, "timing_steps": 5}
+    )
+    s.torch = Torch
+    s.config["plain_max"] = 5
+    s._mark = lambda step: calls.append(f"mark {step}")  # type: ignore[method-assign]
+    s._finish_and_stop = lambda: (_ for _ in ()).throw(hooks.StepsDone())  # type: ignore[method-assign]
+    s._extend_plain = lambda: False  # type: ignore[method-assign]
+    clock = iter([10.0, 10.025, 11.0, 11.031, 12.0, 12.028])
+    monkeypatch.setattr(hooks.time, "perf_counter", lambda: next(clock))
+    with pytest.raises(hooks.StepsDone):
+        for _ in range(20):
+            s._step_ended()
+    # The plain steps are stamped as before; then each host step starts from a synchronize.
+    assert calls[:7] == [f"mark {i}" for i in range(1, 8)]
+    assert calls[7:] == ["sync"] * hooks.HOST_STEPS
+    assert s.steps_seen == 2 + 5 + hooks.HOST_STEPS
+    assert s.host_issue_ms == pytest.approx([25.0, 31.0, 28.0])
 
 
 def test_profile_runs_the_extra_processes_and_records_their_steps(tmp_path, monkeypatch):
@@ -94,7 +130,12 @@ def test_profile_runs_the_extra_processes_and_records_their_steps(tmp_path, monk
     def fake_run(cmd, config, log, **kw):
         assert json.loads(Path(config).read_text())["mode"] == "timing"
         m = medians.pop(0)
-        status = {"rank": 0, "status": "ok", "step_times": {"plain_ms": [m, m + 0.1]}}
+        status = {
+            "rank": 0,
+            "status": "ok",
+            "step_times": {"plain_ms": [m, m + 0.1]},
+            "host_issue_ms": [m / 2, m / 2 + 1],
+        }
         (out / rundir.LOGS / "status.timing.rank0.json").write_text(json.dumps(status))
         return 3.0, 0, []
 
@@ -119,6 +160,8 @@ def test_profile_runs_the_extra_processes_and_records_their_steps(tmp_path, monk
     # Three processes that agree (within ±3% for a further run): none more.
     agree = timed(Options(timing_processes=3), [50.12, 50.08, 99.0])
     assert agree == [[50.0, 50.2], [50.12, 50.22], [50.08, 50.18]] and medians == [99.0]
+    # Each timing process's steps issued from an idle GPU, gathered for the report.
+    assert manifest.phases.timeline.step_time.host_issue_ms == [25.06, 26.06, 25.04, 26.04]
     assert manifest.phases.timeline.seconds == 16.0
     # Three that differ by 6% (an H100 shared with other load): more, up to measurement.yaml's six.
     apart = timed(Options(timing_processes=3), [52.0, 49.0, 50.5, 50.0, 50.2, 99.0])

@@ -1,0 +1,177 @@
+"""The host's share of the step, and what it leaves to a fix that only shortens kernels.
+
+``profile``'s timing processes issue a few steps from an idle GPU and time them on the host's
+clock: the host's own time to issue a step (its Python, dispatch and launches). The GPU
+cannot finish a step before the host has issued it, so the step is at least that long: a fix
+that makes kernels faster and leaves the host's work as it is shortens the step by at most
+``step − host``. Every prediction made from kernel time (a norm swap, a library kernel, a
+compile's fused kernels, a kernel to write) is capped to that room, and where the host takes
+nearly the whole step (a conv net of small kernels) the report says the step waits on the host.
+Only CUDA graphs (``mode="reduce-overhead"``: a step's launches replayed at once) are
+predicted from the host's side and left uncapped; a whole-model compile also launches less,
+which no kernel-time prediction counts, and a module-class compile adds host time at every
+compiled call (measured: ``measurement.yaml``'s ``host``).
+
+The measure is an upper bound of the host's own work: a step of more launches than the GPU's
+launch queue holds waits for the GPU to drain it too (BERT-base, GPU-bound: 77% of its step).
+So the room it leaves is a lower bound, and the cap errs toward predicting less.
+
+Not judged where the recorded steps block the host in synchronizing calls (a ``.item()``, a
+copy to the host): the host's clock then times the GPU's work too.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kerneltriage.analysis.model import Candidate
+from kerneltriage.ingest.tables import Timeline
+
+#: Runtime calls that hold the host until the GPU has caught up.
+_BLOCKING = ("Synchronize", "cudaMemcpy", "hipMemcpy")
+#: The compile mode whose prediction is the host's launches themselves (CUDA graphs replay a
+#: step's launches at once): the one fix the cap does not bound.
+_HOST_MODE = "reduce-overhead"
+
+
+@dataclass(frozen=True)
+class HostTime:
+    """The host's time to issue a step against the step time (ms), as measured."""
+
+    host_ms: float
+    step_ms: float
+    samples: int
+    sync_ms: float  # blocking runtime calls per recorded step
+    judged: bool  # False: the script blocks on the GPU inside its step (``why``)
+    why: str = ""
+
+    @property
+    def share(self) -> float:
+        return self.host_ms / self.step_ms if self.step_ms else 0.0
+
+    @property
+    def room_ms(self) -> float:
+        """What a kernel-only fix can take off the step at most."""
+        return max(0.0, self.step_ms - self.host_ms)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "host_issue_ms": round(self.host_ms, 3),
+            "share_of_step": round(self.share, 4),
+            "samples": self.samples,
+            "blocking_sync_ms_per_step": round(self.sync_ms, 3),
+            "judged": self.judged,
+            **({"why_not": self.why} if self.why else {}),
+        }
+
+
+def settings() -> dict[str, Any]:
+    from kerneltriage.resources import load_yaml
+
+    return dict(load_yaml("measurement.yaml")["host"])
+
+
+def blocking_ms(timeline: Timeline, windows: list[tuple[int, int]]) -> float:
+    """Milliseconds per step the host spent in blocking runtime calls that the script's ops made
+    (a synchronize, a synchronous copy) inside the step ``windows`` (ns)."""
+    rt = timeline.runtime
+    if rt is None or rt.empty or not windows:
+        return 0.0
+    names = rt["name"].astype(str)
+    # Made by an op of the script (``ext_id``): the profiler's own synchronize at a step's end
+    # is no wait of the script's.
+    rows = rt[
+        names.str.contains("|".join(_BLOCKING))
+        & ~names.str.contains("Async")
+        & (rt["ext_id"].to_numpy() >= 0)
+    ]
+    if rows.empty:
+        return 0.0
+    start = rows["start"].to_numpy(dtype=np.int64)
+    end = start + rows["dur"].to_numpy(dtype=np.int64)
+    total = 0
+    for w0, w1 in windows:
+        total += int(np.clip(np.minimum(end, w1) - np.maximum(start, w0), 0, None).sum())
+    return total / len(windows) / 1e6
+
+
+def host_time(
+    timing: dict[str, Any] | None, step_ms: float, sync_ms: float, recorded_ms: float
+) -> HostTime | None:
+    """The host's time to issue a step from ``profile``'s timing processes (None: not measured,
+    or fewer samples than measurement.yaml's ``host.min_samples``)."""
+    conf = settings()
+    samples = [float(x) for x in (timing or {}).get("host_issue_ms") or [] if x and x > 0]
+    if len(samples) < int(conf["min_samples"]) or step_ms <= 0:
+        return None
+    host = statistics.median(samples)
+    share_sync = sync_ms / recorded_ms if recorded_ms else 0.0
+    if share_sync >= float(conf["max_sync_share"]):
+        return HostTime(
+            host,
+            step_ms,
+            len(samples),
+            sync_ms,
+            judged=False,
+            why=(
+                f"the recorded steps block the host for {sync_ms:.2f} ms a step in synchronizing calls "
+                f"({share_sync:.0%} of the step): its clock times the GPU's work too"
+            ),
+        )
+    return HostTime(host, step_ms, len(samples), sync_ms, judged=True)
+
+
+def cap_to_host(candidates: list[Candidate], host: HostTime | None) -> list[str]:
+    """Cap every kernel-only fix's predicted saving to the room the host leaves (``step −
+    host``); the warning lines to add (none where the host leaves room for all of them)."""
+    if host is None or not host.judged:
+        return []
+    room = host.room_ms
+    capped: list[Candidate] = []
+    for c in candidates:
+        apply = (c.recipe or {}).get("apply") or {}
+        if apply.get("mode") == _HOST_MODE or not c.expected_saving_share:
+            continue
+        whole = float(c.attrs.get("fix_saving_share") or 0.0)
+        saving_ms = c.expected_saving_share * host.step_ms
+        if saving_ms <= room and whole * host.step_ms <= room:
+            continue
+        c.attrs["saving_before_host"] = c.expected_saving_share
+        c.expected_saving_share = min(c.expected_saving_share, room / host.step_ms)
+        if whole:
+            c.attrs["fix_saving_share"] = min(whole, room / host.step_ms)
+        c.attrs["saving_basis"] = (
+            f"at most step − host = {room:.3g} ms: the host takes {host.host_ms:.3g} ms to issue a step, "
+            f"so {saving_ms:.3g} ms less kernel time shortens the step by that much at most"
+        )
+        extra = (
+            "; a module compile also adds host time at every compiled call"
+            if apply.get("kind") == "compile-module"
+            else ""
+        )
+        c.note = "; ".join(
+            x
+            for x in (
+                c.note,
+                f"the step waits on the host ({host.host_ms:.3g} of {host.step_ms:.3g} ms): "
+                f"{saving_ms / host.step_ms:.1%} predicted on the kernels' side leaves "
+                f"{c.expected_saving_share:.1%} of the step{extra}",
+            )
+            if x
+        )
+        capped.append(c)
+    if host.share < float(settings()["bound_share"]) and not capped:
+        return []
+    said = ", ".join(c.id or "?" for c in capped[:6]) + ("…" if len(capped) > 6 else "")
+    return [
+        f"host: issuing a step from an idle GPU takes {host.host_ms:.2f} ms ({host.samples} steps), "
+        f"{host.share:.0%} of the {host.step_ms:.2f} ms step: the GPU waits on the host, so faster "
+        f"kernels shorten the step by at most {room:.2f} ms"
+        + (f" (the savings of {said} capped to that)" if capped else "")
+        + "; what shortens the host's side: torch.compile(model) (fewer, fused launches), then "
+        'mode="reduce-overhead" (CUDA graphs); a module-class compile adds host time at every call'
+    ]

@@ -1,0 +1,88 @@
+"""The host's time to issue a step against the step time: a kernel-only fix saves at most
+step − host (``analysis/judge/host_bound.py``), on shipped runs with the host's time set."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kerneltriage import api, rundir
+from kerneltriage.analysis.judge.host_bound import blocking_ms
+from kerneltriage.analysis.timeline.attribution import attribute
+from kerneltriage.ingest.source import load_profile
+from kerneltriage.render.header import header_lines
+
+RUNS = Path(__file__).resolve().parents[3] / "examples" / "runs"
+EAGER = RUNS / "gpt2-eager-h100"  # no op of the script blocks the host inside its steps
+LLAMA = RUNS / "hf-llama-h100"  # a stream synchronize in every step
+
+
+def with_host(tmp_path: Path, run: Path, host_ms: list[float]) -> Path:
+    out = tmp_path / run.name
+    shutil.copytree(run, out)
+    manifest = json.loads((out / rundir.MANIFEST).read_text())
+    manifest["phases"]["timeline"]["step_time"]["host_issue_ms"] = host_ms
+    (out / rundir.MANIFEST).write_text(json.dumps(manifest))
+    return out
+
+
+def savings(report) -> dict[str, float]:
+    return {c.id: c.expected_saving_share for c in report.candidates if c.expected_saving_share}
+
+
+def test_blocking_calls_are_the_scripts_own_not_the_profilers():
+    def per_step(run: Path) -> float:
+        timeline = load_profile(run).timeline
+        return blocking_ms(timeline, attribute(timeline, None).windows)
+
+    # HF Llama: a cudaStreamSynchronize under an op at the start of every step (35, 29, 23 ms).
+    assert per_step(LLAMA) == pytest.approx(29.01, abs=0.01)
+    # GPT-2 eager: only the profiler's own cudaDeviceSynchronize (made by no op): none.
+    assert per_step(EAGER) == 0.0
+
+
+def test_a_host_that_takes_the_step_caps_every_kernel_only_saving(tmp_path):
+    before = api.report(EAGER)
+    step = before.step_time_ms
+    assert savings(before)  # the run has fixes with predicted savings to cap
+    host = 0.97 * step
+    report = api.report(with_host(tmp_path, EAGER, [host * 0.99, host, host * 1.01]))
+    room = (step - host) / step
+    after = savings(report)
+    assert after and all(s <= room + 1e-9 for s in after.values())
+    capped = [c for c in report.candidates if "saving_before_host" in c.attrs]
+    assert capped and all("the step waits on the host" in c.note for c in capped)
+    assert all(c.attrs["saving_basis"].startswith("at most step − host") for c in capped)
+    said = [w for w in report.warnings if w.startswith("host: issuing a step from an idle GPU")]
+    assert len(said) == 1 and "97%" in said[0] and "reduce-overhead" in said[0]
+    timing = report.source["timing"]["host"]
+    assert (
+        timing["judged"]
+        and timing["samples"] == 3
+        and timing["share_of_step"] == pytest.approx(0.97, abs=1e-3)
+    )
+    assert any("host issues a step in" in line for line in header_lines(report))
+
+
+def test_a_host_far_ahead_of_the_gpu_changes_nothing(tmp_path):
+    before = api.report(EAGER)
+    quick = 0.3 * before.step_time_ms
+    report = api.report(with_host(tmp_path, EAGER, [quick] * 3))
+    assert savings(report) == pytest.approx(savings(before))
+    assert not [w for w in report.warnings if w.startswith("host:")]
+    assert report.source["timing"]["host"]["judged"]
+
+
+def test_too_few_host_steps_or_a_script_that_waits_on_the_gpu_is_not_judged(tmp_path):
+    eager = api.report(EAGER)
+    two = api.report(with_host(tmp_path / "two", EAGER, [eager.step_time_ms] * 2))
+    assert "host" not in two.source["timing"] and savings(two) == pytest.approx(savings(eager))
+    llama = api.report(LLAMA)
+    synced = api.report(with_host(tmp_path / "llama", LLAMA, [llama.step_time_ms] * 3))
+    host = synced.source["timing"]["host"]
+    assert not host["judged"] and "synchronizing calls" in host["why_not"]
+    assert savings(synced) == pytest.approx(savings(llama))
+    assert any("host time not judged" in line for line in header_lines(synced))

@@ -101,8 +101,11 @@ def fixes_of(run: str | os.PathLike[str], ids: list[str] | None = None) -> list[
             continue
         if report_candidates is None:
             from kerneltriage import api
+            from kerneltriage.verify.plan import step_candidates
 
-            report_candidates = {c.id.upper(): c for c in api.report(path).candidates}
+            report = api.report(path)  # its rows, and a step-level fix (S1) where it has one
+            rows: list[Any] = [*report.candidates, *step_candidates(report)]
+            report_candidates = {c.id.upper(): c for c in rows}
         c = report_candidates.get(cid)
         if c is None:
             known = ", ".join(list(report_candidates)[:12])

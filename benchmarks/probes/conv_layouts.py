@@ -21,7 +21,8 @@ the host's time to issue a step from an idle GPU.
 
 Variant words, joined by '+': ``nchw`` / ``cl`` (the layout of the model and the batch),
 ``bench`` (``torch.backends.cudnn.benchmark = True``), ``compile-CLASS`` (``module.compile()``
-on every module of that class), ``compile`` (``torch.compile(model)``).
+on every module of that class), ``compile`` (``torch.compile(model)``), ``graphs``
+(``torch.compile(model, mode="reduce-overhead")``: CUDA graphs).
 
 Needs a CUDA GPU, torch and timm. Writes OUT_DIR/conv_layouts.json and prints a table.
 """
@@ -63,7 +64,11 @@ def one(model_name: str, variant: str, batch: int, warmup: int, steps: int) -> d
                 raise SystemExit(f"{model_name} has no module of class {cls}")
             for m in hits:
                 m.compile()
-    step_model = torch.compile(model) if "compile" in words else model
+    step_model = model
+    if "compile" in words:
+        step_model = torch.compile(model)
+    elif "graphs" in words:  # CUDA graphs: the compiled forward and backward replayed at once
+        step_model = torch.compile(model, mode="reduce-overhead")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     gen = torch.Generator(device="cuda").manual_seed(1)
 

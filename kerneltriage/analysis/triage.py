@@ -25,7 +25,7 @@ from kerneltriage.analysis.candidates.roofline import raised_roofs, with_raised_
 from kerneltriage.analysis.fixes.fix_environment import environment
 from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.analysis.judge.graph_advice import compiled_graph_advice
-from kerneltriage.analysis.judge.host_bound import HostTime, blocking_ms, cap_to_host, host_time
+from kerneltriage.analysis.judge.host_bound import HostTime, blocking_ms, cap_to_host, host_time, step_fix
 from kerneltriage.analysis.judge.verdict import decide, rank_in_order
 from kerneltriage.analysis.model import Candidate, Gap, Idle, Report
 from kerneltriage.analysis.rules import Rules
@@ -84,6 +84,10 @@ def triage(
     warnings += plausibility.check_rates(candidates, gpu)  # after the verdicts' own notes
     compiled = _compiled(timeline, attr, rules, steps, source)
     compiled_graph_advice(compiled, rules, env)
+    launches = len(in_step) / max(steps.n_steps, 1)
+    fix = step_fix(candidates, steps.host, steps.busy_ms, launches, bool(compiled), rules.recipes, env)
+    if fix is not None:  # CUDA graphs for a step the host paces: verify's S1
+        source["timing"]["host"]["fix"] = fix
     rank_in_order(candidates)
     report = _assemble_report(
         timeline, attr, in_step, gpu, rules, source, steps, join, candidates, compiled, warnings

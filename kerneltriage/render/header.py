@@ -44,6 +44,21 @@ def _timing_line(t: dict) -> str:
     return " · ".join(parts)
 
 
+def _step_fix_line(fix: dict) -> str:
+    """The fix of a step the host paces (CUDA graphs), its prediction and what verify found."""
+    line = (
+        f"Host-paced step → {fix['id']}: {fix['fix'].splitlines()[0]} · predicted "
+        f"{fix['predicted_saving_share']:.1%} ({fix['saving_basis']})"
+    )
+    v = fix.get("verification") or {}
+    if v.get("status"):
+        realized = v.get("realized_saving_share")
+        line += f" · verify: {v['status']}" + (f", realized {realized:.1%}" if realized is not None else "")
+    else:
+        line += f" · `kerneltriage verify RUN --candidates {fix['id']}` measures it"
+    return line
+
+
 def header_lines(report: Report) -> list[str]:
     lines = [
         *gpu_lines(report),
@@ -54,6 +69,9 @@ def header_lines(report: Report) -> list[str]:
         lines.append(applied_fixes_line(report.source))
     if report.source.get("timing"):
         lines.append(_timing_line(report.source["timing"]))
+        fix = (report.source["timing"].get("host") or {}).get("fix")
+        if fix:
+            lines.append(_step_fix_line(fix))
     for extra in (idle_line(report), communication_line(report)):
         if extra:
             lines.append(extra)

@@ -147,6 +147,36 @@ class Plan:
         return base + fixes
 
 
+@dataclass
+class StepCandidate:
+    """A report's step-level fix (``source.timing.host.fix``: CUDA graphs for a step the host
+    paces) as verify plans it: a candidate of its own id (``S1``), judged like any other."""
+
+    id: str
+    name: str
+    fix: str
+    recipe: dict[str, Any]
+    expected_saving_share: float
+    verdict: Verdict = Verdict.COMPILE
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+def step_candidates(report: Any) -> list[StepCandidate]:
+    """The report's step-level fixes, for verify (none where the host leaves the GPU the step)."""
+    fix = ((report.source.get("timing") or {}).get("host") or {}).get("fix")
+    if not fix:
+        return []
+    return [
+        StepCandidate(
+            id=str(fix["id"]),
+            name=str(fix["name"]),
+            fix=str(fix["fix"]),
+            recipe=dict(fix["recipe"]),
+            expected_saving_share=float(fix["predicted_saving_share"]),
+        )
+    ]
+
+
 def recipe_of(candidate: Any) -> dict[str, Any] | None:
     """The candidate's fix recipe (the contract's ``recipe`` mapping), None when it has none."""
     recipe = getattr(candidate, "recipe", None)

@@ -30,7 +30,7 @@ from kerneltriage.errors import InputError, RunDirError, ToolError
 from kerneltriage.profile.command import Command, parse_command
 from kerneltriage.verify import outcome, torchrun
 from kerneltriage.verify.harness import CONFIG_ENV, MODULE
-from kerneltriage.verify.plan import Plan, Planned, Settings, make_plan
+from kerneltriage.verify.plan import Plan, Planned, Settings, make_plan, step_candidates
 
 BASELINE = "baseline"
 
@@ -91,7 +91,7 @@ def load_plan(
     plan = make_plan(
         str(run),
         opened.manifest,
-        report.candidates,
+        [*report.candidates, *step_candidates(report)],
         settings,
         step_ms=report.step_time_ms,
         ids=ids,

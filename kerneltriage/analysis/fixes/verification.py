@@ -34,8 +34,16 @@ _KEYS = (
 def attach(report: Report, data: dict[str, Any]) -> Report:
     """Put ``data`` (a ``verify.json`` object) on ``report``'s candidates and re-rank them."""
     by_id = {c.id.lower(): c for c in report.candidates}
+    step = ((report.source.get("timing") or {}).get("host") or {}).get("fix")
     counts: dict[str, int] = {}
     for entry in data.get("candidates") or []:
+        if step and str(entry.get("id", "")).lower() == str(step["id"]).lower():
+            # The step-level fix of a step the host paces (not a row of the table).
+            step["verification"] = {k: entry.get(k) for k in _KEYS}
+            counts[entry.get("status", "not verified")] = (
+                counts.get(entry.get("status", "not verified"), 0) + 1
+            )
+            continue
         c = by_id.get(str(entry.get("id", "")).lower())
         if c is None or (entry.get("name") and entry["name"] != c.name):
             report.warnings.append(

@@ -175,3 +175,75 @@ def cap_to_host(candidates: list[Candidate], host: HostTime | None) -> list[str]
         + "; what shortens the host's side: torch.compile(model) (fewer, fused launches), then "
         'mode="reduce-overhead" (CUDA graphs); a module-class compile adds host time at every call'
     ]
+
+
+#: The id of the step-level fix for a step the host paces (verify's ``--candidates S1``).
+STEP_FIX_ID = "S1"
+#: Kinds whose kernels Inductor fuses when the whole model is compiled (library GEMMs,
+#: convolutions and attention stay the library's calls).
+_FUSED_KINDS = frozenset({"elementwise", "reduction", "softmax", "norm", "cross-entropy"})
+
+
+class _StepCandidate:
+    """The whole step seen as a candidate by the recipes: `compile (launch-bound)`."""
+
+    def __init__(self, launches: float, compiled: bool) -> None:
+        from kerneltriage.analysis.vocabulary import Reason, Verdict
+
+        self.verdict, self.reason = Verdict.COMPILE, Reason.LAUNCH_BOUND
+        self.builtin = 'torch.compile(mode="reduce-overhead")'
+        self.kind, self.variant, self.module = "other", None, None
+        self.attrs: dict[str, Any] = {}
+        self.compiled, self.inductor = compiled, False
+        self.instances_per_step = 1.0
+        self.roofline = type("R", (), {"launches_per_step": launches})()
+
+
+def step_fix(
+    candidates: list[Candidate],
+    host: HostTime | None,
+    busy_ms: float,
+    launches: float,
+    compiled: bool,
+    recipes: Any,
+    env: Any,
+) -> dict[str, Any] | None:
+    """For a step the host paces (the host takes ``bound_share`` of it or more): CUDA graphs
+    over the whole model, which replay the step's launches at once and fuse what Inductor
+    fuses. Predicted as the kernels' work after the compile: their time in the step, less what
+    fusing takes from every fusable candidate (its time × (1 − 1/headroom), verdict aside);
+    GEMMs and convolutions keep theirs (timm ConvNeXt-T on an H100: predicted 28.1%, measured
+    37.2% by ``benchmarks/probes/conv_layouts.py``: Inductor also fuses GEMM epilogues). None where the host leaves the GPU the step, or no recipe
+    fits (a serving engine, an old torch)."""
+    from kerneltriage.analysis.fixes.fix_choice import choose
+
+    if host is None or not host.judged or host.share < float(settings()["bound_share"]):
+        return None
+    fused_off = sum(
+        c.time_ms_per_step * (1.0 - 1.0 / c.headroom)
+        for c in candidates
+        if c.kind in _FUSED_KINDS and c.headroom and c.headroom > 1.0
+    )
+    # The kernels' own time (the candidates'), not the busy time: replayed at once, the gaps
+    # between them go too.
+    kernel_ms = min(sum(c.time_ms_per_step for c in candidates) or busy_ms, busy_ms, host.step_ms)
+    after_ms = max(0.0, kernel_ms - fused_off)
+    predicted = max(0.0, 1.0 - after_ms / host.step_ms)
+    recipe = choose(_StepCandidate(launches, compiled), recipes, env, {})
+    if not recipe or recipe["blocked"] or not predicted:
+        return None
+    text = recipe.pop("text")
+    for key in ("needs", "declined", "fuses_residual_add"):
+        recipe.pop(key, None)
+    return {
+        "id": STEP_FIX_ID,
+        "name": f"the whole step: {launches:.0f} launches the host issues in {host.host_ms:.3g} ms",
+        "predicted_saving_share": round(predicted, 4),
+        "saving_basis": (
+            f"1 − (kernel time {kernel_ms:.3g} ms − {fused_off:.3g} ms that fusing takes from the norms and "
+            f"elementwise chains) / step {host.step_ms:.3g} ms: the launches replayed at once, the step becomes "
+            "the kernels' work"
+        ),
+        "fix": text,
+        "recipe": recipe,
+    }

@@ -86,3 +86,55 @@ def test_too_few_host_steps_or_a_script_that_waits_on_the_gpu_is_not_judged(tmp_
     assert not host["judged"] and "synchronizing calls" in host["why_not"]
     assert savings(synced) == pytest.approx(savings(llama))
     assert any("host time not judged" in line for line in header_lines(synced))
+
+
+def test_a_host_paced_step_gets_cuda_graphs_as_s1_which_verify_plans_and_reads_back(tmp_path):
+    from kerneltriage.analysis.fixes.verification import attach
+    from kerneltriage.verify.plan import Settings, make_plan, step_candidates
+    from tests.verify.test_plan import _entry, _file
+
+    run = with_host(tmp_path, EAGER, [api.report(EAGER).step_time_ms * 1.05] * 3)
+    report = api.report(run)
+    fix = report.source["timing"]["host"]["fix"]
+    assert fix["id"] == "S1" and fix["recipe"]["id"] == "compile-cuda-graphs"
+    assert fix["recipe"]["apply"] == {"kind": "compile-model", "mode": "reduce-overhead"}
+    assert 'mode="reduce-overhead"' in fix["fix"]
+    # The kernels' time less what fusing takes from the norms and elementwise chains.
+    fused = sum(
+        c.time_ms_per_step * (1 - 1 / c.headroom)
+        for c in report.candidates
+        if c.kind in ("elementwise", "reduction", "softmax", "norm", "cross-entropy")
+        and (c.headroom or 0) > 1
+    )
+    kernels = min(sum(c.time_ms_per_step for c in report.candidates), report.gpu_busy_ms, report.step_time_ms)
+    assert fix["predicted_saving_share"] == pytest.approx(
+        1 - (kernels - fused) / report.step_time_ms, abs=1e-4
+    )
+    assert any(line.startswith("Host-paced step → S1") for line in header_lines(report))
+    # verify plans it with the runner's own apply, as one more candidate (and by name).
+    manifest = rundir.read_manifest(run)
+    rows = [*report.candidates, *step_candidates(report)]
+    plan = make_plan(str(run), manifest, rows, Settings(), step_ms=report.step_time_ms)
+    s1 = next(c for c in plan.candidates if c.id == "S1")
+    assert s1.apply == {"kind": "compile-model", "mode": "reduce-overhead"} and s1.why_not is None
+    assert s1.predicted == pytest.approx(fix["predicted_saving_share"])
+    only = make_plan(str(run), manifest, rows, Settings(), ids=["s1"])
+    assert [c.id for c in only.candidates] == ["S1"]
+    # What verify measured comes back onto the step's fix, not as a stray row.
+    attach(
+        report, _file([_entry("S1", fix["name"], "verified", fix["predicted_saving_share"], 0.37)]).to_json()
+    )
+    assert fix["verification"]["status"] == "verified"
+    assert not [w for w in report.warnings if "verify.json has S1" in w]
+    assert any("verify: verified, realized 37.0%" in line for line in header_lines(report))
+    # `profile --apply RUN:S1` installs it as verify's runner does.
+    from kerneltriage.ladder import fixes_of
+
+    (applied,) = fixes_of(run, ["S1"])
+    assert applied["recipe_id"] == "compile-cuda-graphs" and applied["apply"]["mode"] == "reduce-overhead"
+
+
+def test_a_gpu_bound_step_gets_no_step_fix(tmp_path):
+    report = api.report(with_host(tmp_path, EAGER, [0.3 * api.report(EAGER).step_time_ms] * 3))
+    assert "fix" not in report.source["timing"]["host"]
+    assert not [line for line in header_lines(report) if line.startswith("Host-paced")]

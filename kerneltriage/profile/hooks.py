@@ -33,9 +33,10 @@ status file (``phases``).
 
 A *timing* process (``--timing-processes``: more processes of the script, for the step time's
 interval) runs the warm-up and the plain steps only, then ``HOST_STEPS`` steps that each start
-from an idle GPU (a synchronize before each), timed on the host's clock: the host's own time to
-issue a step. Where that is most of the step, the GPU waits on the host, and a fix that only
-shortens kernels shortens the step by little.
+from an idle GPU (a synchronize before each), timed on the host's clock: the host's time to
+issue a step (at most its own work: a step of more launches than the launch queue holds also
+waits for the GPU to drain it). Where that is most of the step, the GPU waits on the host, and
+a fix that only shortens kernels shortens the step by little.
 
 Phase 2 ("ncu") records nothing itself and installs no module hooks: it opens an NVTX
 *start/end* range around the first step phase 1 recorded (start/end ranges are process-wide,
@@ -377,7 +378,7 @@ class ProfiledProcess:
             self.done = True
             self._finish_and_stop()
             return
-        # The next step starts with nothing queued: the host's time to its end is all its own
+        # The next step starts with nothing queued, so the GPU is never ahead of the host in it
         # (the plain steps are timed and read by now: this sync changes none of them).
         self.torch.cuda.synchronize()
         self._host_t0 = time.perf_counter()

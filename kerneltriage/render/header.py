@@ -33,15 +33,30 @@ def _timing_line(t: dict) -> str:
             f"ops and modules from {n.get('recorded', '?')} recorded steps "
             f"({ms(t['recorded_median_ms'])}{cost('attribution_overhead')})"
         )
-    host = t.get("host") or {}
+    host = _host_part(t.get("host") or {})
+    if host:
+        parts.append(host)
+    return " · ".join(parts)
+
+
+def _host_part(host: dict) -> str:
     if host.get("judged"):
-        parts.append(
+        return (
             f"host issues a step in {ms(host['host_issue_ms'])} from an idle GPU "
             f"({host['share_of_step']:.0%} of the step, {host['samples']} steps)"
         )
-    elif host:
-        parts.append(f"host time not judged: {host.get('why_not', '')}")
-    return " · ".join(parts)
+    return f"host time not judged: {host.get('why_not', '')}" if host else ""
+
+
+def host_text(report: Report) -> str:
+    """The host's time to issue a step against the step ('' where not measured)."""
+    return _host_part((report.source.get("timing") or {}).get("host") or {})
+
+
+def host_fix_text(report: Report) -> str:
+    """The step-level fix of a step the host paces ('' where there is none)."""
+    fix = ((report.source.get("timing") or {}).get("host") or {}).get("fix")
+    return _step_fix_line(fix) if fix else ""
 
 
 def _step_fix_line(fix: dict) -> str:

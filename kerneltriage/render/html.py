@@ -17,6 +17,7 @@ from kerneltriage.analysis.compare.ranks import RankSummary
 from kerneltriage.analysis.model import Candidate, Report
 from kerneltriage.analysis.vocabulary import Verdict
 from kerneltriage.render.gpu_text import NO_CEILINGS, precision_label, tflops_text, unresolved_text
+from kerneltriage.render.header import host_fix_text, host_text
 from kerneltriage.render.ladder_text import applied_fixes_line
 from kerneltriage.render.shared import RANK_HEAD, offers_scaffold, rank_rows, scaffold_command
 from kerneltriage.render.text import (
@@ -267,6 +268,8 @@ def _header(report: Report) -> dict[str, Any]:
         "counters_ok": counters_ok,
         "unattributed": unattributed_text(report),
         "idle_line": idle_line(report),
+        "host": host_text(report),
+        "host_fix": host_fix_text(report),
         "communication": communication_line(report),
         "roofline_sources": ", ".join(
             f"{n} from {s}" for s, n in sorted(sources.items(), key=lambda kv: -kv[1])

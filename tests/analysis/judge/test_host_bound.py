@@ -111,6 +111,10 @@ def test_a_host_paced_step_gets_cuda_graphs_as_s1_which_verify_plans_and_reads_b
         1 - (kernels - fused) / report.step_time_ms, abs=1e-4
     )
     assert any(line.startswith("Host-paced step → S1") for line in header_lines(report))
+    from kerneltriage.render import render
+
+    page = render(report, "html")
+    assert "host issues a step in" in page and "Host-paced step → S1" in page
     # verify plans it with the runner's own apply, as one more candidate (and by name).
     manifest = rundir.read_manifest(run)
     rows = [*report.candidates, *step_candidates(report)]

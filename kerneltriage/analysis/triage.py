@@ -88,6 +88,9 @@ def triage(
     fix = step_fix(candidates, steps.host, steps.busy_ms, launches, bool(compiled), rules.recipes, env)
     if fix is not None:  # CUDA graphs for a step the host paces: verify's S1
         source["timing"]["host"]["fix"] = fix
+        for c in candidates:
+            if "saving_before_host" in c.attrs:  # what it saves once the kernels pace the step
+                c.note += f"; {fix['id']} (CUDA graphs) first, then profile again: `profile --apply RUN:{fix['id']}`"
     rank_in_order(candidates)
     report = _assemble_report(
         timeline, attr, in_step, gpu, rules, source, steps, join, candidates, compiled, warnings

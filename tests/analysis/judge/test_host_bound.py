@@ -99,6 +99,8 @@ def test_a_host_paced_step_gets_cuda_graphs_as_s1_which_verify_plans_and_reads_b
     assert fix["id"] == "S1" and fix["recipe"]["id"] == "compile-cuda-graphs"
     assert fix["recipe"]["apply"] == {"kind": "compile-model", "mode": "reduce-overhead"}
     assert 'mode="reduce-overhead"' in fix["fix"]
+    capped = [c for c in report.candidates if "saving_before_host" in c.attrs]
+    assert capped and all(c.note.endswith("`profile --apply RUN:S1`") for c in capped)
     # The kernels' time less what fusing takes from the norms and elementwise chains.
     fused = sum(
         c.time_ms_per_step * (1 - 1 / c.headroom)

@@ -4,9 +4,10 @@
 clock: the host's own time to issue a step (its Python, dispatch and launches). The GPU
 cannot finish a step before the host has issued it, so the step is at least that long: a fix
 that makes kernels faster and leaves the host's work as it is shortens the step by at most
-``step − host``. Every prediction made from kernel time (a norm swap, a library kernel, a
-compile's fused kernels, a kernel to write) is capped to that room, and where the host takes
-nearly the whole step (a conv net of small kernels) the report says the step waits on the host.
+``step − host``. Where the host takes nearly the whole step (a conv net of small kernels, 90% or
+more: ``measurement.yaml``'s ``host.bound_share``), every prediction made from kernel time (a
+norm swap, a library kernel, a compile's fused kernels, a kernel to write) is capped to that
+room and the report says the step waits on the host.
 Only CUDA graphs (``mode="reduce-overhead"``: a step's launches replayed at once) are
 predicted from the host's side and left uncapped; a whole-model compile also launches less,
 which no kernel-time prediction counts, and a module-class compile adds host time at every
@@ -14,7 +15,7 @@ compiled call (measured: ``measurement.yaml``'s ``host``).
 
 The measure is an upper bound of the host's own work: a step of more launches than the GPU's
 launch queue holds waits for the GPU to drain it too (BERT-base, GPU-bound: 77% of its step).
-So the room it leaves is a lower bound, and the cap errs toward predicting less.
+Below the bound share the room it leaves is only a lower bound, so nothing is capped there.
 
 Not judged where the recorded steps block the host in synchronizing calls (a ``.item()``, a
 copy to the host): the host's clock then times the GPU's work too.
@@ -126,9 +127,13 @@ def host_time(
 
 
 def cap_to_host(candidates: list[Candidate], host: HostTime | None) -> list[str]:
-    """Cap every kernel-only fix's predicted saving to the room the host leaves (``step −
-    host``); the warning lines to add (none where the host leaves room for all of them)."""
-    if host is None or not host.judged:
+    """Where the host paces the step (``bound_share`` of it or more), cap every kernel-only
+    fix's predicted saving to the room the host leaves (``step − host``); the warning lines to
+    add. Below that share nothing is capped: a step of more launches than the launch queue
+    holds makes the host wait for the GPU too, so its issue time overstates the host's own work
+    (BERT-base, GPU-bound, 1,391 launches a step: 77%), and the room it leaves is only a lower
+    bound; at 90% the GPU had at most a tenth of the step queued when the host was done."""
+    if host is None or not host.judged or host.share < float(settings()["bound_share"]):
         return []
     room = host.room_ms
     capped: list[Candidate] = []
@@ -164,8 +169,6 @@ def cap_to_host(candidates: list[Candidate], host: HostTime | None) -> list[str]
             if x
         )
         capped.append(c)
-    if host.share < float(settings()["bound_share"]) and not capped:
-        return []
     said = ", ".join(c.id or "?" for c in capped[:6]) + ("…" if len(capped) > 6 else "")
     return [
         f"host: issuing a step from an idle GPU takes {host.host_ms:.2f} ms ({host.samples} steps), "

@@ -17,6 +17,7 @@ from kerneltriage.render.header import header_lines
 
 RUNS = Path(__file__).resolve().parents[3] / "examples" / "runs"
 EAGER = RUNS / "gpt2-eager-h100"  # no op of the script blocks the host inside its steps
+CONVNEXT = RUNS / "convnext-t-h100"  # timm ConvNeXt-T on an H100: the host paces its step
 LLAMA = RUNS / "hf-llama-h100"  # a stream synchronize in every step
 
 
@@ -155,3 +156,29 @@ def test_a_gpu_bound_step_gets_no_step_fix(tmp_path):
     report = api.report(with_host(tmp_path, EAGER, [0.3 * api.report(EAGER).step_time_ms] * 3))
     assert "fix" not in report.source["timing"]["host"]
     assert not [line for line in header_lines(report) if line.startswith("Host-paced")]
+
+
+def test_convnext_on_an_h100_waits_on_its_host_and_gets_cuda_graphs(tmp_path):
+    """The shipped ConvNeXt-T run, as measured: its timing processes issued 6 steps from an
+    idle GPU in a median of 30.11 ms against a 28.56 ms step."""
+    from click.testing import CliRunner
+
+    from kerneltriage.cli import main
+
+    report = api.report(CONVNEXT)
+    host = report.source["timing"]["host"]
+    assert host["judged"] and host["samples"] == 6
+    assert host["host_issue_ms"] == pytest.approx(30.106, abs=0.01) and host["share_of_step"] > 1.0
+    # Every kernel-time prediction is capped to what the host leaves: nothing.
+    capped = [c for c in report.candidates if "saving_before_host" in c.attrs]
+    assert {c.id for c in capped} >= {"C1", "C2", "C3", "C6"}
+    assert all(c.expected_saving_share == 0.0 for c in capped)
+    assert any(w.startswith("host: issuing a step from an idle GPU takes 30.11 ms") for w in report.warnings)
+    # The step's own fix: the kernels' 27.6 ms less 7.0 ms of fusing, over 28.56 ms.
+    fix = host["fix"]
+    assert fix["recipe"]["id"] == "compile-cuda-graphs"
+    assert fix["predicted_saving_share"] == pytest.approx(0.2806, abs=0.001)
+    planned = CliRunner().invoke(main, ["verify", str(CONVNEXT), "--candidates", "S1", "--plan"])
+    assert planned.exit_code == 0, planned.output
+    assert "S1  the whole step: 1072 launches" in planned.output
+    assert "applied  by the runner: compile-model (mode='reduce-overhead')" in planned.output

@@ -25,7 +25,14 @@ from kerneltriage.analysis.candidates.roofline import raised_roofs, with_raised_
 from kerneltriage.analysis.fixes.fix_environment import environment
 from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.analysis.judge.graph_advice import compiled_graph_advice
-from kerneltriage.analysis.judge.host_bound import HostTime, blocking_ms, cap_to_host, host_time, step_fix
+from kerneltriage.analysis.judge.host_bound import (
+    HostTime,
+    blocking_ms,
+    cap_to_host,
+    host_time,
+    loading_ms,
+    step_fix,
+)
 from kerneltriage.analysis.judge.verdict import decide, rank_in_order
 from kerneltriage.analysis.model import Candidate, Gap, Idle, Report
 from kerneltriage.analysis.rules import Rules
@@ -85,7 +92,16 @@ def triage(
     compiled = _compiled(timeline, attr, rules, steps, source)
     compiled_graph_advice(compiled, rules, env)
     launches = len(in_step) / max(steps.n_steps, 1)
-    fix = step_fix(candidates, steps.host, steps.busy_ms, launches, bool(compiled), rules.recipes, env)
+    fix = step_fix(
+        candidates,
+        steps.host,
+        steps.busy_ms,
+        launches,
+        bool(compiled),
+        rules.recipes,
+        env,
+        loading=loading_ms(timeline, attr.windows) if steps.host is not None else 0.0,
+    )
     if fix is not None:  # CUDA graphs for a step the host paces: verify's S1
         source["timing"]["host"]["fix"] = fix
         for c in candidates:

@@ -100,6 +100,29 @@ def blocking_ms(timeline: Timeline, windows: list[tuple[int, int]]) -> float:
     return total / len(windows) / 1e6
 
 
+def loading_ms(timeline: Timeline, windows: list[tuple[int, int]]) -> float:
+    """Milliseconds per step of data loading on the host (``idle_causes.yaml``'s
+    ``data_loading`` annotations and ops) inside the step ``windows`` (ns): host time that
+    CUDA graphs leave as it is."""
+    from kerneltriage.analysis.timeline.idle import is_data_loading, union
+
+    cpu = timeline.cpu
+    if cpu is None or cpu.empty or not windows:
+        return 0.0
+    names = cpu["name"].astype(str)
+    hit = names.map(is_data_loading).to_numpy(dtype=bool)
+    if not hit.any():
+        return 0.0
+    start = cpu["start"].to_numpy(dtype=np.int64)[hit]
+    end = start + cpu["dur"].to_numpy(dtype=np.int64)[hit]
+    total = 0
+    for w0, w1 in windows:
+        inside = (start < w1) & (end > w0)
+        if inside.any():
+            total += sum(b - a for a, b in union(np.maximum(start[inside], w0), np.minimum(end[inside], w1)))
+    return total / len(windows) / 1e6
+
+
 def host_time(
     timing: dict[str, Any] | None, step_ms: float, sync_ms: float, recorded_ms: float
 ) -> HostTime | None:
@@ -210,13 +233,16 @@ def step_fix(
     compiled: bool,
     recipes: Any,
     env: Any,
+    loading: float = 0.0,
 ) -> dict[str, Any] | None:
     """For a step the host paces (the host takes ``bound_share`` of it or more): CUDA graphs
     over the whole model, which replay the step's launches at once and fuse what Inductor
     fuses. Predicted as the kernels' work after the compile: their time in the step, less what
     fusing takes from every fusable candidate (its time × (1 − 1/headroom), verdict aside);
     GEMMs and convolutions keep theirs (timm ConvNeXt-T on an H100: predicted 28.1%, measured
-    37.2% by ``benchmarks/probes/conv_layouts.py``: Inductor also fuses GEMM epilogues). None where the host leaves the GPU the step, or no recipe
+    37.2% by ``benchmarks/probes/conv_layouts.py``: Inductor also fuses GEMM epilogues). The
+    step stays at least the host's data loading (``loading``, ms a recorded step), which CUDA
+    graphs do not replay. None where the host leaves the GPU the step, or no recipe
     fits (a serving engine, an old torch)."""
     from kerneltriage.analysis.fixes.fix_choice import choose
 
@@ -230,7 +256,8 @@ def step_fix(
     # The kernels' own time (the candidates'), not the busy time: replayed at once, the gaps
     # between them go too.
     kernel_ms = min(sum(c.time_ms_per_step for c in candidates) or busy_ms, busy_ms, host.step_ms)
-    after_ms = max(0.0, kernel_ms - fused_off)
+    # Data loading stays the host's however the launches go: the step is at least that.
+    after_ms = max(0.0, kernel_ms - fused_off, loading)
     predicted = max(0.0, 1.0 - after_ms / host.step_ms)
     recipe = choose(_StepCandidate(launches, compiled), recipes, env, {})
     if not recipe or recipe["blocked"] or not predicted:
@@ -246,6 +273,7 @@ def step_fix(
             f"1 − (kernel time {kernel_ms:.3g} ms − {fused_off:.3g} ms that fusing takes from the norms and "
             f"elementwise chains) / step {host.step_ms:.3g} ms: the launches replayed at once, the step becomes "
             "the kernels' work"
+            + (f", or the {loading:.3g} ms of data loading a step where that is longer" if loading else "")
         ),
         "fix": text,
         "recipe": recipe,

@@ -14,6 +14,7 @@ from kerneltriage.analysis.judge.host_bound import blocking_ms
 from kerneltriage.analysis.timeline.attribution import attribute
 from kerneltriage.ingest.source import load_profile
 from kerneltriage.render.header import header_lines
+from tests.helpers import EXTERNAL, corpus
 
 RUNS = Path(__file__).resolve().parents[3] / "examples" / "runs"
 EAGER = RUNS / "gpt2-eager-h100"  # no op of the script blocks the host inside its steps
@@ -182,3 +183,39 @@ def test_convnext_on_an_h100_waits_on_its_host_and_gets_cuda_graphs(tmp_path):
     assert planned.exit_code == 0, planned.output
     assert "S1  the whole step: 1072 launches" in planned.output
     assert "applied  by the runner: compile-model (mode='reduce-overhead')" in planned.output
+
+
+@corpus
+def test_data_loading_stays_on_the_host_and_bounds_what_cuda_graphs_save():
+    """ResNet-50 on a V100 (PyTorch 1.9, Kineto's own example traces): a single-process
+    DataLoader holds the host 70 ms of each 176 ms step, a multiprocessing one 1.4 ms."""
+    from kerneltriage.analysis.fixes.fix_environment import Environment
+    from kerneltriage.analysis.judge.host_bound import HostTime, loading_ms, step_fix
+    from kerneltriage.analysis.rules import load_rules
+
+    found = {}
+    for trace in sorted((EXTERNAL / "kineto-resnet50-v100-pt19").glob("*.json.gz")):
+        timeline = load_profile(trace).timeline
+        found[trace.name] = loading_ms(timeline, attribute(timeline, None).windows)
+    assert sorted(round(v, 1) for v in found.values()) == [1.4, 70.1]
+    # A step the host paces, whose kernels would take 40 ms once replayed: with 70 ms of data
+    # loading a step it cannot fall below 70 ms.
+    report = api.report(EAGER)
+    step = report.step_time_ms
+    host = HostTime(step * 1.05, step, 3, 0.0, judged=True)
+    rules = load_rules()
+    free = step_fix(report.candidates, host, report.gpu_busy_ms, 1000, False, rules.recipes, Environment())
+    fed = step_fix(
+        report.candidates,
+        host,
+        report.gpu_busy_ms,
+        1000,
+        False,
+        rules.recipes,
+        Environment(),
+        loading=0.9 * step,
+    )
+    assert free is not None and fed is not None
+    assert fed["predicted_saving_share"] == pytest.approx(0.1, abs=1e-3)
+    assert fed["predicted_saving_share"] < free["predicted_saving_share"]
+    assert "of data loading a step" in fed["saving_basis"] and "data loading" not in free["saving_basis"]

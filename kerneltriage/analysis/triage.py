@@ -100,7 +100,7 @@ def triage(
         bool(compiled),
         rules.recipes,
         env,
-        loading=loading_ms(timeline, attr.windows) if steps.host is not None else 0.0,
+        loading=loading_ms(timeline, attr.windows) if steps.host and steps.host.paces_step else 0.0,
     )
     if fix is not None:  # CUDA graphs for a step the host paces: verify's S1
         source["timing"]["host"]["fix"] = fix

@@ -191,7 +191,7 @@ def _compile_takes(o: Candidate, env: Environment) -> float:
 
 
 #: Kinds whose ops Inductor fuses when their module is compiled.
-_FUSABLE = frozenset({"elementwise", "reduction", "softmax", "norm", "cross-entropy"})
+FUSABLE_KINDS = frozenset({"elementwise", "reduction", "softmax", "norm", "cross-entropy"})
 
 
 def _compiled_with(
@@ -216,7 +216,7 @@ def _compiled_with(
         path = (o.module or "").partition(" (")[0]
         if o is c or not path or o.time_share < min_share:
             continue
-        if o.kind not in _FUSABLE and not (o.kind == "attention" and o.attrs.get("written") == "naive"):
+        if o.kind not in FUSABLE_KINDS and not (o.kind == "attention" and o.attrs.get("written") == "naive"):
             continue  # a library GEMM or attention stays the library's call when compiled
         if any(path == r or path.startswith(r + ".") for r in roots):
             inside.append(o)

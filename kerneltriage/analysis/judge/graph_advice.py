@@ -13,16 +13,17 @@ from kerneltriage.analysis.rules import Rules
 from kerneltriage.analysis.vocabulary import Reason, Verdict
 
 
-class _GraphCandidate:
-    """A launch-bound compiled graph seen as a candidate by the recipes."""
+class LaunchBoundCandidate:
+    """Launches seen as a candidate by the recipes, `compile (launch-bound)`: a compiled graph
+    (``compiled``), or a whole step the host paces (``host_bound.step_fix``)."""
 
-    def __init__(self, g: dict[str, Any]) -> None:
-        self.verdict, self.reason, self.builtin = Verdict.COMPILE, Reason.LAUNCH_BOUND, g.get("builtin")
+    def __init__(self, builtin: str | None, launches: float, *, compiled: bool) -> None:
+        self.verdict, self.reason, self.builtin = Verdict.COMPILE, Reason.LAUNCH_BOUND, builtin
         self.kind, self.variant, self.module = "other", None, None
         self.attrs: dict[str, Any] = {}
-        self.compiled, self.inductor = True, False
+        self.compiled, self.inductor = compiled, False
         self.instances_per_step = 1.0
-        self.roofline = type("R", (), {"launches_per_step": float(g.get("kernels_per_step") or 0.0)})()
+        self.roofline = type("R", (), {"launches_per_step": launches})()
 
 
 def compiled_graph_advice(
@@ -48,7 +49,7 @@ def compiled_graph_advice(
             idle=idle,
             idle_share=g["idle_share_of_span"],
         )
-        graph = _GraphCandidate(g)
+        graph = LaunchBoundCandidate(g.get("builtin"), float(g.get("kernels_per_step") or 0.0), compiled=True)
         recipe = choose(graph, rules.recipes, env or Environment(), {})
         if recipe and not recipe["blocked"]:
             g["fix"] = recipe.pop("text")

@@ -55,6 +55,12 @@ class HostTime:
         return self.host_ms / self.step_ms if self.step_ms else 0.0
 
     @property
+    def paces_step(self) -> bool:
+        """Judged, and the host takes ``bound_share`` of the step or more: below it a full
+        launch queue may be what held the host, not its own work."""
+        return self.judged and self.share >= float(settings()["bound_share"])
+
+    @property
     def room_ms(self) -> float:
         """What a kernel-only fix can take off the step at most."""
         return max(0.0, self.step_ms - self.host_ms)
@@ -104,13 +110,13 @@ def loading_ms(timeline: Timeline, windows: list[tuple[int, int]]) -> float:
     """Milliseconds per step of data loading on the host (``idle_causes.yaml``'s
     ``data_loading`` annotations and ops) inside the step ``windows`` (ns): host time that
     CUDA graphs leave as it is."""
+    from kerneltriage.analysis.timeline.attribution import name_mask
     from kerneltriage.analysis.timeline.idle import is_data_loading, union
 
     cpu = timeline.cpu
     if cpu is None or cpu.empty or not windows:
         return 0.0
-    names = cpu["name"].astype(str)
-    hit = names.map(is_data_loading).to_numpy(dtype=bool)
+    hit = name_mask(cpu["name"], is_data_loading)
     if not hit.any():
         return 0.0
     start = cpu["start"].to_numpy(dtype=np.int64)[hit]
@@ -156,7 +162,7 @@ def cap_to_host(candidates: list[Candidate], host: HostTime | None) -> list[str]
     holds makes the host wait for the GPU too, so its issue time overstates the host's own work
     (BERT-base, GPU-bound, 1,391 launches a step: 77%), and the room it leaves is only a lower
     bound; at 90% the GPU had at most a tenth of the step queued when the host was done."""
-    if host is None or not host.judged or host.share < float(settings()["bound_share"]):
+    if host is None or not host.paces_step:
         return []
     room = host.room_ms
     capped: list[Candidate] = []
@@ -205,24 +211,6 @@ def cap_to_host(candidates: list[Candidate], host: HostTime | None) -> list[str]
 
 #: The id of the step-level fix for a step the host paces (verify's ``--candidates S1``).
 STEP_FIX_ID = "S1"
-#: Kinds whose kernels Inductor fuses when the whole model is compiled (library GEMMs,
-#: convolutions and attention stay the library's calls).
-_FUSED_KINDS = frozenset({"elementwise", "reduction", "softmax", "norm", "cross-entropy"})
-
-
-class _StepCandidate:
-    """The whole step seen as a candidate by the recipes: `compile (launch-bound)`."""
-
-    def __init__(self, launches: float, compiled: bool) -> None:
-        from kerneltriage.analysis.vocabulary import Reason, Verdict
-
-        self.verdict, self.reason = Verdict.COMPILE, Reason.LAUNCH_BOUND
-        self.builtin = 'torch.compile(mode="reduce-overhead")'
-        self.kind, self.variant, self.module = "other", None, None
-        self.attrs: dict[str, Any] = {}
-        self.compiled, self.inductor = compiled, False
-        self.instances_per_step = 1.0
-        self.roofline = type("R", (), {"launches_per_step": launches})()
 
 
 def step_fix(
@@ -244,14 +232,16 @@ def step_fix(
     step stays at least the host's data loading (``loading``, ms a recorded step), which CUDA
     graphs do not replay. None where the host leaves the GPU the step, or no recipe
     fits (a serving engine, an old torch)."""
+    from kerneltriage.analysis.fixes.attach import FUSABLE_KINDS
     from kerneltriage.analysis.fixes.fix_choice import choose
+    from kerneltriage.analysis.judge.graph_advice import LaunchBoundCandidate
 
-    if host is None or not host.judged or host.share < float(settings()["bound_share"]):
+    if host is None or not host.paces_step:
         return None
     fused_off = sum(
         c.time_ms_per_step * (1.0 - 1.0 / c.headroom)
         for c in candidates
-        if c.kind in _FUSED_KINDS and c.headroom and c.headroom > 1.0
+        if c.kind in FUSABLE_KINDS and c.headroom and c.headroom > 1.0
     )
     # The kernels' own time (the candidates'), not the busy time: replayed at once, the gaps
     # between them go too.
@@ -259,7 +249,8 @@ def step_fix(
     # Data loading stays the host's however the launches go: the step is at least that.
     after_ms = max(0.0, kernel_ms - fused_off, loading)
     predicted = max(0.0, 1.0 - after_ms / host.step_ms)
-    recipe = choose(_StepCandidate(launches, compiled), recipes, env, {})
+    step = LaunchBoundCandidate('torch.compile(mode="reduce-overhead")', launches, compiled=compiled)
+    recipe = choose(step, recipes, env, {})
     if not recipe or recipe["blocked"] or not predicted:
         return None
     text = recipe.pop("text")

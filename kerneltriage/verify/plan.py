@@ -75,6 +75,9 @@ class Planned:
     # The prediction is the whole of what the fix covers (a module-class compile: the
     # candidate and what it takes from the others inside those modules), not this row's slice.
     whole: bool = False
+    # A step-level fix's prediction as the step it leaves (ms): judged against each verify's own
+    # baseline, whose host-paced step differs from the profiled process's.
+    predicted_step_ms: float | None = None
 
     @property
     def verifiable(self) -> bool:
@@ -157,6 +160,7 @@ class StepCandidate:
     fix: str
     recipe: dict[str, Any]
     expected_saving_share: float
+    predicted_step_ms: float | None = None  # the step the fix should leave, whatever the baseline's host
     verdict: Verdict = Verdict.COMPILE
     attrs: dict[str, Any] = field(default_factory=dict)
 
@@ -173,6 +177,7 @@ def step_candidates(report: Any) -> list[StepCandidate]:
             fix=str(fix["fix"]),
             recipe=dict(fix["recipe"]),
             expected_saving_share=float(fix["predicted_saving_share"]),
+            predicted_step_ms=fix.get("predicted_step_ms"),
         )
     ]
 
@@ -212,6 +217,7 @@ def plan_candidate(
         verdict=candidate.verdict,
         predicted=candidate.attrs.get("fix_saving_share") or candidate.expected_saving_share or None,
         whole=bool(candidate.attrs.get("fix_saving_share")),
+        predicted_step_ms=getattr(candidate, "predicted_step_ms", None),
         recipe_id=recipe.get("id") if recipe else None,
         text=candidate.fix,
         apply=recipe.get("apply") if recipe and isinstance(recipe.get("apply"), dict) else None,

@@ -9,6 +9,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from kerneltriage import rundir
@@ -125,3 +126,28 @@ def test_cli_by_hand_and_a_failing_script(tmp_path, monkeypatch):
         last == "kerneltriage: error: the script failed in the baseline run: RuntimeError: CUDA out of memory"
     )
     assert "Traceback" not in result.output
+
+
+def test_a_step_level_fix_is_judged_against_this_verify_s_own_baseline():
+    """S1 predicts the step it leaves (18.1 ms): against a host-paced baseline that ran at
+    33.7 ms in verify's processes (the profiled one: 26.7 ms), it should save 46%, not the 32%
+    the report printed; 51% realized is then within its prediction, not 1.6× it."""
+    from kerneltriage.verify.trials import _entry
+
+    s1 = Planned("S1", "the whole step", "compile", 0.322, "compile-cuda-graphs", "fix", {"kind": "k"}, None)
+    s1.predicted_step_ms = 18.1
+    losses = [{"value": 2.0}, {"value": 1.9}]
+
+    def runs(level, n):
+        return [
+            {"status": "ok", "step_ms": [level + 0.01 * (i % 3) for i in range(20)], "losses": losses}
+        ] * n
+
+    entry = _entry(s1, runs(33.7, 3), runs(16.4, 3), Settings(), True)
+    assert entry.predicted_saving_share == pytest.approx(1 - 18.1 / entry.baseline.median_ms, abs=1e-4)
+    assert entry.predicted_saving_share == pytest.approx(0.463, abs=0.002)
+    assert entry.status == "verified" and "1.1× the prediction" not in entry.why
+    assert "the step to 18.10 ms, 46.3% of this baseline's 33.71 ms (32.2% at the profiled step)" in entry.why
+    # A candidate's fix keeps the report's share: its saving is the kernels', not the host's.
+    plain = planned("C1")
+    assert _entry(plain, runs(33.7, 3), runs(32.0, 3), Settings(), True).predicted_saving_share == 0.05

@@ -260,6 +260,9 @@ def step_fix(
         "id": STEP_FIX_ID,
         "name": f"the whole step: {launches:.0f} launches the host issues in {host.host_ms:.3g} ms",
         "predicted_saving_share": round(predicted, 4),
+        # The step it becomes: a host-paced baseline moves with the host's load from process to
+        # process, so verify judges the fix against this, not the share of another process's step.
+        "predicted_step_ms": round(after_ms, 3),
         "saving_basis": (
             f"1 − (kernel time {kernel_ms:.3g} ms − {fused_off:.3g} ms that fusing takes from the norms and "
             f"elementwise chains) / step {host.step_ms:.3g} ms: the launches replayed at once, the step becomes "

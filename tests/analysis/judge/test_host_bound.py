@@ -125,6 +125,10 @@ def test_a_host_paced_step_gets_cuda_graphs_as_s1_which_verify_plans_and_reads_b
     assert fix["predicted_saving_share"] == pytest.approx(
         1 - (kernels - fused) / report.step_time_ms, abs=1e-4
     )
+    # ... and as the step it leaves, which verify judges against its own baseline's step.
+    assert fix["predicted_step_ms"] == pytest.approx(
+        (1 - fix["predicted_saving_share"]) * report.step_time_ms, rel=1e-3
+    )
     assert any(line.startswith("Host-paced step → S1") for line in header_lines(report))
     from kerneltriage.render import render
 
@@ -137,6 +141,7 @@ def test_a_host_paced_step_gets_cuda_graphs_as_s1_which_verify_plans_and_reads_b
     s1 = next(c for c in plan.candidates if c.id == "S1")
     assert s1.apply == {"kind": "compile-model", "mode": "reduce-overhead"} and s1.why_not is None
     assert s1.predicted == pytest.approx(fix["predicted_saving_share"])
+    assert s1.predicted_step_ms == fix["predicted_step_ms"]
     only = make_plan(str(run), manifest, rows, Settings(), ids=["s1"])
     assert [c.id for c in only.candidates] == ["S1"]
     # What verify measured comes back onto the step's fix, not as a stray row.

@@ -28,11 +28,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from kerneltriage.ingest.tables import Timeline
 
 #: What starting one more ncu process costs, in profiled launches: the script's imports, model
-#: build and warm-up steps under ncu. Phase 2 on an H100 took 119-126 s for a MoE model (162
-#: launches, two processes) and 85-90 s for ConvNeXt-T (175 launches); read as one process for
-#: ConvNeXt-T, that is about 0.27 s a launch and 38 s a start, some 140 launches. An estimate
-#: from totals: ``phases.ncu.passes`` now records each process's launches and seconds.
-START_COST_LAUNCHES = 140
+#: build and warm-up steps under ncu, whose launches ncu serializes. ConvNeXt-T on an H200
+#: (2026-11-27, 19 metrics, 6 replay passes a launch): 24 launches in 23.1 s and 156 in 57.2 s,
+#: one process after the other, so 0.26 s a launch and 17 s a start, some 65 launches; 22 s (86)
+#: with two GPUs' processes starting at once on one host. Two processes on one GPU gain nothing
+#: from running at once (measured: 55-57 s for what takes 57 s in turn): the start is mostly
+#: launches under ncu's lock, not the host's imports.
+START_COST_LAUNCHES = 75
 #: Seconds ``nvidia-smi -L`` may take before the GPUs count as one.
 SMI_TIMEOUT = 20.0
 

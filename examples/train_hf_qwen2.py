@@ -52,6 +52,13 @@ def parse_args(argv=None):
         default="none",
         help="data parallelism under torchrun: DistributedDataParallel or FSDP2's fully_shard",
     )
+    p.add_argument(
+        "--adamw",
+        choices=("auto", "fused", "default"),
+        default="auto",
+        help="auto: fused on a GPU, torch's default under FSDP2 (as many FSDP2 scripts leave it: "
+        "a for-loop over its DTensor parameters); fused: fused everywhere; default: torch's default",
+    )
     p.add_argument("--tiny", action="store_true", help="a model small enough for a CPU test")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -115,8 +122,13 @@ def main(argv=None):
     model.train()
     if args.parallel != "none":
         model = wrap(model, args, device)
-    # Fused AdamW on plain tensors; FSDP2's sharded (DTensor) parameters take the foreach one.
-    fused = device.type == "cuda" and args.parallel != "fsdp2"
+    # Fused AdamW on plain tensors. FSDP2's sharded (DTensor) parameters get torch's default,
+    # which for them is a for-loop of small ops per parameter (foreach needs plain tensors);
+    # fused AdamW takes DTensors too (--adamw fused).
+    if args.adamw == "default" or device.type != "cuda":
+        fused = None
+    else:
+        fused = args.adamw == "fused" or args.parallel != "fsdp2" or None
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=fused)
     gen = torch.Generator(device="cpu").manual_seed(args.seed + 1 + rank)
     stats = StepStats(device)

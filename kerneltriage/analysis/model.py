@@ -239,7 +239,8 @@ class Report:
     @property
     def idle_bound(self) -> bool:
         """The report leads with the idle GPU: idle (and exposed communication) is at least
-        ``idle_warn`` of the step and ``idle_noise`` times the steps' spread."""
+        ``idle_warn`` of the step, and still so at the low end of the step's interval where
+        profile timed the script (else ``idle_noise`` times the steps' spread)."""
         if self.idle is not None:
             return self.idle.above_noise
         return self.idle_pct / 100.0 >= self.thresholds.idle_warn

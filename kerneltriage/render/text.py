@@ -240,7 +240,14 @@ def idle_headline(report: Report) -> str:
         text += " No kernel fixes an idle GPU — every saving below shrinks only the busy part."
     fixed = next((g for g in report.gaps if g.fix and g.kind == lead), None)
     if fixed is not None:
-        text += f" {_cause_name(fixed.cause)} ({ms(fixed.ms_per_step)} per step) is {fixed.fix}."
+        # Every gap the same fix covers (the optimizer's for-loop spans mul_, addcdiv_, div …).
+        same = [g for g in report.gaps if g.fix == fixed.fix and g.kind == lead]
+        if len(same) == 1:
+            text += f" {_cause_name(fixed.cause)} ({ms(fixed.ms_per_step)} per step) is {fixed.fix}."
+        else:
+            names = ", ".join(_cause_name(g.cause) for g in same[:4]) + (" …" if len(same) > 4 else "")
+            together = sum(g.ms_per_step for g in same)
+            text += f" {names} ({ms(together)} per step together) is {fixed.fix}."
     return text
 
 
@@ -250,11 +257,13 @@ def idle_line(report: Report) -> str | None:
     if idle is None or idle.above_noise or idle.ms_per_step <= 0:
         return None
     t = report.thresholds
-    why = (
-        f"under {pct(t.idle_warn, 0)} of the step"
-        if idle.share < t.idle_warn
-        else (f"within {t.idle_noise:g}× the steps' spread ({ms(report.step_spread_ms)})")
-    )
+    if idle.share < t.idle_warn:
+        why = f"under {pct(t.idle_warn, 0)} of the step"
+    elif report.idle_interval_pct is not None and report.source.get("timing"):
+        low = min(report.idle_interval_pct)
+        why = f"{low:.1f}% at the step interval's low end, under {pct(t.idle_warn, 0)}"
+    else:
+        why = f"within {t.idle_noise:g}× the steps' spread ({ms(report.step_spread_ms)})"
     text = f"Idle: {ms(idle.ms_per_step)} per step ({pct(idle.share)}), {why}: not a headline"
     causes = [c for c in idle.classes if c != COMMUNICATION]
     if causes:

@@ -220,3 +220,27 @@ def test_header_says_how_a_nameless_gpu_was_found():
     lines = render(rep, "terminal", color=False, width=400).splitlines()
     assert lines[1].startswith("GPU: AMD Instinct MI300X — ceilings 4240 GB/s, 654 bf16, 114 fp32 TFLOP/s")
     assert lines[2] == "GPU row: inferred from deviceProperties: compute 9.4, 304 CUs, 192 GB → MI300X row"
+
+
+def test_the_idle_headline_counts_every_gap_its_fix_covers(example_report):
+    """The optimizer's for-loop spans mul_, addcdiv_, div and add_ gaps: one fix, their sum."""
+    import copy
+
+    from kerneltriage.analysis.model import Gap
+    from kerneltriage.analysis.rules import load_rules
+    from kerneltriage.analysis.triage import idle_by_class
+    from kerneltriage.render.text import idle_headline
+
+    report = copy.deepcopy(example_report)
+    loop = "the optimizer's for-loop; fix: fused=True"
+    report.gaps = [
+        Gap("host busy: aten::mul_", 21.0, 391, 0.05, kind="host busy", fix=loop),
+        Gap("host busy: aten::addcdiv_", 15.0, 192, 0.08, kind="host busy", fix=loop),
+        Gap("host busy: aten::linear", 9.0, 10, 0.9, kind="host busy"),
+    ]
+    step = report.step_time_ms
+    report.idle = idle_by_class(step, step - 45.0, None, report.gaps, 0.0, load_rules())
+    text = idle_headline(report)
+    assert "aten::mul_, aten::addcdiv_ (36.00 ms per step together) is the optimizer's for-loop" in text
+    report.gaps = report.gaps[1:]
+    assert "aten::addcdiv_ (15.00 ms per step) is the optimizer's for-loop" in idle_headline(report)

@@ -353,3 +353,37 @@ def test_a_stall_is_left_out_of_the_step_the_shares_are_of():
     idle = idle_by_class(1000.0, 505.0, None, gaps, 0.0, rules)
     assert idle.lead == STALL and idle.stall_ms_per_step == 490.0
     assert idle.share_step_ms == pytest.approx(510.0)
+
+
+def test_where_profile_timed_the_script_idle_is_judged_at_the_low_end_of_the_step_interval():
+    rules = load_rules()
+    gaps = [Gap("host busy: aten::mul_", 120.0, 390, 0.05, kind=HOST_BUSY)]
+    # An FSDP2 job on two H100s: steps 150-315 ms, GPU busy 89 ms of a 221 ms step. Its spread
+    # (63 ms) is the idle time moving; at the interval's low end (187 ms) idle is still 52%.
+    assert not idle_by_class(221.0, 89.0, 62.7, gaps, 0.0, rules).above_noise
+    assert idle_by_class(221.0, 89.0, 62.7, gaps, 0.0, rules, step_low_ms=186.7).above_noise
+    # A narrow spread does not make idle a headline that the interval's low end leaves under
+    # idle_warn: 12 of 100 ms, but 9 of 97.
+    assert idle_by_class(100.0, 88.0, 1.0, gaps, 0.0, rules).above_noise
+    assert not idle_by_class(100.0, 88.0, 1.0, gaps, 0.0, rules, step_low_ms=97.0).above_noise
+
+
+def test_the_optimizers_for_loop_is_named_with_its_fix():
+    from kerneltriage.analysis.timeline.idle import known_fix
+
+    for op in ("aten::mul_", "aten::addcdiv_", "aten::add_", "aten::div"):
+        fix = known_fix(op, ["ProfilerStep#12", "Optimizer.step#AdamW.step"])
+        assert fix is not None and "fused=True" in fix.fix and "for-loop" in fix.name
+    assert known_fix("aten::add_", ["ProfilerStep#12", "Optimizer.step#SGD.step"]) is not None
+    assert known_fix("aten::mul_", ["ProfilerStep#12", "nn.Module: Linear"]) is None  # the model's own
+    assert known_fix("aten::_fused_adamw_", ["Optimizer.step#AdamW.step"]) is None  # already fused
+
+
+@corpus
+def test_a_corpus_trace_with_an_sgd_for_loop_gets_the_fused_optimizer():
+    from kerneltriage import api
+
+    report = api.report(EXTERNAL / "hta-compiled-2rank-v100")
+    loop = [g for g in report.gaps if g.fix and "for-loop" in g.fix]
+    assert loop and all(g.cause.startswith("host busy: aten::") for g in loop)
+    assert sum(g.ms_per_step for g in loop) > 5.0  # 6.88 ms a step in 237 gaps of aten::add_

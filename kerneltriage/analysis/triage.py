@@ -212,8 +212,8 @@ def _step_time(
     comm_ns, exposed_ns = communication_overlap(attr, lambda n: rules.classify(None, n) == "communication")
     # The interval a further run of the script falls in, where profile timed the script: the
     # noise the idle time is judged against (a trace alone keeps the steps' spread).
-    low = interval[0] if timing and interval else None
-    idle = idle_by_class(step_ms, busy_ms, spread_ms, gaps, exposed_ns / n_steps / 1e6, rules, low)
+    step_low = interval[0] if timing and interval else None
+    idle = idle_by_class(step_ms, busy_ms, spread_ms, gaps, exposed_ns / n_steps / 1e6, rules, step_low)
     host = None
     if timing:
         recorded_ms = float(np.mean(walls)) / 1e6

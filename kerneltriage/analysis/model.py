@@ -168,6 +168,9 @@ class Gap:
     example_ms: float
     kind: str = ""  # its class (analysis.idle.CAUSE_CLASSES)
     fix: str | None = None  # the known fix for the work that spans it (data/idle_causes.yaml)
+    # ms per step in the recorded steps, before ``ms_per_step`` was scaled to the idle time of
+    # the plain steps (None: not scaled; a trace without profile's timing)
+    recorded_ms_per_step: float | None = None
 
 
 @dataclass

@@ -35,7 +35,7 @@ from kerneltriage.analysis.judge.host_bound import (
 )
 from kerneltriage.analysis.judge.verdict import decide, rank_in_order
 from kerneltriage.analysis.model import Candidate, Gap, Idle, Report
-from kerneltriage.analysis.rules import Rules
+from kerneltriage.analysis.rules import Rules, Thresholds
 from kerneltriage.analysis.timeline import plausibility, steady
 from kerneltriage.analysis.timeline.attribution import Attribution, attribute
 from kerneltriage.analysis.timeline.compiled import compiled_graphs
@@ -397,11 +397,15 @@ def _assemble_report(
 
 
 def _idle_interval(steps: _StepTime) -> tuple[float, float] | None:
+    return idle_interval(steps.interval, steps.busy_ms)
+
+
+def idle_interval(interval: tuple[float, float] | None, busy_ms: float) -> tuple[float, float] | None:
     """The idle share's interval: busy time over the step time's interval."""
-    if steps.interval is None:
+    if interval is None:
         return None
-    low, high = steps.interval
-    share = [max(0.0, 100.0 * (1.0 - steps.busy_ms / t)) if t > 0 else 0.0 for t in (low, high)]
+    low, high = interval
+    share = [max(0.0, 100.0 * (1.0 - busy_ms / t)) if t > 0 else 0.0 for t in (low, high)]
     return (round(share[0], 2), round(share[1], 2))
 
 
@@ -439,6 +443,19 @@ def idle_by_class(
     rules: Rules,
     step_low_ms: float | None = None,
 ) -> Idle:
+    """``idle_of`` with the rules' thresholds."""
+    return idle_of(step_ms, busy_ms, spread_ms, gaps, exposed_ms, rules.thresholds, step_low_ms)
+
+
+def idle_of(
+    step_ms: float,
+    busy_ms: float,
+    spread_ms: float | None,
+    gaps: list[Gap],
+    exposed_ms: float,
+    t: Thresholds,
+    step_low_ms: float | None = None,
+) -> Idle:
     """The step's idle time by cause class, the class that leads, and whether idle and exposed
     communication together are clearly above the noise: ``idle_warn`` of the step, and where
     the step time has an interval (``step_low_ms``, its low end) still so at that end; else
@@ -452,7 +469,6 @@ def idle_by_class(
     if exposed_ms > 0:
         classes[COMMUNICATION] += exposed_ms
     waiting = idle_ms + exposed_ms
-    t = rules.thresholds
     above = step_ms > 0 and waiting >= t.idle_warn * step_ms
     if step_low_ms is not None and 0 < step_low_ms <= step_ms:
         above = above and max(0.0, step_low_ms - busy_ms) + exposed_ms >= t.idle_warn * step_low_ms
@@ -484,12 +500,19 @@ def _timed_as_run(
     busy = min(plain, float(timing.get("gpu_busy_ms") or busy_ms))
     recorded_idle, idle = step_ms - busy_ms, plain - busy
     scale = idle / recorded_idle if recorded_idle > 0 else 0.0
+    by_class: dict[str, float] = defaultdict(float)
     for g in gaps:
+        g.recorded_ms_per_step = g.ms_per_step
+        by_class[g.kind or HOST_BUSY] += g.ms_per_step
         g.ms_per_step *= scale
     source["timing"] = {
         "step_ms": plain,
         "gpu_busy_from": "clean steps" if timing.get("gpu_busy_ms") else "recorded steps",
         "recorded_step_ms": step_ms,
+        # The recorded steps' busy time and idle causes by class, all of them (the report keeps
+        # the biggest gaps): what a rank's idle is made again from once its wait is known.
+        "recorded_busy_ms": busy_ms,
+        "recorded_idle_by_class": dict(by_class),
         # What the recorded steps' idle causes (``gaps``) were multiplied by.
         "idle_scale": scale,
         "steps": {k: len(timing.get(f"{k}_ms") or []) for k in ("plain", "clean", "recorded")},

@@ -32,7 +32,8 @@ import numpy as np
 from kerneltriage.analysis.compare.exposed import COMMUNICATION as COMMUNICATION
 from kerneltriage.analysis.compare.exposed import communication_fix as communication_fix
 from kerneltriage.analysis.compare.exposed import last_collective as last_collective
-from kerneltriage.analysis.model import Candidate, Report, json_safe
+from kerneltriage.analysis.model import Candidate, Gap, Report, json_safe
+from kerneltriage.analysis.timeline.idle import HOST_BUSY
 from kerneltriage.ingest.tables import Timeline
 
 SCHEMA = "kerneltriage.ranks/1"
@@ -445,9 +446,59 @@ def _leave_out_wait(rep: Report, wait_fraction: float) -> None:
         )
         c.note = "; ".join(x for x in (c.note, note) if x)
     rep.exposed_communication_ms_per_step = max(0.0, rep.exposed_communication_ms_per_step - wait)
+    busy = _busy_without_wait(rep, wait)
     rep.notes.append(
         f"communication: {wait:.2f} ms per step of the recorded steps' collectives was waiting for a rank "
         "still in a profiled step (the ranks' plain steps run in step): left out of the collectives' "
         "candidates and of the exposed communication"
+        + (", and of GPU busy (the idle time and its causes follow)" if busy else "")
     )
     rank_in_order(rep.candidates)
+
+
+def _busy_without_wait(rep: Report, wait: float) -> bool:
+    """GPU busy less the collectives' wait, and the idle time, its interval, its causes and its
+    headline made again from it. The clean steps that measure busy time are profiled steps as
+    well, so a rank's collectives wait there as they do in the recorded steps: a rank that
+    waited 181 of its 219 ms for a peer read 100% busy and 0% idle while the peer read 40% busy
+    (an FSDP2 job on two H100s); busy taken from the recorded steps holds the same wait. Needs
+    ``profile``'s timing (the plain steps, and the recorded steps' busy time); False where it is
+    not there."""
+    from kerneltriage.analysis.triage import idle_interval, idle_of
+
+    timing = rep.source.get("timing") or {}
+    recorded_step, recorded_busy = timing.get("recorded_step_ms"), timing.get("recorded_busy_ms")
+    step = rep.step_time_ms
+    if recorded_step is None or recorded_busy is None or step <= 0:
+        return False
+    measured = timing.get("gpu_busy_ms")  # the clean steps', else the recorded steps'
+    busy = min(step, max(0.0, float(recorded_busy if measured is None else measured) - wait))
+    # The wait lengthened the recorded steps as much as their busy time: their idle causes stay
+    # what they were, scaled to the plain steps' idle as before.
+    recorded_idle = float(recorded_step) - float(recorded_busy)
+    scale = (step - busy) / recorded_idle if recorded_idle > 0 else 0.0
+    for g in rep.gaps:
+        if g.recorded_ms_per_step is not None:
+            g.ms_per_step = g.recorded_ms_per_step * scale
+    timing["idle_scale"] = scale
+    timing["gpu_busy_less_wait_ms"] = busy
+    rep.gpu_busy_ms = busy
+    rep.gpu_busy_pct = 100.0 * busy / step
+    rep.idle_pct = max(0.0, 100.0 - rep.gpu_busy_pct)
+    if "idle" in rep.kind_breakdown:
+        rep.kind_breakdown["idle"] = max(0.0, step - busy)
+        rep.kind_breakdown = dict(sorted(rep.kind_breakdown.items(), key=lambda kv: -kv[1]))
+    rep.idle_interval_pct = idle_interval(rep.step_interval_ms, busy)
+    # The report keeps the biggest gaps; each class's other gaps count in its total as one more.
+    kept: dict[str, float] = {}
+    for g in rep.gaps:
+        kept[g.kind or HOST_BUSY] = kept.get(g.kind or HOST_BUSY, 0.0) + (g.recorded_ms_per_step or 0.0)
+    rest = [
+        Gap(f"{kind}: other gaps", (total - kept.get(kind, 0.0)) * scale, 0.0, 0.0, kind=kind)
+        for kind, total in (timing.get("recorded_idle_by_class") or {}).items()
+        if total > kept.get(kind, 0.0)
+    ]
+    low = rep.step_interval_ms[0] if rep.step_interval_ms else None
+    exposed = rep.exposed_communication_ms_per_step
+    rep.idle = idle_of(step, busy, rep.step_spread_ms, [*rep.gaps, *rest], exposed, rep.thresholds, low)
+    return True

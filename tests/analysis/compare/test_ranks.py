@@ -140,6 +140,28 @@ def _with_plain_steps(run, plain):
         path.write_text(json.dumps(status))
 
 
+def _with_step_time(run, plain, busy):
+    """The DDP run with each rank's plain steps and clean steps' GPU busy time in the manifest,
+    as ``profile`` records them (``step_time`` for rank 0, ``step_time_ranks`` for the others)."""
+    manifest = json.loads((run / "manifest.json").read_text())
+    timeline = manifest["phases"]["timeline"]
+    for rank, values in plain.items():
+        entry = {
+            "rank": rank,
+            "plain_ms": values,
+            "plain_median_ms": sorted(values)[len(values) // 2],
+            "clean_ms": [60.0, 60.5, 61.0],
+            "gpu_busy_ms": busy[rank],
+            "clock": "cuda events",
+            "clean_profiler": "cuda activity",
+        }
+        if rank == 0:
+            timeline["step_time"] = entry
+        else:
+            timeline.setdefault("step_time_ranks", {})[str(rank)] = entry
+    (run / "manifest.json").write_text(json.dumps(manifest))
+
+
 def test_every_rank_takes_its_own_plain_steps(tmp_path, ddp):
     # The recorded steps differ (50.93 and 52.68 ms: rank 1 waited on rank 0 while profiled);
     # the plain steps, nothing installed, agree.
@@ -268,3 +290,45 @@ def test_the_wait_for_a_rank_in_a_profiled_step_is_left_out_when_the_ranks_run_i
     assert "wait_left_out" not in reps[1].source["communication"]  # rank 1 did not wait
     # Without plain steps (the shipped run), the recorded wait stays counted.
     assert "wait_left_out" not in ddp[0].source["communication"]
+
+
+def test_the_left_out_wait_leaves_gpu_busy_too_and_idle_follows(tmp_path):
+    """The clean steps that measure busy time are profiled too: the rank that waited for its
+    peer there read its waiting collectives as busy (an FSDP2 rank: 100% busy, 0% idle, its
+    peer 40%). With the wait left out, busy loses it, and idle, its interval, its causes
+    (scaled from the recorded steps' gaps, all of them) and its headline follow."""
+    run = tmp_path / "run"
+    shutil.copytree(DDP, run)
+    plain = {0: [53.1, 53.0, 53.2, 53.05, 53.1], 1: [53.1, 53.0, 53.15, 53.1, 53.05]}
+    _with_step_time(run, plain, busy={0: 52.0, 1: 50.0})
+    reps = build_reports(run)
+    r0, r1 = reps[0], reps[1]
+    wait = r0.source["communication"]["wait_ms_per_step"]
+    assert wait == pytest.approx(1.362, abs=0.01)
+    assert r0.gpu_busy_ms == pytest.approx(52.0 - wait) and r1.gpu_busy_ms == pytest.approx(50.0)
+    assert r0.idle_pct == pytest.approx(100.0 * (1 - r0.gpu_busy_ms / r0.step_time_ms))
+    assert r0.kind_breakdown["idle"] == pytest.approx(r0.step_time_ms - r0.gpu_busy_ms)
+    low = r0.step_interval_ms[0]
+    assert min(r0.idle_interval_pct) == pytest.approx(100.0 * (1 - r0.gpu_busy_ms / low), abs=0.01)
+    timing = r0.source["timing"]
+    scale = (r0.step_time_ms - r0.gpu_busy_ms) / (timing["recorded_step_ms"] - timing["recorded_busy_ms"])
+    assert timing["idle_scale"] == pytest.approx(scale)
+    assert all(g.ms_per_step == pytest.approx(g.recorded_ms_per_step * scale) for g in r0.gaps)
+    # Every recorded cause counts, the gaps the report keeps and the others.
+    idle_causes = sum(v for k, v in r0.idle.classes.items() if k != "exposed communication")
+    assert idle_causes == pytest.approx(sum(timing["recorded_idle_by_class"].values()) * scale)
+    assert r0.idle.classes.get("exposed communication", 0.0) == pytest.approx(
+        r0.exposed_communication_ms_per_step
+    )
+    assert any("and of GPU busy" in n for n in r0.notes)
+    # Without the clean steps' busy time (plain steps in the status files only), busy is the
+    # recorded steps', which hold the same wait.
+    plain_only = tmp_path / "plain"
+    shutil.copytree(DDP, plain_only)
+    _with_plain_steps(plain_only, plain)
+    again = build_reports(plain_only)[0]
+    recorded = again.source["timing"]["recorded_busy_ms"]
+    assert again.gpu_busy_ms == pytest.approx(min(again.step_time_ms, recorded - wait))
+    assert any("and of GPU busy" in n for n in again.notes)
+    # A trace without profile's timing keeps its busy time: nothing is left out.
+    assert "wait_left_out" not in build_reports(DDP)[0].source["communication"]

@@ -28,10 +28,21 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+#: FSDP2's ``fully_shard`` turns each module it shards into an instance of a class made on the
+#: spot, ``FSDP<Class>`` (a subclass of ``FSDPModule`` and the module's own class: torch
+#: ``distributed/fsdp/_fully_shard/_fully_shard.py``): the recipes match the class underneath.
+_FSDP2_CLASS = re.compile(r"^FSDP(?=[A-Z])")
+
+
+def model_class(name: str) -> str:
+    """A module's class as the model defines it: FSDP2's ``FSDP`` prefix taken off."""
+    return _FSDP2_CLASS.sub("", name)
+
+
 def candidate_fields(c: Any, params: dict[str, Any]) -> dict[str, Any]:
     """The template fields of a candidate and its detected parameters."""
     path, _, cls = (c.module or "").partition(" (")
-    cls = cls.rstrip(")")
+    cls = model_class(cls.rstrip(")"))
     arch = hf_arch(cls) or ""
     head, _, leaf = path.partition(".*.")
     enclosing = [m.partition(":")[2] for m in c.attrs.get("enclosing_modules") or []]

@@ -93,3 +93,29 @@ def test_the_hugging_face_loss_patch_is_judged_without_the_upcast_it_keeps():
     # Declined: the fused linear CE's own prediction is below the loss-only patch's.
     assert judged["saving_share"] < loss.expected_saving_share
     assert "upcast_kept_share" not in loss.recipe["params"]
+
+
+def test_a_model_sharded_by_fsdp2_keeps_its_hugging_face_recipes():
+    """FSDP2's fully_shard makes the model an instance of ``FSDPLlamaForCausalLM``: the loss is
+    still transformers' own, and Liger's patch for the architecture (which the runner applies)
+    is the fix, not the by-hand loss edit."""
+    import copy
+
+    from kerneltriage.analysis.fixes.fix_choice import choose, model_class
+    from kerneltriage.analysis.fixes.fix_environment import environment
+    from kerneltriage.analysis.fixes.fix_params import detect_params
+    from kerneltriage.analysis.rules import load_rules
+
+    assert model_class("FSDPQwen2ForCausalLM") == "Qwen2ForCausalLM"
+    assert model_class("FSDPQwen2DecoderLayer") == "Qwen2DecoderLayer"
+    assert model_class("FSDPrelu") == "FSDPrelu" and model_class("LlamaForCausalLM") == "LlamaForCausalLM"
+    llama = report(RUNS / "hf-llama-h100")
+    loss = next(c for c in llama.candidates if c.kind == "cross-entropy")
+    sharded = copy.deepcopy(loss)
+    sharded.module = sharded.module.replace("(LlamaForCausalLM)", "(FSDPLlamaForCausalLM)")
+    assert "FSDPLlamaForCausalLM" in sharded.module
+    env = environment(llama.gpu, llama.source, {})
+    params = detect_params(sharded, llama.candidates, env, loss.time_ms_per_step / loss.time_share)
+    chosen = choose(sharded, load_rules().recipes, env, params)
+    assert chosen["id"] == "liger-cross-entropy-hf" and chosen["apply"]["kind"] == "liger"
+    assert "apply_liger_kernel_to_llama(" in chosen["text"]

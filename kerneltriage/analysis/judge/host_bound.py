@@ -205,7 +205,10 @@ def cap_to_host(candidates: list[Candidate], host: HostTime | None) -> list[str]
         f"kernels shorten the step by at most {room:.2f} ms"
         + (f" (the savings of {said} capped to that)" if capped else "")
         + "; what shortens the host's side: torch.compile(model) (fewer, fused launches), then "
-        'mode="reduce-overhead" (CUDA graphs); a module-class compile adds host time at every call'
+        'mode="reduce-overhead" (CUDA graphs); a module-class compile adds host time at every call. '
+        "Such a step also moves with the machine's other load, so another run may fall outside the "
+        "step's interval (ConvNeXt-T on an H200: 26.7 ms in the profile's processes, 29.6-33.9 ms in "
+        "verify's)"
     ]
 
 

@@ -151,13 +151,7 @@ def time_variants(torch, F, args, shape) -> list[dict]:
             b.record()
             b.synchronize()
             times.append(a.elapsed_time(b))
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            once()
-            torch.cuda.synchronize()
-        kernels: dict[str, float] = {}
-        for e in prof.events():
-            if e.device_type.name == "CUDA":
-                kernels[e.name[:120]] = kernels.get(e.name[:120], 0.0) + e.device_time / 1e3
+        kernels = kernel_ms(torch, once)
         row = {
             "variant": name,
             "median_ms": round(statistics.median(times), 4),
@@ -168,6 +162,18 @@ def time_variants(torch, F, args, shape) -> list[dict]:
         for kname, ms in list(row["kernels_ms"].items())[:5]:
             print(f"    {ms:7.3f} ms  {kname}")
     return out
+
+
+def kernel_ms(torch, run) -> dict[str, float]:
+    """ms of each CUDA kernel (name cut to 120 characters) while ``run()`` runs once."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    kernels: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            kernels[e.name[:120]] = kernels.get(e.name[:120], 0.0) + e.device_time / 1e3
+    return kernels
 
 
 def t5_calls(args) -> None:
@@ -259,13 +265,7 @@ def t5_calls(args) -> None:
         print(f"{backend.name:20s} {result[:80]}")
         for w in why[:6]:
             print("    ", w)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        step()
-        torch.cuda.synchronize()
-    kernels: dict[str, float] = {}
-    for e in prof.events():
-        if e.device_type.name == "CUDA":
-            kernels[e.name[:120]] = kernels.get(e.name[:120], 0.0) + e.device_time / 1e3
+    kernels = kernel_ms(torch, step)
     top = dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:15])
     print("default dispatch, kernels by time (ms):")
     for name, ms in top.items():

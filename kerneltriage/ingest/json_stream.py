@@ -3,9 +3,9 @@
 ``read_list`` finds the list a top-level key of a JSON object holds, wherever the key is and
 in any layout (one element per line, one line, any whitespace), and cuts it into pieces of
 whole elements. Worker processes parse each piece with orjson and hand its elements to a sink
-(``parse_elements``), so that only what the sink keeps comes back; the results are merged in
-file order. Peak memory is a few pieces plus what the sinks keep. The keys around the list are
-returned for a parse of their own.
+(or let the sink read the JSON itself: ``parse_elements``), so that only what the sink keeps
+comes back; the results are merged in file order. Peak memory is a few pieces plus what the
+sinks keep. The keys around the list are returned for a parse of their own.
 
 How the cuts hold: "The list, cut into pieces" below. The module knows nothing of what the
 elements are (``kineto.py`` reads trace events with it).
@@ -34,7 +34,9 @@ _WS = b" \t\r\n"
 
 
 class Sink(Protocol):
-    """What a worker hands a piece's elements to (made fresh for each piece)."""
+    """What a worker hands a piece's elements to (made fresh for each piece). A sink may also
+    have ``add_json(run: bytes) -> int``, to read the JSON of a run of elements itself
+    (``parse_elements``)."""
 
     def add(self, elements: list[Any]) -> None: ...
 
@@ -504,6 +506,7 @@ def parse_elements(piece: bytes | tuple[str, int, int], new_sink: Callable[[], S
     # form cycles, so pause it (it halves the parse).
     with gc_paused():
         sink = new_sink()
+        add_json = getattr(sink, "add_json", None)
         count = start = 0
         while start < len(piece):
             # Parse ~1 MiB at a time, cut at guessed boundaries (each proven by its parse, as
@@ -513,18 +516,30 @@ def parse_elements(piece: bytes | tuple[str, int, int], new_sink: Callable[[], S
             if stop - start > 2 * _RUN_BYTES:
                 match = _CANDIDATE.search(piece, start + _RUN_BYTES)
                 stop = piece.index(b",", match.start()) if match else stop
-            try:
-                elements = orjson.loads(b"[" + piece[start:stop] + b"]")
-            except orjson.JSONDecodeError as exc:
-                if stop == len(piece):
-                    return BadPiece(exc.msg, start + exc.pos)
+            got = _hand_over(b"[" + piece[start:stop] + b"]", sink, add_json)
+            if not isinstance(got, int) and stop < len(piece):
                 stop = len(piece)  # a wrong guess: parse the rest of the piece at once
-                try:
-                    elements = orjson.loads(b"[" + piece[start:] + b"]")
-                except orjson.JSONDecodeError as exc:
-                    return BadPiece(exc.msg, start + exc.pos)
-            count += len(elements)
-            sink.add(elements)
-            del elements
+                got = _hand_over(b"[" + piece[start:] + b"]", sink, add_json)
+            if not isinstance(got, int):
+                return BadPiece(got.msg, start + got.pos)
+            count += got
             start = stop + 1
         return count, sink.result()
+
+
+def _hand_over(
+    run: bytes, sink: Sink, add_json: Callable[[bytes], int] | None
+) -> int | orjson.JSONDecodeError:
+    """The elements of the JSON list ``run`` to the sink: how many, or orjson's error where it
+    is not valid JSON. A sink may read the JSON itself (``add_json``: how many, or -1 where it
+    declines and takes nothing); else orjson parses it."""
+    if add_json is not None:
+        count = add_json(run)
+        if count >= 0:
+            return count
+    try:
+        elements = orjson.loads(run)
+    except orjson.JSONDecodeError as exc:
+        return exc
+    sink.add(elements)
+    return len(elements)

@@ -102,6 +102,21 @@ def frame(columns: Mapping[str, list[Any] | np.ndarray], spec: dict[str, str]) -
     return pd.DataFrame(data, columns=list(spec), copy=False)
 
 
+def int_array(values: list[Any], default: int = -1) -> np.ndarray:
+    """An int64 column of JSON values: ``default`` for None and for what ``int()`` refuses."""
+    try:
+        return np.array([default if v is None else v for v in values], dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        return np.array([_int(v, default) for v in values], dtype=np.int64)
+
+
+def _int(value: Any, default: int = -1) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
 @dataclass
 class Timeline:
     """One process's profile: what ran on the GPU, what launched it, and what the CPU did.

@@ -277,9 +277,15 @@ def communication_line(report: Report) -> str | None:
     if report.communication_ms_per_step <= 0:
         return None
     exposed = report.exposed_communication_ms_per_step
+    split = report.source.get("communication") or {}
+    waited = (
+        f"; {ms(split['wait_ms_per_step'])} of it waiting for a rank still in a profiled step, left out"
+        if split.get("wait_left_out")
+        else ""
+    )
     return (
         f"Communication: {ms(report.communication_ms_per_step)} per step, {ms(exposed)} exposed "
-        f"({_share(report, exposed)} of the step: no compute kernel runs beside it)"
+        f"({_share(report, exposed)} of the step: no compute kernel runs beside it){waited}"
     )
 
 

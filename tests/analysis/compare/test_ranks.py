@@ -321,6 +321,11 @@ def test_the_left_out_wait_leaves_gpu_busy_too_and_idle_follows(tmp_path):
         r0.exposed_communication_ms_per_step
     )
     assert any("and of GPU busy" in n for n in r0.notes)
+    from kerneltriage.render.text import communication_line
+
+    assert communication_line(r0).endswith(
+        "of it waiting for a rank still in a profiled step, left out"
+    ) and "left out" not in (communication_line(r1) or "")
     # Without the clean steps' busy time (plain steps in the status files only), busy is the
     # recorded steps', which hold the same wait.
     plain_only = tmp_path / "plain"

@@ -65,3 +65,8 @@ class KernelInputError(KernelTriageError, ValueError):
     """Unsupported input to a built-in kernel (device, dtype, shape)."""
 
     exit_code = 2
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``timeout``, a batch scheduler, ``kill``) while ``profile`` or ``verify`` runs,
+    handled as Ctrl-C is: the children are stopped and what was measured is written."""

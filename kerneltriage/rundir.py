@@ -149,6 +149,8 @@ class NcuPhase(_Part):
     expected_configs: StrictInt | None = None
     coverage_of_gpu_time: float | None = None
     metrics: list[StrictStr] | None = None
+    # The tensor-core precisions whose counters were collected (None: every one).
+    tensor_precisions: list[StrictStr] | None = None
     excluded_communication: list[StrictStr] | None = None
     variable_size_kernels: list[StrictStr] | None = None
     variable_launches_per_step: StrictInt | None = None

@@ -30,6 +30,7 @@ from kerneltriage.analysis.judge.host_bound import (
     blocking_ms,
     cap_to_host,
     host_time,
+    launches_per_step,
     loading_ms,
     step_fix,
 )
@@ -217,7 +218,13 @@ def _step_time(
     host = None
     if timing:
         recorded_ms = float(np.mean(walls)) / 1e6
-        host = host_time(timing, step_ms, blocking_ms(timeline, attr.windows), recorded_ms)
+        host = host_time(
+            timing,
+            step_ms,
+            blocking_ms(timeline, attr.windows),
+            recorded_ms,
+            launches_per_step(timeline, attr.windows),
+        )
         if host is not None:
             source["timing"]["host"] = host.to_json()
     return _StepTime(

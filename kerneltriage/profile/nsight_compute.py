@@ -16,6 +16,16 @@ from pathlib import Path
 
 from kerneltriage.profile.step_plan import NCU_RANGE
 
+#: Tensor-pipe FLOPs by source precision. Each costs a replay pass of every profiled launch
+#: (five of the full set's six on an H200: BENCHMARKS.md), so only the precisions the hot
+#: kernels' ops run in are collected (``HotKernels.tensor_precisions``).
+TENSOR_METRICS = {
+    "bf16": "sm__ops_path_tensor_src_bf16_dst_fp32",
+    "fp16": "sm__ops_path_tensor_src_fp16",
+    "tf32": "sm__ops_path_tensor_src_tf32_dst_fp32",
+    "fp8": "sm__ops_path_tensor_src_fp8",
+    "fp64": "sm__ops_path_tensor_src_fp64",
+}
 #: The roofline metric set: duration, DRAM and L2 bytes, FP32/FP16/FP64 instruction counts,
 #: tensor-pipe FLOPs by source type, and speed-of-light percentages.
 ROOFLINE_METRICS = [
@@ -28,11 +38,7 @@ ROOFLINE_METRICS = [
         for p in "fhd"
         for op in ("add", "mul", "fma")
     ),
-    "sm__ops_path_tensor_src_bf16_dst_fp32.sum",
-    "sm__ops_path_tensor_src_fp16.sum",
-    "sm__ops_path_tensor_src_tf32_dst_fp32.sum",
-    "sm__ops_path_tensor_src_fp8.sum",
-    "sm__ops_path_tensor_src_fp64.sum",
+    *(f"{TENSOR_METRICS[p]}.sum" for p in ("bf16", "fp16", "tf32", "fp8", "fp64")),
     # DRAM speed-of-light % rides in the passes above. The SM and compute-memory SOL %
     # (sm__throughput, gpu__compute_memory_throughput) would cost 9 more replay passes on every
     # launch (15 instead of 6 on an H200: benchmarks/probes/ncu_passes.sh) and the roofline
@@ -65,11 +71,15 @@ def available_metrics(ncu: str) -> set[str] | None:
     return names or None
 
 
-def metric_list(available: set[str] | None) -> list[str]:
+def metric_list(available: set[str] | None, precisions: list[str] | None = None) -> list[str]:
+    """The roofline metrics the GPU supports (all when ``available`` is None), the tensor-pipe
+    counters only for ``precisions`` (all when None)."""
+    left_out = {m for p, m in TENSOR_METRICS.items() if precisions is not None and p not in precisions}
+    metrics = [m for m in ROOFLINE_METRICS if m.split(".")[0] not in left_out]
     if available is None:
-        return list(ROOFLINE_METRICS)
+        return metrics
     # --query-metrics lists base names (dram__bytes_read); ours carry a roll-up suffix (.sum).
-    return [m for m in ROOFLINE_METRICS if m.split(".")[0] in available]
+    return [m for m in metrics if m.split(".")[0] in available]
 
 
 def kernel_regex(names: list[str]) -> str:

@@ -65,7 +65,8 @@ def run_ncu(session: ProfileSession, ncu: str) -> None:
     if not hot.names:
         session.warnings.append("phase 1 recorded no GPU kernels in the steps: nothing for ncu to profile")
         return
-    metrics = ncu_tools.metric_list(ncu_tools.available_metrics(ncu))
+    precisions = None if session.options.ncu_set == "full" else hot.tensor_precisions
+    metrics = ncu_tools.metric_list(ncu_tools.available_metrics(ncu), precisions)
     whole_run = bool(manifest.schedule.whole_run)
     config = session.write_config("ncu", whole_run=whole_run)
     manifest.phases.ncu = rundir.NcuPhase(
@@ -73,6 +74,7 @@ def run_ncu(session: ProfileSession, ncu: str) -> None:
         expected_configs=hot.configs,
         coverage_of_gpu_time=round(hot.coverage, 4),
         metrics=metrics,
+        tensor_precisions=precisions,
         excluded_communication=hot.left_out,
         variable_size_kernels=hot.variable,
         variable_launches_per_step=hot.variable_launches,
@@ -84,7 +86,7 @@ def run_ncu(session: ProfileSession, ncu: str) -> None:
     session.reporter.phase(
         "ncu",
         f"Nsight Compute on {len(hot.names)} hot kernels ({hot.coverage:.0%} of GPU time), "
-        f"~{hot.configs} launch configurations{on}",
+        f"~{hot.configs} launch configurations{on}, {_tensor_note(precisions)}",
     )
     started = time.perf_counter()
     if shares:
@@ -102,6 +104,15 @@ def run_ncu(session: ProfileSession, ncu: str) -> None:
     _hot_without_counters(session, hot, not_run)
     if (out / rundir.NCU_CSV).is_file() or (out / rundir.NCU_LAUNCHES_CSV).is_file():
         session.reporter.phase_done("ncu", total_seconds, f"{launches} launches profiled{on}")
+
+
+def _tensor_note(precisions: list[str] | None) -> str:
+    """What the tensor-core counters cover, for the phase line."""
+    if precisions is None:
+        return "tensor-core counters for every precision"
+    if not precisions:
+        return "no tensor-core counters (no hot kernel runs on tensor cores)"
+    return f"tensor-core counters for {', '.join(precisions)} only (the precisions the hot ops run in)"
 
 
 def _hot_kernels(session: ProfileSession) -> tuple[HotKernels, Timeline]:

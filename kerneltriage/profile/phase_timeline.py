@@ -370,6 +370,15 @@ def time_more_processes(session: ProfileSession, runs: TimelineRuns, *, whole_ru
             wide = _wide_interval(series, target)
             if i >= most or wide is None:
                 break
+            reach = _reachable(series, most)
+            if reach is not None and reach > UNREACHABLE * target:
+                session.warnings.append(
+                    f"the {i} timing processes put a run of the script within ±{wide:.1%} of its step time; "
+                    f"their spread would leave ±{reach:.1%} even at {most} processes (the target is "
+                    f"±{target:.0%}), so no more were timed: runs of this script differ from process to "
+                    "process (a shared or host-paced machine)"
+                )
+                break
             session.reporter.phase(
                 "timing",
                 f"process {i + 1} (at most {most}): the {i} so far put a run of the script within "
@@ -405,6 +414,28 @@ def _more_processes_settings(asked: int, most: int | None) -> tuple[float, int]:
 
     conf = settings()["timing"]
     return float(conf["target_half_width"]), max(asked, most or int(conf["max_processes"]))
+
+
+#: More timing processes are run only where their spread would bring a further run within this
+#: many times the target at the most processes: the prediction interval narrows with t(n-1)
+#: alone (4.30 at three processes, 2.57 at six), so a spread of ±4% a process (a Mixtral-class
+#: MoE on a shared H100: ±13-19% at three to five processes) stays wide at six, for a minute more.
+UNREACHABLE = 2.0
+
+
+def _reachable(series: list[list[float]], most: int) -> float | None:
+    """The relative half-width a further run's interval would have at ``most`` processes of
+    the same spread as the kept ones so far (None: too few to tell)."""
+    from kerneltriage.analysis.timeline import steady
+
+    over = steady.over_processes(series)
+    if over is None or len(over.kept) < 2:
+        return None
+    levels = [f.median for f in over.kept]
+    mean = sum(levels) / len(levels)
+    if mean <= 0:
+        return None
+    return steady.projected_half_width(levels, most) / mean
 
 
 def _wide_interval(series: list[list[float]], target: float) -> float | None:

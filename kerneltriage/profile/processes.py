@@ -16,15 +16,34 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import kerneltriage
-from kerneltriage.errors import ToolError
+from kerneltriage.errors import Terminated, ToolError
 from kerneltriage.profile.runner import CONFIG_ENV
 
 #: The exit code ``run_child`` gives a child it stopped after its timeout.
 TIMED_OUT = -999
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM raises ``Terminated`` (a KeyboardInterrupt) in the main thread:
+    a run stopped by ``timeout`` or a scheduler stops its children and writes its manifest and
+    what it measured, as for Ctrl-C, instead of dying with them in memory."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_terminated(signum: int, frame: object) -> None:
+        raise Terminated
+
+    before = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def child_env(config: Path) -> dict[str, str]:

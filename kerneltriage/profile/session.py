@@ -23,12 +23,13 @@ from typing import Any
 import kerneltriage
 from kerneltriage import rundir
 from kerneltriage.analysis.rules import load_rules
-from kerneltriage.errors import InputError
+from kerneltriage.errors import InputError, Terminated
 from kerneltriage.profile import nsight_compute as ncu_tools
 from kerneltriage.profile.command import Command, parse_command
 from kerneltriage.profile.context import Options, ProfileSession, Reporter
 from kerneltriage.profile.phase_ncu import run_ncu
 from kerneltriage.profile.phase_timeline import run_timeline, run_timeline_nsys
+from kerneltriage.profile.processes import terminate_as_interrupt
 
 _ENV_KEYS = (
     "CUDA_VISIBLE_DEVICES",
@@ -65,6 +66,14 @@ def run_profile(argv: list[str], options: Options, reporter: Reporter | None = N
     session = ProfileSession(command, options, out, _first_manifest(argv, options), reporter or Reporter())
     manifest = session.manifest
     rundir.write_manifest(out, manifest)
+    with terminate_as_interrupt():
+        _run_phases(session, target)
+    return Result(target, manifest, session.warnings)
+
+
+def _run_phases(session: ProfileSession, target: Path) -> None:
+    """The phases, the manifest written whatever happens (Ctrl-C and SIGTERM included)."""
+    options, out, manifest = session.options, session.out, session.manifest
     try:
         if options.calibrate and not options.cpu:
             _calibrate(session)
@@ -80,9 +89,10 @@ def run_profile(argv: list[str], options: Options, reporter: Reporter | None = N
         elif options.cpu:
             manifest.notes.append("--cpu dry run: CPU ops only, no GPU kernels and no counters")
         manifest.status = "ok"
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         manifest.status = "interrupted"
-        manifest.notes.append("interrupted by the user (Ctrl-C); files written so far are kept")
+        how = "stopped by SIGTERM" if isinstance(exc, Terminated) else "interrupted by the user (Ctrl-C)"
+        manifest.notes.append(f"{how}; files written so far are kept")
         raise
     except BaseException as exc:
         if manifest.status == "running":
@@ -93,7 +103,6 @@ def run_profile(argv: list[str], options: Options, reporter: Reporter | None = N
         manifest.notes.extend(w for w in session.warnings if w not in manifest.notes)
         rundir.write_manifest(out, manifest)
         _replace_run(out, target, manifest.status == "ok")
-    return Result(target, manifest, session.warnings)
 
 
 def _first_manifest(argv: list[str], options: Options) -> rundir.Manifest:

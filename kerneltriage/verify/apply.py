@@ -2,7 +2,7 @@
 
 The kinds and what each does are the contract's table (``design``: fix recipes). Two moments:
 
-- *before the script runs*: ``liger``, ``compile-mode``, ``sdpa-backend``, ``sdpa-mask-dtype``,
+- *before the script runs*: ``liger``, ``compile-mode``, ``sdpa-backend``, ``sdpa-mask``,
   ``tf32``, ``cudnn-benchmark``, ``fused-optimizer`` change a library or torch's global state;
 - *at the first forward*: a global module forward pre-hook treats the first module that runs
   as the root, changes ``root.modules()`` and removes itself. Children run after the root's
@@ -30,7 +30,7 @@ KINDS = (
     "compile-model",
     "compile-mode",
     "sdpa-backend",
-    "sdpa-mask-dtype",
+    "sdpa-mask",
     "hf-attention",
     "autocast",
     "tf32",
@@ -94,8 +94,11 @@ class Applied:
             return f"the script built no torch.optim {'/'.join(_OPTIMIZERS)} optimizer"
         if self.kind == "ddp":
             return "the script built no torch.nn.parallel.DistributedDataParallel"
-        if self.kind == "sdpa-mask-dtype":
-            return "no scaled_dot_product_attention call had a floating mask of another dtype than q"
+        if self.kind == "sdpa-mask":
+            return (
+                "no scaled_dot_product_attention call had a floating mask of another dtype than q "
+                "or one whose last dimension was not contiguous"
+            )
         return "the fix was not applied"
 
     def remove(self) -> None:
@@ -430,27 +433,31 @@ def _sdpa_backend(torch, applied: Applied, fields: dict[str, Any]) -> None:
     applied._undo.append(lambda: context.__exit__(None, None, None))
 
 
-def _sdpa_mask_dtype(torch, applied: Applied, fields: dict[str, Any]) -> None:
-    """A floating ``attn_mask`` (an additive bias: T5's relative position bias, ALiBi) in q's
-    dtype. SDPA's fused kernels take a mask of q's dtype only, and under autocast an fp32 bias
-    promotes q, k and v to fp32 too: its math path runs. The cast keeps the bias's gradient
-    (SDPA's memory-efficient kernel returns it); the bias is rounded to q's 16 bits."""
+def _sdpa_mask(torch, applied: Applied, fields: dict[str, Any]) -> None:
+    """A floating ``attn_mask`` (an additive bias: T5's relative position bias, ALiBi) that
+    SDPA's fused kernels take: in q's dtype (outside autocast the memory-efficient kernel
+    refuses another; under autocast the cast is autocast's own) and with a contiguous last
+    dimension (T5's bias is a permuted view, stride 12 there, which every fused kernel
+    refuses). The memory-efficient kernel returns the bias's gradient; ``contiguous`` keeps
+    its values, the cast rounds them to q's 16 bits."""
     functional = torch.nn.functional
     original = functional.scaled_dot_product_attention
 
     @functools.wraps(original)
     def sdpa(query, key, value, attn_mask=None, *args, **kwargs):
-        if (
-            attn_mask is not None
-            and attn_mask.is_floating_point()
-            and query.dtype in (torch.float16, torch.bfloat16)
-            and attn_mask.dtype != query.dtype
-        ):
-            applied.details.setdefault(
-                "mask_dtype", f"{attn_mask.dtype} -> {query.dtype}".replace("torch.", "")
-            )
-            applied.done = True
-            attn_mask = attn_mask.to(query.dtype)
+        if attn_mask is not None and attn_mask.is_floating_point():
+            if query.dtype in (torch.float16, torch.bfloat16) and attn_mask.dtype != query.dtype:
+                applied.details.setdefault(
+                    "mask_dtype", f"{attn_mask.dtype} -> {query.dtype}".replace("torch.", "")
+                )
+                applied.done = True
+                attn_mask = attn_mask.to(query.dtype)
+            if attn_mask.dim() and attn_mask.size(-1) > 1 and attn_mask.stride(-1) != 1:
+                applied.details.setdefault(
+                    "mask_layout", f"last-dimension stride {attn_mask.stride(-1)} -> 1"
+                )
+                applied.done = True
+                attn_mask = attn_mask.contiguous()
         return original(query, key, value, attn_mask, *args, **kwargs)
 
     functional.scaled_dot_product_attention = sdpa
@@ -507,7 +514,7 @@ _INSTALLERS: dict[str, Callable[[Any, Applied, dict[str, Any]], None]] = {
     "compile-model": _compile_model,
     "compile-mode": _compile_mode,
     "sdpa-backend": _sdpa_backend,
-    "sdpa-mask-dtype": _sdpa_mask_dtype,
+    "sdpa-mask": _sdpa_mask,
     "hf-attention": _hf_attention,
     "autocast": _autocast,
     "tf32": _tf32,

@@ -26,8 +26,9 @@ from typing import Any
 import kerneltriage
 from kerneltriage import rundir
 from kerneltriage import verify_record as record
-from kerneltriage.errors import InputError, RunDirError, ToolError
+from kerneltriage.errors import InputError, RunDirError, Terminated, ToolError
 from kerneltriage.profile.command import Command, parse_command
+from kerneltriage.profile.processes import terminate_as_interrupt
 from kerneltriage.verify import outcome, torchrun
 from kerneltriage.verify.harness import CONFIG_ENV, MODULE
 from kerneltriage.verify.plan import Plan, Planned, Settings, make_plan, step_candidates
@@ -151,48 +152,51 @@ def run_verify(
         trials.durations.setdefault(label, []).append(seconds)
         return result
 
-    try:
-        if todo:
-            active = [c.id for c in todo]
-            total = 1 + (1 + len(active)) * s.repeats
-            result = one(WARMUP, total)
-            _check_baseline(result, s)
-            trials.warmup = result
-            rounds = 0
-            while active:
-                # The baseline, then the fixes by their expected time: a long compile runs last
-                # in its round, so it cannot hold up the others.
-                labels = [BASELINE, *sorted(active, key=lambda label: trials.run_seconds(label, plan))]
-                need = sum(trials.run_seconds(label, plan) for label in labels)
-                if rounds >= s.repeats and trials.elapsed() + need > s.budget_s:
-                    break  # past the first rounds, a round that would end past the budget is not started
-                for label in labels:
-                    if rounds >= 1 and trials.elapsed() + trials.run_seconds(label, plan) > s.budget_s:
-                        continue
-                    if _budget_spent(trials, s):
-                        continue  # a run cut off at once would read as "timed out": it is "not run"
-                    result = one(label, total)
-                    trials.results[label].append(result)
-                    if label == BASELINE and len(trials.results[label]) == 1:
-                        _check_baseline(result, s)
-                    data = _file(plan, manifest, trials, complete=False)
-                    record.write(run, data)
-                rounds += 1
-                if trials.elapsed() >= s.budget_s:
-                    break
-                active = _still_open(data, active, trials, rounds, s)
-                if rounds >= s.repeats:
-                    total = index + (1 + len(active)) if active else index
-        data = _file(plan, manifest, trials, complete=True)
-        short = _budget_note(data, trials, plan)
-        if short:
-            data.notes.append(short)
-        record.write(run, data)
-    except KeyboardInterrupt:
-        data = _file(plan, manifest, trials, complete=False)
-        data.notes.append("interrupted (Ctrl-C): the runs that finished are kept; partial entries are marked")
-        record.write(run, data)
-        raise
+    # SIGTERM (timeout, a scheduler) ends it as Ctrl-C does: verify.json keeps what finished.
+    with terminate_as_interrupt():
+        try:
+            if todo:
+                active = [c.id for c in todo]
+                total = 1 + (1 + len(active)) * s.repeats
+                result = one(WARMUP, total)
+                _check_baseline(result, s)
+                trials.warmup = result
+                rounds = 0
+                while active:
+                    # The baseline, then the fixes by their expected time: a long compile runs last
+                    # in its round, so it cannot hold up the others.
+                    labels = [BASELINE, *sorted(active, key=lambda label: trials.run_seconds(label, plan))]
+                    need = sum(trials.run_seconds(label, plan) for label in labels)
+                    if rounds >= s.repeats and trials.elapsed() + need > s.budget_s:
+                        break  # past the first rounds, a round that would end past the budget is not started
+                    for label in labels:
+                        if rounds >= 1 and trials.elapsed() + trials.run_seconds(label, plan) > s.budget_s:
+                            continue
+                        if _budget_spent(trials, s):
+                            continue  # a run cut off at once would read as "timed out": it is "not run"
+                        result = one(label, total)
+                        trials.results[label].append(result)
+                        if label == BASELINE and len(trials.results[label]) == 1:
+                            _check_baseline(result, s)
+                        data = _file(plan, manifest, trials, complete=False)
+                        record.write(run, data)
+                    rounds += 1
+                    if trials.elapsed() >= s.budget_s:
+                        break
+                    active = _still_open(data, active, trials, rounds, s)
+                    if rounds >= s.repeats:
+                        total = index + (1 + len(active)) if active else index
+            data = _file(plan, manifest, trials, complete=True)
+            short = _budget_note(data, trials, plan)
+            if short:
+                data.notes.append(short)
+            record.write(run, data)
+        except KeyboardInterrupt as exc:
+            data = _file(plan, manifest, trials, complete=False)
+            how = "stopped by SIGTERM" if isinstance(exc, Terminated) else "interrupted (Ctrl-C)"
+            data.notes.append(f"{how}: the runs that finished are kept; partial entries are marked")
+            record.write(run, data)
+            raise
     return data
 
 

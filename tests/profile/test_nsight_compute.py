@@ -183,6 +183,22 @@ def test_metrics_follow_what_the_gpu_supports():
     assert ncu_tools.metric_list(None) == ncu_tools.ROOFLINE_METRICS
 
 
+def test_tensor_counters_only_for_the_precisions_that_run():
+    # Each tensor-pipe counter costs a replay pass: a bf16 model collects the bf16 one only.
+    available = set(Path("benchmarks/probes/h200_roofline_metrics.txt").read_text().split())
+    bf16 = ncu_tools.metric_list(available, ["bf16"])
+    tensor = [m for m in bf16 if m.startswith("sm__ops_path_tensor")]
+    assert tensor == ["sm__ops_path_tensor_src_bf16_dst_fp32.sum"]
+    assert set(ncu_tools.metric_list(available)) - set(bf16) == {
+        f"{ncu_tools.TENSOR_METRICS[p]}.sum" for p in ("fp16", "tf32", "fp8", "fp64")
+    }
+    assert ncu_tools.metric_list(None, ["bf16", "fp8"]) == [
+        m for m in ncu_tools.ROOFLINE_METRICS if "tensor" not in m or "bf16" in m or "fp8" in m
+    ]
+    assert not any("tensor" in m for m in ncu_tools.metric_list(None, []))
+    assert ncu_tools.metric_list(None, None) == ncu_tools.ROOFLINE_METRICS
+
+
 def test_progress_from_a_recorded_ncu_log():
     seen, names = 0, []
     for line in (GPT / "ncu_per_config_log.txt").read_text().splitlines():

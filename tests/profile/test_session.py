@@ -218,7 +218,9 @@ def test_not_python_is_refused():
     assert result.exit_code == 2 and "not a Python interpreter" in result.output
 
 
-def test_ctrl_c_leaves_a_consistent_run_directory(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_leaves_a_consistent_run_directory(tmp_path, sig):
+    # SIGTERM is what `timeout` and batch schedulers send the whole process group.
     script = _script(
         tmp_path,
         """
@@ -255,12 +257,14 @@ def test_ctrl_c_leaves_a_consistent_run_directory(tmp_path):
         time.sleep(0.2)
     while time.time() < deadline and "started" not in (out / "logs" / "phase1.stdout").read_text():
         time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+    os.killpg(proc.pid, sig)  # SIGINT: what the terminal does on Ctrl-C
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, output
     assert "interrupted" in output and "Traceback" not in output
     m = json.loads((out / rundir.MANIFEST).read_text())
     assert m["status"] == "interrupted"
+    how = "stopped by SIGTERM" if sig == signal.SIGTERM else "interrupted by the user (Ctrl-C)"
+    assert any(n.startswith(how) for n in m["notes"])
 
 
 def test_timing_steps_and_the_every_launch_budget_are_cli_flags(tmp_path, monkeypatch):

@@ -205,17 +205,50 @@ def test_t5_layer_norm_candidate_is_swapped_by_the_runner_and_keeps_the_loss():
     _same(eager, fixed)
 
 
-def test_t5_position_bias_is_cast_to_q_dtype_by_the_runner_and_keeps_its_gradient():
-    """T5 under bf16 autocast: its fp32 relative position bias beside bf16 q keeps SDPA on its
-    math path. The report offers the cast as a runner fix (``sdpa-mask-dtype``); applied to a
-    tiny T5, SDPA gets the bias in q's dtype and the loss and the bias's gradient stay eager's."""
+def test_a_permuted_position_bias_is_laid_out_row_by_row_with_the_same_math():
+    """T5's bias as transformers 5.17 builds it: a bucket embedding looked up as (q, k, H) and
+    permuted to (1, H, q, k), stride H on its last dimension, which every fused SDPA kernel
+    refuses on a GPU. The runner makes it contiguous: output and the bias's gradient are
+    eager's exactly (fp32, no cast)."""
+    torch.manual_seed(0)
+    heads, q_len, k_len = 4, 6, 10
+    table = torch.nn.Embedding(8, heads)
+    buckets = torch.randint(0, 8, (q_len, k_len))
+    q, k, v = (torch.randn(2, heads, n, 8) for n in (q_len, k_len, k_len))
+
+    def run(apply: dict | None):
+        table.zero_grad()
+        applied = install(apply) if apply else None
+        try:
+            bias = table(buckets).permute([2, 0, 1]).unsqueeze(0)
+            assert bias.stride(-1) == heads
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+            out.square().sum().backward()
+        finally:
+            if applied:
+                applied.remove()
+        return out.detach(), table.weight.grad.clone(), applied
+
+    out, grad, _ = run(None)
+    fixed_out, fixed_grad, applied = run({"kind": "sdpa-mask"})
+    assert applied.done and applied.details == {"mask_layout": "last-dimension stride 4 -> 1"}
+    torch.testing.assert_close(fixed_out, out, rtol=0, atol=0)
+    torch.testing.assert_close(fixed_grad, grad, rtol=1e-6, atol=1e-7)
+    assert grad.abs().max() > 0
+
+
+def test_t5_position_bias_is_cast_by_the_runner_and_keeps_its_gradient():
+    """T5 under bf16 autocast: its fp32 relative position bias, a permuted view beside bf16 q,
+    keeps SDPA on its math path. The report offers the fix as a runner fix (``sdpa-mask``);
+    applied to a tiny T5, SDPA gets the bias in q's dtype with a contiguous last dimension, and
+    the loss and the bias's gradient stay eager's."""
     from transformers import T5Config, T5ForConditionalGeneration
 
     from tests.analysis.judge.test_verdict import H100 as H100_TABLE
     from tests.analysis.judge.test_verdict import judge, t5_attention
 
     c = judge(t5_attention(), H100_TABLE)  # T5-base's SDPA as its trace records it
-    assert c.recipe["id"] == "sdpa-mask-dtype" and c.recipe["apply"] == {"kind": "sdpa-mask-dtype"}
+    assert c.recipe["id"] == "sdpa-mask" and c.recipe["apply"] == {"kind": "sdpa-mask"}
 
     config = T5Config(
         vocab_size=64,

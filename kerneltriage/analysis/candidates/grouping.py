@@ -128,7 +128,9 @@ def _op_info_maker(timeline: Timeline) -> Callable[..., OpInfo]:
     """``op_info(row, name, kind, compute_type=None)``: an ``OpInfo`` with the shapes, types
     and concrete inputs the trace recorded for CPU op ``row``."""
     cpu = timeline.cpu
-    dims_ix, types_ix, concrete_ix = (cpu[c].to_numpy() for c in ("dims", "types", "concrete"))
+    dims_ix, types_ix, concrete_ix, strides_ix = (
+        cpu[c].to_numpy() for c in ("dims", "types", "concrete", "strides")
+    )
 
     def op_info(row: int, name: str, kind: str, compute_type: str | None = None) -> OpInfo:
         return OpInfo(
@@ -139,6 +141,7 @@ def _op_info_maker(timeline: Timeline) -> Callable[..., OpInfo]:
             timeline.arg(int(types_ix[row])),
             timeline.arg(int(concrete_ix[row])),
             compute_type,
+            strides=timeline.arg(int(strides_ix[row])),
         )
 
     return op_info
@@ -454,8 +457,8 @@ def _inductor_segments(
             continue  # no launch op in the trace: nothing to anchor the instance to
         if sig is None:
             sig, borrowed = common, borrowed + 1
-        dims, types, _, concrete = recorded[sig]
-        op = OpInfo(row, label, g.kind, dims, types, concrete)
+        dims, types, strides, concrete = recorded[sig]
+        op = OpInfo(row, label, g.kind, dims, types, concrete, strides=strides)
         g.segments.append((step, Segment("region", g.kind, None, [op], {}, works[sig])))
     if borrowed:
         g.attrs["arguments_borrowed"] = borrowed

@@ -155,6 +155,7 @@ def _example(g: Group) -> list[dict[str, Any]]:
             "types": op.types,
             "concrete": op.concrete,
             "compute_type": op.compute_type,
+            **({"strides": op.strides} if op.strides else {}),
         }
         for op in seg.ops
     ]

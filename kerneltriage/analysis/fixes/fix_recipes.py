@@ -46,7 +46,7 @@ APPLY_KINDS: dict[str, tuple[str, ...]] = {
     "compile-model": ("mode",),
     "compile-mode": ("mode", "options"),
     "sdpa-backend": ("backend",),
-    "sdpa-mask-dtype": (),
+    "sdpa-mask": (),
     "hf-attention": ("causal", "softcap", "scale", "sliding_window", "gqa"),
     "autocast": ("dtype",),
     "tf32": (),

@@ -84,6 +84,16 @@ def math_path(c: Candidate, rules: Rules) -> MathPath | None:
 _SHORT_DTYPE = {"float": "fp32", "c10::BFloat16": "bf16", "c10::Half": "fp16", "double": "fp64"}
 
 
+def _last_stride(strides: object, index: int) -> int | None:
+    """The last-dimension stride of input ``index`` where the trace recorded it."""
+    if not isinstance(strides, list) or len(strides) <= index:
+        return None
+    mine = strides[index]
+    if not isinstance(mine, list) or not mine or not isinstance(mine[-1], int):
+        return None
+    return mine[-1]
+
+
 def _math_path_cause(c: Candidate, unit: str) -> tuple[str, str]:
     """Why SDPA took its math path, as far as the recorded op shows, and the edit."""
     words = verdicts().attention.math_path
@@ -98,8 +108,10 @@ def _math_path_cause(c: Candidate, unit: str) -> tuple[str, str]:
         causes.append(words.fp32_inputs.cause.format(dtype=_SHORT_DTYPE.get(q_type, q_type)))
         edits.append(words.fp32_inputs.edit)
     mask_type = types[3] if len(types) > 3 else ""
-    if mask_type and len(dims) > 3 and dims[3] and mask_type not in ("bool", q_type):
-        shown = "x".join(map(str, dims[3]))
+    mask_dims = dims[3] if len(dims) > 3 and dims[3] else None
+    shown = "x".join(map(str, mask_dims or []))
+    mask_edits = []
+    if mask_dims and mask_type not in ("", "bool", q_type):
         causes.append(
             words.mask_dtype.cause.format(
                 shape=shown,
@@ -107,7 +119,13 @@ def _math_path_cause(c: Candidate, unit: str) -> tuple[str, str]:
                 q_dtype=_SHORT_DTYPE.get(q_type, q_type),
             )
         )
-        edits.append(words.mask_dtype.edit)
+        mask_edits.append(words.mask_dtype.edit)
+    stride = _last_stride(op.get("strides"), 3)
+    if mask_dims and mask_dims[-1] > 1 and stride not in (None, 1):
+        causes.append(words.mask_layout.cause.format(shape=shown, stride=stride))
+        mask_edits.append(words.mask_layout.edit)
+    if mask_edits:
+        edits.append(mask_edits[0] if len(mask_edits) == 1 else words.mask_both_edit)
     if head_dim and (head_dim > 256 or head_dim % 8):
         causes.append(words.head_dim.cause.format(head_dim=head_dim))
         edits.append(words.head_dim.edit.format(padded=min(256, -(-head_dim // 8) * 8)))

@@ -221,6 +221,7 @@ class MathPathWords(_Texts):
         "no_inputs": ((), ()),
         "fp32_inputs": (("dtype",), ()),
         "mask_dtype": (("shape", "mask_dtype", "q_dtype"), ()),
+        "mask_layout": (("shape", "stride"), ()),
         "head_dim": (("head_dim",), ("padded",)),
         "unknown": ((), ()),
     }
@@ -230,6 +231,8 @@ class MathPathWords(_Texts):
     no_inputs: CauseEdit
     fp32_inputs: CauseEdit
     mask_dtype: CauseEdit
+    mask_layout: CauseEdit
+    mask_both_edit: StrictStr
     head_dim: CauseEdit
     dropout: StrictStr
     unknown: CauseEdit

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from kerneltriage.analysis.candidates.estimate import kernel_precision
 from kerneltriage.analysis.rules import Rules
 from kerneltriage.analysis.timeline.attribution import attribute
 from kerneltriage.ingest.kernel_names import base_name
@@ -36,6 +37,10 @@ class HotKernels:
     # Variable-size kernels the launch budget could not hold (base name -> launches per step):
     # they get one launch per configuration, whose counters fit only launches of that size.
     over_budget: dict[str, int] = field(default_factory=dict)
+    # The tensor-core source precisions ("bf16", "fp16", "tf32", "fp8", "fp64") the hot kernels
+    # can run, from their launching ops' input types and their names; None when some hot
+    # kernel that may use tensor cores has no recorded types (then every precision is counted).
+    tensor_precisions: list[str] | None = None
 
 
 #: Launches of one (kernel, grid, block) whose durations differ by more than this factor run
@@ -100,9 +105,66 @@ def select_hot_kernels(
         else:
             over_budget[name] = count
     variable_configs = len(one_step[one_step["base"].isin(variable)].drop_duplicates(key))
+    precisions = tensor_precisions(timeline, compute[compute["base"].isin(chosen)])
     return HotKernels(
-        chosen, configs, covered / total, comm, variable, launches, variable_configs, over_budget
+        chosen, configs, covered / total, comm, variable, launches, variable_configs, over_budget, precisions
     )
+
+
+#: Kernel kinds that may run on tensor cores: their launching ops' input types decide which
+#: precision counters Nsight Compute collects. Triton and unrecognized kernels may hold a
+#: ``tl.dot`` or an MMA of their own.
+TENSOR_KINDS = frozenset(
+    {"gemm", "attention", "convolution", "moe", "triton", "compiler-generated", "unknown"}
+)
+#: An op input type -> the tensor-core source precision it runs in. fp32 inputs may run as
+#: TF32 (cuDNN's default; cuBLAS where ``allow_tf32`` is set; ``tl.dot``'s default).
+_TYPE_PRECISION = {
+    "c10::BFloat16": "bf16",
+    "c10::Half": "fp16",
+    "float": "tf32",
+    "double": "fp64",
+    "c10::Float8_e4m3fn": "fp8",
+    "c10::Float8_e5m2": "fp8",
+    "c10::Float8_e4m3fnuz": "fp8",
+    "c10::Float8_e5m2fnuz": "fp8",
+}
+#: ``kernel_classes.yaml`` precisions (read from kernel names) -> tensor-core source precision.
+_NAME_PRECISION = {"bf16": "bf16", "fp16_tensor": "fp16", "tf32": "tf32", "fp8": "fp8"}
+
+
+def tensor_precisions(timeline: Timeline, launches: pd.DataFrame) -> list[str] | None:
+    """The tensor-core source precisions ``launches`` (attributed kernel rows with ``kindof``
+    and ``op``) can run in, sorted; None when one that may use tensor cores has no launching
+    op with recorded input types, so that no precision can be ruled out.
+
+    Each precision's tensor-pipe counter costs Nsight Compute a replay pass of every profiled
+    launch (5 of the 6 passes of the full set), so a bf16 model's counters take 2 passes.
+    """
+    tensor = launches[launches["kindof"].isin(TENSOR_KINDS)]
+    if tensor.empty:
+        return []
+    ops = tensor["op"].to_numpy()
+    if (ops < 0).any():
+        return None
+    types = timeline.cpu["types"].to_numpy()[ops]
+    if (types < 0).any():
+        return None
+    found: set[str] = set()
+    for index in set(types.tolist()):
+        recorded = timeline.arg(int(index))
+        if not isinstance(recorded, list):
+            return None
+        # The first tensor's type is the op's compute type (q of an attention, grad_output of
+        # a convolution's backward); later fp32 tensors are side outputs such as logsumexp.
+        first = next((t for t in recorded if t in _TYPE_PRECISION), None)
+        if first:
+            found.add(_TYPE_PRECISION[first])
+    for name in tensor["name"].unique():
+        by_name = _NAME_PRECISION.get(kernel_precision(str(name)) or "")
+        if by_name:
+            found.add(by_name)
+    return sorted(found)
 
 
 def without_counter_rows(hot: Iterable[str], counter_rows: Iterable[pd.DataFrame]) -> list[str]:

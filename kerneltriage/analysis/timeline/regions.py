@@ -37,6 +37,7 @@ class OpInfo:
     compute_type: str | None = None
     boundary: bool = False  # ends a region whatever its kind (an extension op, an op of GEMM kernels)
     module: str | None = None  # innermost module annotation ("path:Class"), when recorded
+    strides: Any = None  # the inputs' strides, when recorded (a permuted mask refuses fused SDPA)
 
 
 @dataclass

@@ -365,9 +365,13 @@ def _min_half_width() -> float:
 def prediction_half_width(levels: Sequence[float]) -> float:
     """Half the t prediction interval of one more value beside ``levels`` (two or more):
     ``t(n−1) · s · √(1 + 1/n)``; 0 for fewer than two."""
+    return projected_half_width(levels, len(levels))
+
+
+def projected_half_width(levels: Sequence[float], n: int) -> float:
+    """``prediction_half_width`` at ``n`` values with the spread of ``levels`` (two or more)."""
     x = np.asarray(levels, dtype=float)
-    n = len(x)
-    if n < 2:
+    if len(x) < 2 or n < 2:
         return 0.0
     from scipy.stats import t as student
 

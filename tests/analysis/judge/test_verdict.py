@@ -110,13 +110,14 @@ def library_attention(backend: str, tflops: float, **kw) -> Candidate:
 # SDPA on H100 at S=512: below the S=1024–8192 the H100 table measures.
 SDPA_512 = {**SDPA_OP, "dims": [[32, 16, 512, 64]] * 3 + [[], [], []]}
 SDPA_512_FLOPS = attention_work([32, 16, 512, 64], [32, 16, 512, 64], [32, 16, 512, 64], BF, False).flops
-# T5-base under bf16 autocast: its fp32 position bias keeps SDPA on its math path (fp32 GEMMs,
-# softmax<float>).
+# T5-base under bf16 autocast: its fp32 position bias, a permuted view (stride 12 on its last
+# dimension, as an H100 recorded it), keeps SDPA on its math path (fp32 GEMMs, softmax<float>).
 T5_SDPA = {
     "name": "aten::scaled_dot_product_attention",
-    "dims": [[32, 12, 512, 64]] * 3 + [[32, 12, 512, 512], [], [], []],
+    "dims": [[32, 12, 512, 64]] * 3 + [[1, 12, 512, 512], [], [], []],
     "types": [BF] * 3 + ["float", "Scalar", "Scalar", "Scalar"],
     "concrete": ["", "", "", "", "0.", "False", ""],
+    "strides": [[393216, 64, 768, 1]] * 3 + [[12, 1, 6144, 12], [], [], []],
 }
 T5_FLOPS = attention_work([32, 12, 512, 64], [32, 12, 512, 64], [32, 12, 512, 64], BF, False).flops
 SGEMM = "sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x32_cublas"
@@ -445,16 +446,29 @@ def test_sdpa_math_path_is_a_finding_with_its_cause_and_an_edit():
     """T5: fp32 GEMMs and softmax<float> under SDPA, an fp32 position bias beside bf16 q."""
     c = judge(t5_attention(), H100)
     assert c.verdict == Verdict.USE_BUILTIN and Reason.of(c.reason) == Reason.MATH_PATH
-    assert "position bias (32x12x512x512) is fp32 while q is bf16" in c.reason
+    assert "position bias (1x12x512x512) is fp32 while q is bf16" in c.reason
+    assert "is a permuted view, stride 12 on its last dimension" in c.reason
     assert c.roofline.source == "first principles" and c.roofline.precision in ("fp32", "tf32")
     assert c.attrs["math_path"]["unit"] in ("fp32", "tf32")
     # A position bias leaves SDPA its memory-efficient kernels: predicted at their measured
     # forward rate on the H100 at the shortest length measured (S=1024, D=64: 128 TFLOP/s).
     assert c.expected_saving_share == pytest.approx(0.2 * (1 - 15.4 / 128.0), rel=0.02)
     assert "efficient's rate measured at S=1024" in c.attrs["saving_basis"]
-    assert c.fix and c.fix.startswith("attn_mask = attn_mask.to(q.dtype)")
-    # The cast is one the runner applies (verify measures it), not an edit by hand.
-    assert c.recipe["id"] == "sdpa-mask-dtype" and c.recipe["apply"] == {"kind": "sdpa-mask-dtype"}
+    assert c.fix and c.fix.startswith("attn_mask = attn_mask.to(q.dtype).contiguous()")
+    # The cast and the layout are what the runner applies (verify measures it), not an edit by hand.
+    assert c.recipe["id"] == "sdpa-mask" and c.recipe["apply"] == {"kind": "sdpa-mask"}
+    # Either cause alone is found and fixed on its own: a contiguous fp32 bias, a permuted bf16 one.
+    contiguous = {**T5_SDPA, "strides": [[393216, 64, 768, 1]] * 3 + [[3145728, 262144, 512, 1], [], [], []]}
+    dtype_only = judge(replace(t5_attention(), example=(contiguous,)), H100)
+    assert "is fp32 while q is bf16" in dtype_only.reason and "permuted" not in dtype_only.reason
+    assert dtype_only.recipe["id"] == "sdpa-mask"
+    permuted_bf16 = {**T5_SDPA, "types": [BF] * 4 + ["Scalar"] * 3}
+    layout_only = judge(replace(t5_attention(), example=(permuted_bf16,)), H100)
+    assert "permuted view, stride 12" in layout_only.reason and "while q is" not in layout_only.reason
+    assert layout_only.recipe["id"] == "sdpa-mask"
+    # A trace without strides says the dtype only, as before.
+    unstrided = {k: v for k, v in T5_SDPA.items() if k != "strides"}
+    assert "permuted" not in judge(replace(t5_attention(), example=(unstrided,)), H100).reason
 
 
 def test_sdpa_math_path_with_its_elementwise_kernels_is_still_the_math_path():
@@ -471,7 +485,7 @@ def test_sdpa_math_path_with_its_elementwise_kernels_is_still_the_math_path():
     )
     c = judge(replace(t5_attention(), kernels=kernels), H100)
     assert c.verdict == Verdict.USE_BUILTIN and Reason.of(c.reason) == Reason.MATH_PATH
-    assert c.recipe["id"] == "sdpa-mask-dtype"
+    assert c.recipe["id"] == "sdpa-mask"
     # Elementwise kernels alone, with no GEMM and softmax, are not a math path.
     plain = judge(replace(t5_attention(), kernels=(kernel(add, ms),)), H100)
     assert Reason.of(plain.reason) != Reason.MATH_PATH

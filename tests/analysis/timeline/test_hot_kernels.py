@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import csv
+import gzip
+import io
+from pathlib import Path
+
+import pytest
+
 from kerneltriage.analysis.rules import load_rules
 from kerneltriage.analysis.timeline.hot_kernels import select_hot_kernels, without_counter_rows
 from kerneltriage.ingest.ncu_csv import read_counters
-from tests.helpers import EXAMPLE_RUN, timeline
+from kerneltriage.ingest.source import read_timeline
+from tests.helpers import EXAMPLE_RUN, EXTERNAL, corpus, timeline
 
 
 def test_hot_kernels_cover_the_step():
@@ -84,3 +92,59 @@ def test_warnings_name_kernels_short_and_demangled():
         == "cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_256x128_32x3_tn_align1…>"
     )
     assert short_name("flash_fwd_kernel") == "flash_fwd_kernel"
+
+
+# --- Which tensor-core precisions phase 2 counts ---------------------------------------------
+
+RUNS = Path(__file__).parents[3] / "examples" / "runs"
+TENSOR_COLUMNS = {
+    "bf16": "sm__ops_path_tensor_src_bf16_dst_fp32.sum",
+    "fp16": "sm__ops_path_tensor_src_fp16.sum",
+    "tf32": "sm__ops_path_tensor_src_tf32_dst_fp32.sum",
+    "fp8": "sm__ops_path_tensor_src_fp8.sum",
+    "fp64": "sm__ops_path_tensor_src_fp64.sum",
+}
+
+
+def _precisions_counted(run: Path) -> set[str]:
+    """The precisions whose tensor-pipe counter is non-zero on some launch of the run's exports
+    (which collected all five)."""
+    seen: set[str] = set()
+    for name in ("ncu.csv.gz", "ncu.launches.csv.gz"):
+        if not (run / name).is_file():
+            continue
+        with gzip.open(run / name, "rt") as f:
+            header, _units, *body = csv.reader(io.StringIO(f.read()))
+        for precision, column in TENSOR_COLUMNS.items():
+            i = header.index(column)
+            if any(float(row[i].replace(",", "") or 0) > 0 for row in body):
+                seen.add(precision)
+    return seen
+
+
+@pytest.mark.parametrize("run", ["convnext-t-h100", "gpt2-compile-h100", "hf-llama-h100", "gpt-sdpa-h200"])
+def test_the_precisions_chosen_hold_every_tensor_flop_the_counters_saw(run):
+    # These runs collected every precision's counter: what ran must lie in what phase 2 would
+    # now ask for (bf16 autocast: bf16 alone, 2 replay passes a launch instead of 6).
+    trace = RUNS / run / "trace.json.gz"
+    hot = select_hot_kernels(read_timeline(trace), load_rules(), coverage=0.95, max_kernels=64)
+    counted = _precisions_counted(RUNS / run)
+    assert counted == {"bf16"}
+    assert hot.tensor_precisions == ["bf16"]
+
+
+@corpus
+def test_precisions_of_traces_nobody_here_made():
+    moe = EXTERNAL / "tracelens-moe-8rank-b200"
+    trace = next(p for p in sorted(moe.iterdir()) if p.name.endswith((".json", ".json.gz")))
+    hot = select_hot_kernels(read_timeline(trace), load_rules(), coverage=0.95, max_kernels=64)
+    assert hot.tensor_precisions == ["bf16", "fp8"]  # an FP8 MoE: both GEMM precisions
+    # A trace recorded without shapes says no types: no precision can be left out.
+    cnn = EXTERNAL / "hta-cnn-v100"
+    trace = next(p for p in sorted(cnn.rglob("*")) if p.name.endswith((".json", ".json.gz")))
+    assert (
+        select_hot_kernels(
+            read_timeline(trace), load_rules(), coverage=0.95, max_kernels=64
+        ).tensor_precisions
+        is None
+    )

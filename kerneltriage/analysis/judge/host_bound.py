@@ -158,31 +158,20 @@ def host_time(
         return None
     host = statistics.median(samples)
     queue = int(conf["launch_queue"])
-    if launches > queue:
-        return HostTime(
-            host,
-            step_ms,
-            len(samples),
-            sync_ms,
-            judged=False,
-            why=(
-                f"a step makes {launches:,.0f} kernel launches, more than the {queue:,} the launch queue "
-                "holds: the host waits for the GPU to drain it, and its clock times the GPU's work too"
-            ),
-        )
     share_sync = sync_ms / recorded_ms if recorded_ms else 0.0
-    if share_sync >= float(conf["max_sync_share"]):
-        return HostTime(
-            host,
-            step_ms,
-            len(samples),
-            sync_ms,
-            judged=False,
-            why=(
-                f"the recorded steps block the host for {sync_ms:.2f} ms a step in synchronizing calls "
-                f"({share_sync:.0%} of the step): its clock times the GPU's work too"
-            ),
+    why = ""
+    if launches > queue:
+        why = (
+            f"a step makes {launches:,.0f} kernel launches, more than the {queue:,} the launch queue "
+            "holds: the host waits for the GPU to drain it, and its clock times the GPU's work too"
         )
+    elif share_sync >= float(conf["max_sync_share"]):
+        why = (
+            f"the recorded steps block the host for {sync_ms:.2f} ms a step in synchronizing calls "
+            f"({share_sync:.0%} of the step): its clock times the GPU's work too"
+        )
+    if why:
+        return HostTime(host, step_ms, len(samples), sync_ms, judged=False, why=why)
     return HostTime(host, step_ms, len(samples), sync_ms, judged=True)
 
 

@@ -114,7 +114,8 @@ _SESSION_OPTIONS = (
         help="Processes whose plain steps give the step time and its interval: phase 1 and N-1 more that run "
         "only the warm-up and plain steps (processes of one script differ by more than the steps of one do); "
         "more, up to --max-timing-processes, while the interval a run of the script falls in is wider than "
-        "±3% of the step. 1: phase 1 alone. Not for --cpu or torchrun jobs.",
+        "±3% of the step and their spread could still bring it near that. 1: phase 1 alone. Not for --cpu "
+        "or torchrun jobs.",
     ),
     click.option(
         "--max-timing-processes",

@@ -92,6 +92,13 @@ def test_flash_layout_attention_is_read_in_its_own_layout():
         ("ampere_fp16_s1688gemm_fp16_128x128_ldg8_f2f_nn", "fp16_tensor"),
         ("volta_sgemm_128x32_nt", "fp32"),
         ("Cijk_Alik_Bljk_BBS_BH_Bias_HA_S_SAV_UserArgs_MT256x192x64", "bf16"),
+        # CUTLASS templates spell the type, demangled and mangled (a grouped GEMM's operands).
+        (
+            "void cutlass::device_kernel<at::cuda::detail::enable_3x_kernel_for_sm9x<cutlass::gemm::kernel::"
+            "GemmUniversal<cutlass::gemm::GroupProblemShape<cute::tuple<int, int, int> >, cutlass::bfloat16_t",
+            "bf16",
+        ),
+        ("_ZN7cutlass13device_kernelINS_4gemm6kernel13GemmUniversalINS_10bfloat16_tE", "bf16"),
         ("attn_fwd", None),
     ],
 )

@@ -104,7 +104,33 @@ def truncation(values: Sequence[float]) -> int:
     cut = int(np.argmin(scores))  # the first minimum: a later cut must lower the error
     # On stationary noise some cut always lowers the error a little; a transient lowers it by
     # far more. Keep a cut only where it at least halves the variance of the mean.
-    return cut if scores[cut] <= MSER_GAIN * scores[0] else 0
+    if scores[cut] <= MSER_GAIN * scores[0]:
+        return cut
+    return level_shift(x)
+
+
+def level_shift(x: np.ndarray) -> int:
+    """The leading steps of a noisy series that run slower than the rest by a clear margin: the
+    cut whose head's median stands ``shift_z`` standard errors (of the rest's spread) and
+    ``shift_min`` of the rest's median above the rest's median, the largest such margin; 0 for
+    none. MSER misses a transient where the steps after it are noisy too: FSDP2 rank 0 (two
+    H100s) ran 18 steps at 210-315 ms, then 148-270 ms; the cut lowered the variance of the mean
+    to 0.83 of the whole's, not to half, while the head stood 6.7 errors above the rest."""
+    conf = settings()["steady"]
+    z_min, share_min = float(conf["shift_z"]), float(conf["shift_min"])
+    n = len(x)
+    best, best_z = 0, z_min
+    for d in range(MIN_TRUNCATE, n // 2 + 1):
+        head, rest = x[:d], x[d:]
+        spread = float(rest.std(ddof=1))
+        mid = float(np.median(rest))
+        gap = float(np.median(head)) - mid
+        if spread <= 0 or mid <= 0 or gap < share_min * mid:
+            continue
+        z = gap / (spread * math.sqrt(1 / d + 1 / len(rest)))
+        if z >= best_z:
+            best, best_z = d, z
+    return best
 
 
 def settled(values: Sequence[float], *, min_steps: int, tolerance: float) -> bool:

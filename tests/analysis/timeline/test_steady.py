@@ -26,6 +26,32 @@ def test_stationary_steps_are_not_cut(seed):
     assert s.skipped == 0 and s.settled and s.low <= s.median <= s.high
 
 
+def test_a_transient_before_noisy_steps_is_cut_where_the_variance_alone_misses_it():
+    # FSDP2 on two H100s (the script alone, both ranks in lockstep): 18-22 steps at 210-315 ms,
+    # then 148-270 ms. MSER cut rank 1's transient and kept rank 0's, whose later steps are as
+    # noisy as the transient is slow.
+    import json
+    from pathlib import Path
+
+    alone = (
+        Path(__file__).parents[3] / "benchmarks" / "results" / "multi_gpu_2026-11-27" / "fsdp2_alone.jsonl"
+    )
+    ranks = {r["rank"]: r["step_ms"] for r in map(json.loads, alone.read_text().splitlines())}
+    cut = {rank: steady.steady(series).skipped for rank, series in ranks.items()}
+    assert cut[1] == 22 and 16 <= cut[0] <= 22
+    assert all(max(ranks[r][cut[r] :]) < 320 and np.median(ranks[r][cut[r] :]) < 205 for r in ranks)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_noisy_stationary_or_spiky_steps_show_no_level_shift(seed):
+    rng = np.random.default_rng(seed)
+    normal = rng.normal(100.0, 6.0, 60)  # 6% noise, no transient
+    spiky = rng.normal(100.0, 2.0, 60)
+    spiky[rng.random(60) < 0.05] += 40.0  # a few slow steps anywhere
+    assert steady.steady(list(normal)).skipped == 0
+    assert steady.level_shift(normal) == 0 and steady.level_shift(spiky) == 0
+
+
 def test_a_drifting_series_never_settles():
     drift = list(np.linspace(80.0, 100.0, 30))
     s = steady.steady(drift)

@@ -70,6 +70,10 @@ def rank_report(
             timing=timing,
         )
     result.warnings = profile.warnings + result.warnings
+    if result.join is not None and counters is not None and profile.tensor_precisions is not None:
+        # Tensor-core FLOPs were counted for these precisions only (phase 2 asks for the ones
+        # the hot kernels' ops run in): say so beside the coverage.
+        result.join["tensor_precisions"] = profile.tensor_precisions
     if result.source.get("timing") is not None and timing:
         # The plain steps themselves: the step time's interval (stragglers across ranks).
         result.source["timing"]["plain_ms"] = list(timing.get("plain_ms") or [])

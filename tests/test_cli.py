@@ -27,6 +27,26 @@ def test_report_on_the_shipped_example():
     assert data["join"]["hot_time_joined_share"] >= 0.95
 
 
+def test_the_counters_line_says_which_tensor_precisions_phase_two_counted(tmp_path):
+    # A run whose phase 2 counted bf16 tensor-core FLOPs only (3 replay passes, not 6) says so
+    # beside the coverage; a run that counted every precision (the shipped one) says nothing.
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(EXAMPLE_RUN, run_dir)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["phases"]["ncu"]["tensor_precisions"] = ["bf16"]
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    result = run("report", run_dir)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())  # the terminal wraps the line
+    assert "with counters" in text and "tensor-core FLOPs counted for bf16" in text
+    assert json.loads(run("report", run_dir, "--format", "json").output)["join"]["tensor_precisions"] == [
+        "bf16"
+    ]
+    assert "tensor-core FLOPs" not in " ".join(run("report", EXAMPLE_RUN).output.split())
+
+
 def test_report_on_a_trace_with_counters_as_json(tmp_path):
     out = tmp_path / "r.json"
     result = run("report", TRACE, "--ncu", NCU_ALL, "--format", "json", "-o", out, "--top", "4")

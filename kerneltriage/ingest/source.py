@@ -76,6 +76,12 @@ class LoadedProfile:
         ncu = self.manifest.phases.ncu
         return list(ncu.kernels) if ncu and ncu.kernels else None
 
+    @property
+    def tensor_precisions(self) -> list[str] | None:
+        """The tensor-core precisions phase 2 counted (None: every one, or not ``profile``'s)."""
+        ncu = self.manifest.phases.ncu if self.manifest is not None else None
+        return list(ncu.tensor_precisions) if ncu and ncu.tensor_precisions is not None else None
+
     def step_timing(self, rank: int) -> dict[str, Any] | None:
         """``profile``'s timing of ``rank`` (``phases.timeline.step_time``: plain, clean and
         recorded steps) when it has plain steps and clean steps; else None (older runs, and

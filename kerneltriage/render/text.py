@@ -31,6 +31,9 @@ def counters_text(join: dict) -> str:
             f"; hot kernels: {join['hot_kernels_joined']}/{join['hot_kernels']} with counters, "
             f"{pct(join['hot_time_joined_share'])} of their time"
         )
+    if join.get("tensor_precisions") is not None:
+        counted = ", ".join(join["tensor_precisions"]) or "none (no hot kernel runs on tensor cores)"
+        text += f"; tensor-core FLOPs counted for {counted}"
     return text
 
 

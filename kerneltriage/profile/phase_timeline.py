@@ -362,7 +362,9 @@ def time_more_processes(session: ProfileSession, runs: TimelineRuns, *, whole_ru
         return
     series = [list(step.plain_ms)]
     host: list[float] = []
-    target, most = _more_processes_settings(options.timing_processes, options.max_timing_processes)
+    target, most, reach_factor = _more_processes_settings(
+        options.timing_processes, options.max_timing_processes
+    )
     i = 0
     while True:
         i += 1
@@ -371,7 +373,7 @@ def time_more_processes(session: ProfileSession, runs: TimelineRuns, *, whole_ru
             if i >= most or wide is None:
                 break
             reach = _reachable(series, most)
-            if reach is not None and reach > UNREACHABLE * target:
+            if reach is not None and reach > reach_factor * target:
                 session.warnings.append(
                     f"the {i} timing processes put a run of the script within ±{wide:.1%} of its step time; "
                     f"their spread would leave ±{reach:.1%} even at {most} processes (the target is "
@@ -407,20 +409,18 @@ def time_more_processes(session: ProfileSession, runs: TimelineRuns, *, whole_ru
     session.timeline_record.seconds = round(runs.seconds, 2)
 
 
-def _more_processes_settings(asked: int, most: int | None) -> tuple[float, int]:
-    """measurement.yaml's ``timing``: the half-width past which one more process is timed, and
-    the most processes in all (``most`` where given; never fewer than asked)."""
+def _more_processes_settings(asked: int, most: int | None) -> tuple[float, int, float]:
+    """measurement.yaml's ``timing``: the half-width past which one more process is timed, the
+    most processes in all (``most`` where given; never fewer than asked), and how far beyond
+    the target the spread so far may leave a further run at the most processes."""
     from kerneltriage.analysis.timeline.steady import settings
 
     conf = settings()["timing"]
-    return float(conf["target_half_width"]), max(asked, most or int(conf["max_processes"]))
-
-
-#: More timing processes are run only where their spread would bring a further run within this
-#: many times the target at the most processes: the prediction interval narrows with t(n-1)
-#: alone (4.30 at three processes, 2.57 at six), so a spread of ±4% a process (a Mixtral-class
-#: MoE on a shared H100: ±13-19% at three to five processes) stays wide at six, for a minute more.
-UNREACHABLE = 2.0
+    return (
+        float(conf["target_half_width"]),
+        max(asked, most or int(conf["max_processes"])),
+        float(conf["reach_factor"]),
+    )
 
 
 def _reachable(series: list[list[float]], most: int) -> float | None:

@@ -18,7 +18,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerneltriage import rundir
 from kerneltriage.errors import ToolError
@@ -27,6 +27,9 @@ from kerneltriage.profile.context import Options, ProfileSession, asked_plan, pl
 from kerneltriage.profile.fix_install import EXIT_NOT_APPLIED
 from kerneltriage.profile.step_plan import CAPTURE_RANGE, EXIT_NO_GPU, EXIT_NO_TORCH, StepPlan
 from kerneltriage.profile.step_time import clean_summary, other_ranks_step_time, record_step_time
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kerneltriage.analysis.timeline.steady import Processes
 
 
 @dataclass
@@ -369,10 +372,13 @@ def time_more_processes(session: ProfileSession, runs: TimelineRuns, *, whole_ru
     while True:
         i += 1
         if i >= options.timing_processes:
-            wide = _wide_interval(series, target)
+            from kerneltriage.analysis.timeline.steady import over_processes
+
+            over = over_processes(series)
+            wide = _wide_interval(over, target)
             if i >= most or wide is None:
                 break
-            reach = _reachable(series, most)
+            reach = _reachable(over, most)
             if reach is not None and reach > reach_factor * target:
                 session.warnings.append(
                     f"the {i} timing processes put a run of the script within ±{wide:.1%} of its step time; "
@@ -423,12 +429,11 @@ def _more_processes_settings(asked: int, most: int | None) -> tuple[float, int, 
     )
 
 
-def _reachable(series: list[list[float]], most: int) -> float | None:
+def _reachable(over: Processes | None, most: int) -> float | None:
     """The relative half-width a further run's interval would have at ``most`` processes of
     the same spread as the kept ones so far (None: too few to tell)."""
     from kerneltriage.analysis.timeline import steady
 
-    over = steady.over_processes(series)
     if over is None or len(over.kept) < 2:
         return None
     levels = [f.median for f in over.kept]
@@ -438,12 +443,9 @@ def _reachable(series: list[list[float]], most: int) -> float | None:
     return steady.projected_half_width(levels, most) / mean
 
 
-def _wide_interval(series: list[list[float]], target: float) -> float | None:
-    """The relative half-width of the interval a further run falls in, where it is wider than
-    ``target`` (None: narrow enough, or too few processes to tell)."""
-    from kerneltriage.analysis.timeline import steady
-
-    over = steady.over_processes(series)
+def _wide_interval(over: Processes | None, target: float) -> float | None:
+    """The relative half-width of the interval a further run falls in (``over``: the processes
+    so far), where it is wider than ``target`` (None: narrow enough, or too few to tell)."""
     if over is None or over.run.value <= 0:
         return None
     run = over.run  # a process left out as an outlier widens it too: a reason to time another

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from kerneltriage.analysis.candidates.estimate import kernel_precision
+from kerneltriage.analysis.candidates.estimate import TENSOR_PRECISION, kernel_precision
 from kerneltriage.analysis.rules import Rules
 from kerneltriage.analysis.timeline.attribution import attribute
 from kerneltriage.ingest.kernel_names import base_name
@@ -117,20 +117,11 @@ def select_hot_kernels(
 TENSOR_KINDS = frozenset(
     {"gemm", "attention", "convolution", "moe", "triton", "compiler-generated", "unknown"}
 )
-#: An op input type -> the tensor-core source precision it runs in. fp32 inputs may run as
-#: TF32 (cuDNN's default; cuBLAS where ``allow_tf32`` is set; ``tl.dot``'s default).
-_TYPE_PRECISION = {
-    "c10::BFloat16": "bf16",
-    "c10::Half": "fp16",
-    "float": "tf32",
-    "double": "fp64",
-    "c10::Float8_e4m3fn": "fp8",
-    "c10::Float8_e5m2": "fp8",
-    "c10::Float8_e4m3fnuz": "fp8",
-    "c10::Float8_e5m2fnuz": "fp8",
-}
-#: ``kernel_classes.yaml`` precisions (read from kernel names) -> tensor-core source precision.
-_NAME_PRECISION = {"bf16": "bf16", "fp16_tensor": "fp16", "tf32": "tf32", "fp8": "fp8"}
+#: The GPU table's precisions (``estimate.TENSOR_PRECISION`` of an op's type; a kernel's name)
+#: -> ncu's tensor-core source precision. An fp32 op may run as TF32 (cuDNN's default; cuBLAS
+#: where ``allow_tf32`` is set; ``tl.dot``'s default); an fp32 name is a SIMT kernel's.
+_SOURCE = {"bf16": "bf16", "fp16_tensor": "fp16", "tf32": "tf32", "fp8": "fp8", "fp64": "fp64"}
+_SOURCE_OF_TYPE = {**_SOURCE, "fp32": "tf32"}
 
 
 def tensor_precisions(timeline: Timeline, launches: pd.DataFrame) -> list[str] | None:
@@ -157,11 +148,11 @@ def tensor_precisions(timeline: Timeline, launches: pd.DataFrame) -> list[str] |
             return None
         # The first tensor's type is the op's compute type (q of an attention, grad_output of
         # a convolution's backward); later fp32 tensors are side outputs such as logsumexp.
-        first = next((t for t in recorded if t in _TYPE_PRECISION), None)
+        first = next((t for t in recorded if t in TENSOR_PRECISION), None)
         if first:
-            found.add(_TYPE_PRECISION[first])
+            found.add(_SOURCE_OF_TYPE[TENSOR_PRECISION[first]])
     for name in tensor["name"].unique():
-        by_name = _NAME_PRECISION.get(kernel_precision(str(name)) or "")
+        by_name = _SOURCE.get(kernel_precision(str(name)) or "")
         if by_name:
             found.add(by_name)
     return sorted(found)

@@ -10,6 +10,7 @@ it and runs them in order.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -20,8 +21,9 @@ from typing import Any
 
 from kerneltriage import rundir
 from kerneltriage.profile.command import Command
-from kerneltriage.profile.processes import run_child
+from kerneltriage.profile.processes import Child, run_child
 from kerneltriage.profile.step_plan import StepPlan
+from kerneltriage.profile.turns import Turn
 
 
 @dataclass
@@ -115,12 +117,16 @@ class ProfileSession:
             self.manifest.phases.ncu = rundir.NcuPhase()
         return self.manifest.phases.ncu
 
-    def write_config(self, mode: str, *, whole_run: bool, options: Options | None = None) -> Path:
+    def write_config(
+        self, mode: str, *, whole_run: bool, options: Options | None = None, name: str | None = None
+    ) -> Path:
         """The runner's settings for a ``mode`` process (``logs/config.<mode>.json``), from the
-        session's options unless given; that mode's old status files go."""
+        session's options unless given; that mode's old status files go. ``name``: one of
+        several processes of the mode started at once (``turn``), with a config, status file
+        and gate of its own."""
         if options is None:
             options = self.options
-        config = {
+        config: dict[str, Any] = {
             "mode": mode,
             "out": str(self.out.resolve()),
             "warmup": options.warmup,
@@ -138,11 +144,32 @@ class ProfileSession:
             config["plain_min"], config["plain_max"] = plain_bounds(options, bool(self.command.distributed))
         if options.applied_fixes:  # profile --apply: installed by runner.py before the script runs
             config["apply"] = [{"id": f["id"], "apply": f["apply"]} for f in options.applied_fixes]
-        path = self.logs / f"config.{mode}.json"
+        stem = name or mode
+        if name is not None:
+            config["status_name"] = name
+            config["gate"] = str((self.logs / f"gate.{name}").resolve())
+            config["parent_pid"] = os.getpid()
+        path = self.logs / f"config.{stem}.json"
         path.write_text(json.dumps(config, indent=2) + "\n")
-        for stale in self.logs.glob(f"status.{mode}.rank*.json"):
+        for stale in self.logs.glob(f"status.{stem}.rank*.json"):
             stale.unlink()
         return path
+
+    def turn(
+        self,
+        cmd: list[str],
+        config: Path,
+        log: str,
+        *,
+        on_line: Callable[[str], bool] | None = None,
+        timeout: float | None = None,
+        echo: Callable[[str, str], None] | None = None,
+    ) -> Turn:
+        """A child for ``Turns``: ``cmd`` with ``config`` (written with a ``name``), logged as
+        ``run`` logs, not started yet."""
+        gate = Path(json.loads(config.read_text())["gate"])
+        child = Child(cmd, config, self.logs / log, echo or self.reporter.output, on_line, timeout)
+        return Turn(child, gate)
 
     def run(
         self,

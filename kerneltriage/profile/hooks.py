@@ -134,6 +134,11 @@ class ProfiledProcess:
         # A timing process's steps issued from an idle GPU: the host's time to issue each (ms).
         self.host_issue_ms: list[float] = []
         self._host_t0 = 0.0
+        # Where the process's time went: seconds since the runner started at each milestone
+        # (torch imported, first step, warm-up done, ncu range, finished); ``profile`` adds
+        # them up by phase.
+        self._t0 = float(config.get("_started") or time.time())
+        self.wall: dict[str, float] = {}
 
     # --- set-up -------------------------------------------------------------------------
 
@@ -147,6 +152,7 @@ class ProfiledProcess:
             raise SystemExit(EXIT_NO_TORCH) from None
 
         self.torch = torch
+        self.milestone("torch")
         if not self.config.get("cpu") and not torch.cuda.is_available():
             self.write_status("no-gpu", error="torch.cuda.is_available() is False in the script's Python")
             raise SystemExit(EXIT_NO_GPU)
@@ -314,6 +320,10 @@ class ProfiledProcess:
         if self.done:
             return
         self.steps_seen += 1
+        if self.steps_seen == 1:
+            self.milestone("step1")
+        if self.steps_seen == self.warmup:
+            self.milestone("warmup")
         if self.mode == "nsys":
             self._nsys_step()
             return
@@ -351,9 +361,7 @@ class ProfiledProcess:
             elif self.steps_seen == self.warmup + 1 and not self.whole_run:
                 # Every rank stops here, not only the one ncu profiles (the one with the
                 # range): a rank that trained on would wait forever in its next all-reduce.
-                if self.ncu_range is not None:
-                    self.torch.cuda.nvtx.range_end(self.ncu_range)
-                    self.ncu_range = None
+                self._close_ncu_range()
                 self.done = True
                 self._finish_and_stop()
 
@@ -417,7 +425,24 @@ class ProfiledProcess:
 
     def _open_ncu_range(self) -> None:
         if self.ncu_range is None and self.rank == int(self.config.get("ncu_rank", 0)):
+            self.milestone("ncu_start")
             self.ncu_range = self.torch.cuda.nvtx.range_start(NCU_RANGE)
+            if self.config.get("profiler_api"):
+                # ncu --profile-from-start off: nothing before this step is intercepted.
+                self.torch.cuda.profiler.start()
+
+    def _close_ncu_range(self) -> None:
+        if self.ncu_range is None:
+            return
+        if self.config.get("profiler_api"):
+            self.torch.cuda.profiler.stop()
+        self.torch.cuda.nvtx.range_end(self.ncu_range)
+        self.ncu_range = None
+        self.milestone("ncu_end")
+
+    def milestone(self, name: str) -> None:
+        """Note the seconds since the runner started at ``name`` (the first time only)."""
+        self.wall.setdefault(name, round(time.time() - self._t0, 3))
 
     def _finish_and_stop(self) -> None:
         self.finish("ok")
@@ -455,9 +480,8 @@ class ProfiledProcess:
                 error = error or f"profiler export failed: {exc}"
         if self.mode == "timeline" and self.modules.signatures and self.rank == 0:
             self.modules.write_signatures(self.out / rundir.REGIONS)
-        if self.ncu_range is not None:
-            self.torch.cuda.nvtx.range_end(self.ncu_range)
-            self.ncu_range = None
+        self._close_ncu_range()
+        self.milestone("finished")
         self.write_status(status, error=error)
 
     def write_status(self, status: str, error: str | None = None) -> None:
@@ -475,6 +499,7 @@ class ProfiledProcess:
             # Left installed (inert) because Dynamo compiled while they were in place.
             "module_hooks_kept": bool(self.modules.handles),
             "environment": environment(self.torch),
+            "wall": self.wall,
         }
         if self.mode in ("timeline", "timing"):
             data["phases"] = self.phase_log
@@ -491,7 +516,8 @@ class ProfiledProcess:
                 data["step_times"] = {"error": str(exc)}
         logs = self.out / rundir.LOGS
         logs.mkdir(parents=True, exist_ok=True)
-        path = logs / f"status.{self.mode}.rank{self.rank}.json"
+        name = self.config.get("status_name") or self.mode  # processes of one mode at once
+        path = logs / f"status.{name}.rank{self.rank}.json"
         path.write_text(json.dumps(data, indent=2) + "\n")
 
 

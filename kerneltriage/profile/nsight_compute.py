@@ -106,6 +106,7 @@ def ncu_command(
     nvtx: bool = True,
     full_set: bool = False,
     every_launch: int | None = None,
+    from_start: bool = True,
 ) -> list[str]:
     """The ncu command line for phase 2 (``report`` without the .ncu-rep suffix).
 
@@ -122,6 +123,10 @@ def ncu_command(
         "-o",
         str(report),
     ]
+    if not from_start:
+        # The runner calls cudaProfilerStart at the profiled step: the launches before it
+        # (start-up, warm-up) are not intercepted one by one.
+        cmd += ["--profile-from-start", "off"]
     if nvtx:
         # A start/end range (no trailing slash): process-wide, so backward kernels count.
         cmd += ["--nvtx", "--nvtx-include", NCU_RANGE]

@@ -31,6 +31,7 @@ from kerneltriage.profile import nsight_compute as ncu_tools
 from kerneltriage.profile.context import ProfileSession
 from kerneltriage.profile.ncu_names import mangled_in_trace, with_trace_spelling
 from kerneltriage.profile.processes import TIMED_OUT, run_child
+from kerneltriage.profile.turns import Turn, Turns
 
 if TYPE_CHECKING:  # pragma: no cover
     from kerneltriage.analysis.timeline.hot_kernels import HotKernels
@@ -239,6 +240,12 @@ class _Lane:
         echo = self.board.echo(self)
         return run_child(cmd, config, self.session.logs / log, echo, on_line=on_line, timeout=timeout)
 
+    def turn(
+        self, cmd: list[str], config: Path, log: str, on_line: Callable[[str], bool], timeout: float
+    ) -> Turn:
+        echo = self.board.echo(self) if self.board is not None else None
+        return self.session.turn(cmd, config, log, on_line=on_line, timeout=timeout, echo=echo)
+
     def progress(self, one: NcuPass, done: int, kernel: str) -> None:
         if self.board is None:
             self.session.reporter.ncu_progress(done, max(one.expected, done), kernel)
@@ -398,12 +405,17 @@ def _run_passes(
     started: float,
 ) -> tuple[float, int, dict[str, str]]:
     """Run the passes in order, up to the first that fails: (seconds, launches profiled, kernel
-    -> why it has no counters, for the kernels of the failed pass and of those after it)."""
+    -> why it has no counters, for the kernels of the failed pass and of those after it).
+
+    Several passes of a single-process script start together, each held at its first CUDA use
+    until the one before has exited (``turns.py``): the next pass's start-up overlaps this
+    one's replays."""
     whole_run = bool(session.manifest.schedule.whole_run)
     total_seconds = 0.0
     launches = 0
     not_run: dict[str, str] = {}
-    for index, one in enumerate(passes):
+    watches = []
+    for one in passes:
         cmd = lane.command(
             ncu_tools.ncu_command(
                 ncu,
@@ -417,93 +429,130 @@ def _run_passes(
             )
         )
         (session.logs / f"{one.stem}_command.txt").write_text(" ".join(cmd) + "\n")
-        start_s = time.perf_counter() - started
-        result = _run_pass(session, ncu, cmd, one, config, lane)
-        total_seconds += result.seconds
-        launches += result.launches
-        lane.finished = lane.done = lane.finished + result.launches
-        if lane.gpu is None:  # the keys of one process chain, as before GPUs were split
-            session.ncu_record.record_pass(
-                one.stem, seconds=round(result.seconds, 2), exit_code=result.exit_code
-            )
-        lane.records.append(
-            rundir.NcuPassRecord(
-                stem=one.stem,
-                gpu=lane.gpu.device if lane.gpu else None,
-                kernels=one.kernels,
-                expected=one.expected,
-                launches=result.launches,
-                start_s=round(start_s, 2),
-                seconds=round(result.seconds, 2),
-                exit_code=result.exit_code,
-            )
+        watches.append(_PassWatch(session, ncu, cmd, one, lane))
+    turns = None
+    if len(passes) > 1 and not session.command.distributed:
+        turns = Turns(
+            [
+                lane.turn(
+                    w.cmd,
+                    session.write_config("ncu", whole_run=whole_run, name=w.one.stem),
+                    w.log_name,
+                    w.on_line,
+                    session.options.ncu_timeout,
+                )
+                for w in watches
+            ],
+            quiet=False,
         )
-        if not result.ok:
-            for later in passes[index:]:
-                why = "failed" if later.stem == one.stem else f"did not run (the {one.stem} pass failed)"
-                not_run.update(dict.fromkeys(later.kernels, f"its ncu pass ({later.stem}) {why}"))
-            break
+    try:
+        for index, watch in enumerate(watches):
+            one = watch.one
+            start_s = time.perf_counter() - started
+            if turns is not None:
+                seconds, code, tail = turns.next()
+            else:
+                seconds, code, tail = lane.run(
+                    watch.cmd, config, watch.log_name, watch.on_line, session.options.ncu_timeout
+                )
+            result = watch.finish(seconds, code, tail)
+            total_seconds += result.seconds
+            launches += result.launches
+            lane.finished = lane.done = lane.finished + result.launches
+            if lane.gpu is None:  # the keys of one process chain, as before GPUs were split
+                session.ncu_record.record_pass(
+                    one.stem, seconds=round(result.seconds, 2), exit_code=result.exit_code
+                )
+            lane.records.append(
+                rundir.NcuPassRecord(
+                    stem=one.stem,
+                    gpu=lane.gpu.device if lane.gpu else None,
+                    kernels=one.kernels,
+                    expected=one.expected,
+                    launches=result.launches,
+                    start_s=round(start_s, 2),
+                    seconds=round(result.seconds, 2),
+                    exit_code=result.exit_code,
+                )
+            )
+            if not result.ok:
+                for later in passes[index:]:
+                    why = "failed" if later.stem == one.stem else f"did not run (the {one.stem} pass failed)"
+                    not_run.update(dict.fromkeys(later.kernels, f"its ncu pass ({later.stem}) {why}"))
+                break
+    finally:
+        if turns is not None:
+            turns.close()
     return total_seconds, launches, not_run
 
 
-def _run_pass(
-    session: ProfileSession, ncu: str, cmd: list[str], one: NcuPass, config: Path, lane: _Lane
-) -> PassRun:
-    """One ncu run and its CSV export."""
-    out, warnings, stem = session.out, session.warnings, one.stem
-    timeout = session.options.ncu_timeout
-    who = f"ncu ({stem})" if lane.gpu else "ncu"  # one GPU's pass among several
-    progress = {"done": 0}
+class _PassWatch:
+    """One ncu pass: its progress as ncu prints it, then, once it exited, its report checked
+    and exported (``finish``)."""
 
-    def on_line(line: str) -> bool:
-        p = ncu_tools.parse_progress(line, progress["done"])
+    def __init__(self, session: ProfileSession, ncu: str, cmd: list[str], one: NcuPass, lane: _Lane) -> None:
+        self.session, self.ncu, self.cmd, self.one, self.lane = session, ncu, cmd, one, lane
+        self.done = 0
+        self.log_name = one.stem.replace("ncu", "phase2")
+
+    def on_line(self, line: str) -> bool:
+        p = ncu_tools.parse_progress(line, self.done)
         if p is not None:
-            progress["done"] = p.index
-            lane.progress(one, p.index, p.kernel)
+            self.done = p.index
+            self.lane.progress(self.one, p.index, p.kernel)
             return True
         return False
 
-    log_name = stem.replace("ncu", "phase2")
-    seconds, code, tail = lane.run(cmd, config, log_name, on_line, timeout)
-    logs = session.logs / log_name
-    log = Path(f"{logs}.stdout").read_text(errors="replace") + Path(f"{logs}.stderr").read_text(
-        errors="replace"
-    )
-    rep = out / f"{stem}.ncu-rep"
-    exit_code: int | str = code
-    if code == TIMED_OUT:
-        exit_code = "timeout"
-        if "==PROF== Report:" in log and rep.is_file():
-            # ncu finished and wrote its report; only the application failed to exit.
+    def finish(self, seconds: float, code: int, tail: list[str]) -> PassRun:
+        session, ncu, one, lane = self.session, self.ncu, self.one, self.lane
+        out, warnings, stem = session.out, session.warnings, one.stem
+        timeout = session.options.ncu_timeout
+        who = f"ncu ({stem})" if lane.gpu else "ncu"  # one GPU's pass among several
+        logs = session.logs / self.log_name
+        log = Path(f"{logs}.stdout").read_text(errors="replace") + Path(f"{logs}.stderr").read_text(
+            errors="replace"
+        )
+        rep = out / f"{stem}.ncu-rep"
+        exit_code: int | str = code
+        if code == TIMED_OUT:
+            exit_code = "timeout"
+            if "==PROF== Report:" in log and rep.is_file():
+                # ncu finished and wrote its report; only the application failed to exit.
+                warnings.append(
+                    f"ncu ({stem}) wrote its report, but the application did not exit; it was stopped "
+                    f"after {timeout:.0f} s and the counters are kept"
+                )
+            else:
+                lane.warn(
+                    f"Nsight Compute did not finish within {timeout:.0f} s: stopped; the timeline is kept"
+                )
+                warnings.append(
+                    f"ncu ({stem}) was stopped after {timeout:.0f} s ({self.done} launches profiled); "
+                    "no counters from it (raise --ncu-timeout, or lower --max-kernels)"
+                )
+                return PassRun(False, seconds, self.done, exit_code)
+        if "ERR_NVGPUCTRPERM" in log:
+            lane.warn(ncu_tools.PERMISSION_HELP)
+            perm = "ncu could not read the performance counters (ERR_NVGPUCTRPERM): timeline only"
+            if perm not in warnings:
+                warnings.append(perm)
+            return PassRun(False, seconds, 0, exit_code)
+        if not rep.is_file():
             warnings.append(
-                f"ncu ({stem}) wrote its report, but the application did not exit; it was stopped "
-                f"after {timeout:.0f} s and the counters are kept"
+                f"{who} wrote no report (exit code {code}); last output: " + " | ".join(tail[-3:])
             )
-        else:
-            lane.warn(f"Nsight Compute did not finish within {timeout:.0f} s: stopped; the timeline is kept")
-            warnings.append(
-                f"ncu ({stem}) was stopped after {timeout:.0f} s ({progress['done']} launches profiled); "
-                "no counters from it (raise --ncu-timeout, or lower --max-kernels)"
-            )
-            return PassRun(False, seconds, progress["done"], exit_code)
-    if "ERR_NVGPUCTRPERM" in log:
-        lane.warn(ncu_tools.PERMISSION_HELP)
-        perm = "ncu could not read the performance counters (ERR_NVGPUCTRPERM): timeline only"
-        if perm not in warnings:
-            warnings.append(perm)
-        return PassRun(False, seconds, 0, exit_code)
-    if not rep.is_file():
-        warnings.append(f"{who} wrote no report (exit code {code}); last output: " + " | ".join(tail[-3:]))
-        return PassRun(False, seconds, progress["done"], exit_code)
-    if code not in (0, TIMED_OUT):
-        warnings.append(f"{who} exited with code {code} after writing its report")
-    export = subprocess.run(ncu_tools.export_command(ncu, rep), capture_output=True, text=True, check=False)
-    if export.returncode != 0 or not export.stdout.strip():
-        warnings.append(f"{who} could not export its report to CSV: {export.stderr.strip()[-300:]}")
-        return PassRun(False, seconds, progress["done"], exit_code)
-    with gzip.open(out / one.csv_name, "wt") as f:
-        f.write(_trace_spelling(ncu, rep, export.stdout, one.kernels))
-    return PassRun(True, seconds, progress["done"], exit_code)
+            return PassRun(False, seconds, self.done, exit_code)
+        if code not in (0, TIMED_OUT):
+            warnings.append(f"{who} exited with code {code} after writing its report")
+        export = subprocess.run(
+            ncu_tools.export_command(ncu, rep), capture_output=True, text=True, check=False
+        )
+        if export.returncode != 0 or not export.stdout.strip():
+            warnings.append(f"{who} could not export its report to CSV: {export.stderr.strip()[-300:]}")
+            return PassRun(False, seconds, self.done, exit_code)
+        with gzip.open(out / one.csv_name, "wt") as f:
+            f.write(_trace_spelling(ncu, rep, export.stdout, one.kernels))
+        return PassRun(True, seconds, self.done, exit_code)
 
 
 def _trace_spelling(ncu: str, rep: Path, text: str, kernels: list[str]) -> str:

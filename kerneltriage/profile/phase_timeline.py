@@ -27,6 +27,7 @@ from kerneltriage.profile.context import Options, ProfileSession, asked_plan, pl
 from kerneltriage.profile.fix_install import EXIT_NOT_APPLIED
 from kerneltriage.profile.step_plan import CAPTURE_RANGE, EXIT_NO_GPU, EXIT_NO_TORCH, StepPlan
 from kerneltriage.profile.step_time import clean_summary, other_ranks_step_time, record_step_time
+from kerneltriage.profile.turns import Turns
 
 if TYPE_CHECKING:  # pragma: no cover
     from kerneltriage.analysis.timeline.steady import Processes
@@ -368,48 +369,67 @@ def time_more_processes(session: ProfileSession, runs: TimelineRuns, *, whole_ru
     target, most, reach_factor = _more_processes_settings(
         options.timing_processes, options.max_timing_processes
     )
+    # The asked processes start together, each held at its first CUDA use, and get the GPU in
+    # turn (``turns.py``): their start-ups overlap, their timed steps never do.
+    batch = Turns(
+        [
+            session.turn(
+                session.command.with_runner(),
+                session.write_config("timing", whole_run=False, name=f"timing{i}"),
+                f"timing{i}",
+            )
+            for i in range(1, options.timing_processes)
+        ],
+        quiet=True,
+    )
     i = 0
-    while True:
-        i += 1
-        if i >= options.timing_processes:
-            from kerneltriage.analysis.timeline.steady import over_processes
+    try:
+        while True:
+            i += 1
+            if i >= options.timing_processes:
+                from kerneltriage.analysis.timeline.steady import over_processes
 
-            over = over_processes(series)
-            wide = _wide_interval(over, target)
-            if i >= most or wide is None:
-                break
-            reach = _reachable(over, most)
-            if reach is not None and reach > reach_factor * target:
+                over = over_processes(series)
+                wide = _wide_interval(over, target)
+                if i >= most or wide is None:
+                    break
+                reach = _reachable(over, most)
+                if reach is not None and reach > reach_factor * target:
+                    session.warnings.append(
+                        f"the {i} timing processes put a run of the script within ±{wide:.1%} of its step "
+                        f"time; their spread would leave ±{reach:.1%} even at {most} processes (the target "
+                        f"is ±{target:.0%}), so no more were timed: runs of this script differ from process "
+                        "to process (a shared or host-paced machine)"
+                    )
+                    break
+                session.reporter.phase(
+                    "timing",
+                    f"process {i + 1} (at most {most}): the {i} so far put a run of the script within "
+                    f"±{wide:.1%} of its step time, wider than ±{target:.0%}",
+                )
+                name = f"timing{i}"
+                config = session.write_config("timing", whole_run=False, name=name)
+                seconds, code, _ = session.run(session.command.with_runner(), config, name)
+            else:
+                session.reporter.phase(
+                    "timing", f"process {i + 1} of {options.timing_processes}: warm-up and plain steps"
+                )
+                name = f"timing{i}"
+                seconds, code, _ = batch.next()
+            runs.seconds += seconds
+            first = min(session.statuses(name), key=lambda s: s.get("rank", 0), default={})
+            plain = (first.get("step_times") or {}).get("plain_ms") or []
+            if code != 0 or not plain:
                 session.warnings.append(
-                    f"the {i} timing processes put a run of the script within ±{wide:.1%} of its step time; "
-                    f"their spread would leave ±{reach:.1%} even at {most} processes (the target is "
-                    f"±{target:.0%}), so no more were timed: runs of this script differ from process to "
-                    "process (a shared or host-paced machine)"
+                    f"timing process {i + 1} timed no plain step (exit code {code}): the step time spans "
+                    f"{len(series)} process(es)"
                 )
                 break
-            session.reporter.phase(
-                "timing",
-                f"process {i + 1} (at most {most}): the {i} so far put a run of the script within "
-                f"±{wide:.1%} of its step time, wider than ±{target:.0%}",
-            )
-        else:
-            session.reporter.phase(
-                "timing", f"process {i + 1} of {options.timing_processes}: warm-up and plain steps"
-            )
-        config = session.write_config("timing", whole_run=False)
-        seconds, code, _ = session.run(session.command.with_runner(), config, f"timing{i}")
-        runs.seconds += seconds
-        first = min(session.statuses("timing"), key=lambda s: s.get("rank", 0), default={})
-        plain = (first.get("step_times") or {}).get("plain_ms") or []
-        if code != 0 or not plain:
-            session.warnings.append(
-                f"timing process {i + 1} timed no plain step (exit code {code}): the step time spans "
-                f"{len(series)} process(es)"
-            )
-            break
-        series.append([float(t) for t in plain])
-        host += [float(t) for t in first.get("host_issue_ms") or []]
-        session.reporter.phase_done("timing", seconds, f"{len(plain)} plain steps")
+            series.append([float(t) for t in plain])
+            host += [float(t) for t in first.get("host_issue_ms") or []]
+            session.reporter.phase_done("timing", seconds, f"{len(plain)} plain steps")
+    finally:
+        batch.close()
     step.processes_plain_ms = series
     step.host_issue_ms = host
     session.timeline_record.seconds = round(runs.seconds, 2)

@@ -71,67 +71,109 @@ def run_child(
     Past ``timeout`` seconds the whole process group is stopped and the exit code is
     ``TIMED_OUT``: a hung tool must not take the phases already written down with it.
     """
-    start = time.perf_counter()
-    tail: deque[str] = deque(maxlen=20)
-    try:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=child_env(config),
-            text=True,
-            errors="replace",
-            bufsize=1,
-            # Its own process group, so that a timeout can stop ncu, torchrun and every worker.
-            start_new_session=timeout is not None,
-        )
-    except FileNotFoundError:
-        raise ToolError(f"cannot start {cmd[0]!r}: not found") from None
+    return Child(cmd, config, log_prefix, echo, on_line, timeout).start().wait()
 
-    def pump(stream, name: str) -> None:
-        with open(f"{log_prefix}.{name}", "w") as log:
+
+class Child:
+    """One child process: started (its output pumped to the logs and ``echo`` from then on),
+    then waited for, with ``run_child``'s timeout and Ctrl-C handling. ``gate`` (a path)
+    holds the script at its first CUDA use until ``open_gate`` (``gate.py``)."""
+
+    def __init__(
+        self,
+        cmd: list[str],
+        config: Path,
+        log_prefix: Path,
+        echo: Callable[[str, str], None],
+        on_line: Callable[[str], bool] | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        self.cmd, self.config, self.log_prefix = cmd, config, log_prefix
+        self.echo, self.on_line, self.timeout = echo, on_line, timeout
+        self.tail: deque[str] = deque(maxlen=20)
+        self.started = 0.0
+        self.proc: subprocess.Popen | None = None
+        self.threads: list[threading.Thread] = []
+
+    def start(self) -> Child:
+        self.started = time.perf_counter()
+        try:
+            self.proc = subprocess.Popen(
+                self.cmd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=child_env(self.config),
+                text=True,
+                errors="replace",
+                bufsize=1,
+                # Its own process group, so that a timeout can stop ncu, torchrun and every worker.
+                start_new_session=self.timeout is not None,
+            )
+        except FileNotFoundError:
+            raise ToolError(f"cannot start {self.cmd[0]!r}: not found") from None
+        self.threads = [
+            threading.Thread(target=self._pump, args=(self.proc.stdout, "stdout"), daemon=True),
+            threading.Thread(target=self._pump, args=(self.proc.stderr, "stderr"), daemon=True),
+        ]
+        for t in self.threads:
+            t.start()
+        return self
+
+    def _pump(self, stream, name: str) -> None:
+        with open(f"{self.log_prefix}.{name}", "w") as log:
             for line in stream:
                 line = line.rstrip("\n")
                 log.write(line + "\n")
                 log.flush()
                 if name == "stderr":
-                    tail.append(line)
-                if on_line is not None and on_line(line):
+                    self.tail.append(line)
+                if self.on_line is not None and self.on_line(line):
                     continue
-                echo(line, name)
+                self.echo(line, name)
 
-    threads = [
-        threading.Thread(target=pump, args=(proc.stdout, "stdout"), daemon=True),
-        threading.Thread(target=pump, args=(proc.stderr, "stderr"), daemon=True),
-    ]
-    for t in threads:
-        t.start()
-    try:
-        code = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _stop(
-            proc,
-            [
+    def exited(self) -> bool:
+        return self.proc is not None and self.proc.poll() is not None
+
+    def wait(self) -> tuple[float, int, list[str]]:
+        """(seconds since it started, exit code, last stderr lines); the timeout counts from
+        now (a child held at its gate has not begun its work)."""
+        proc = self.proc
+        assert proc is not None, "start() first"
+        try:
+            code = proc.wait(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            return time.perf_counter() - self.started, TIMED_OUT, list(self.tail)
+        except KeyboardInterrupt:
+            if self.timeout is not None:  # a separate session does not get the terminal's Ctrl-C
+                with contextlib.suppress(OSError):
+                    os.killpg(proc.pid, signal.SIGINT)
+            # A terminal's Ctrl-C reaches the child too: let it write what it has and exit. A
+            # second SIGINT would interrupt its clean-up, so send one only if it is still running.
+            _stop(proc, [(None, 10), (lambda: proc.send_signal(signal.SIGINT), 20), (proc.kill, 20)])
+            for t in self.threads:
+                t.join(timeout=5)
+            raise
+        for t in self.threads:
+            t.join()
+        return time.perf_counter() - self.started, code, list(self.tail)
+
+    def stop(self) -> None:
+        """Stop it (its process group, where it has one) and its output pumps."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        steps: list[tuple[Callable[[], None] | None, float]]
+        if self.timeout is not None:
+            steps = [
                 (lambda: os.killpg(proc.pid, signal.SIGTERM), 20),
                 (lambda: os.killpg(proc.pid, signal.SIGKILL), 20),
-            ],
-        )
-        for t in threads:
+            ]
+        else:
+            steps = [(proc.terminate, 20), (proc.kill, 20)]
+        _stop(proc, steps)
+        for t in self.threads:
             t.join(timeout=5)
-        return time.perf_counter() - start, TIMED_OUT, list(tail)
-    except KeyboardInterrupt:
-        if timeout is not None:  # a separate session does not get the terminal's Ctrl-C
-            with contextlib.suppress(OSError):
-                os.killpg(proc.pid, signal.SIGINT)
-        # A terminal's Ctrl-C reaches the child too: let it write what it has and exit. A
-        # second SIGINT would interrupt its clean-up, so send one only if it is still running.
-        _stop(proc, [(None, 10), (lambda: proc.send_signal(signal.SIGINT), 20), (proc.kill, 20)])
-        for t in threads:
-            t.join(timeout=5)
-        raise
-    for t in threads:
-        t.join()
-    return time.perf_counter() - start, code, list(tail)
 
 
 def _stop(proc: subprocess.Popen, steps: list[tuple[Callable[[], None] | None, float]]) -> None:

@@ -14,9 +14,11 @@ import os
 import runpy
 import sys
 import threading
+import time
 import traceback
+from pathlib import Path
 
-from kerneltriage.profile import fix_install
+from kerneltriage.profile import fix_install, gate
 from kerneltriage.profile.hooks import ProfiledProcess, StepsDone
 from kerneltriage.verify.apply import ApplyFailed
 
@@ -24,6 +26,7 @@ CONFIG_ENV = "KERNELTRIAGE_PROFILE"
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.time()
     argv = list(sys.argv[1:] if argv is None else argv)
     config_path = os.environ.get(CONFIG_ENV)
     if not config_path:
@@ -40,13 +43,20 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"kerneltriage runner: {missing}", file=sys.stderr)  # one line: nothing ran
         return 2
+    config["_started"] = started
     process = ProfiledProcess(config)
     process.install()
+    if config.get("gate") and process.torch is not None:
+        # Started with others: the script's first CUDA use waits for its turn on the GPU.
+        gate.hold_at_first_cuda_use(
+            process.torch, Path(config["gate"]), int(config["parent_pid"]), on_wait=process.milestone
+        )
     code = 0
     fixes: list[fix_install.Installed] = []
     try:
         # profile --apply: the fixes go in before the script runs, as verify's harness does.
         fixes = fix_install.install_all(config.get("apply") or [])
+        process.milestone("script")
         if argv[0] == "-m":
             sys.argv = [argv[1], *argv[2:]]
             runpy.run_module(argv[1], run_name="__main__", alter_sys=True)

@@ -34,6 +34,19 @@ gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "-")
 with open(os.environ["FAKE_NCU_LOG"], "a") as f:
     f.write(f"[{gpu} {os.environ.get('TMPDIR', '-')}] " + " ".join(args) + "\n")
 mode = os.environ.get("FAKE_NCU_MODE")
+def note(what):  # when a profiling call started, got the GPU, ended (FAKE_NCU_TIMES)
+    if os.environ.get("FAKE_NCU_TIMES"):
+        import time
+        with open(os.environ["FAKE_NCU_TIMES"], "a") as f:
+            f.write(f"{what} {time.time()} {args[args.index('-o') + 1]}\n")
+if "-o" in args:
+    note("start")
+    # The runner holds a script started with others at its first CUDA use (gate.py).
+    conf = json.load(open(os.environ["KERNELTRIAGE_PROFILE"])) if os.environ.get("KERNELTRIAGE_PROFILE") else {}
+    if conf.get("gate"):
+        from kerneltriage.profile.gate import wait_for_gate
+        wait_for_gate(conf["gate"], conf["parent_pid"])
+    note("open")
 if args[:1] != ["--import"] and gpu == os.environ.get("FAKE_NCU_HANG_GPU"):
     mode = "hang"
 if args[:1] == ["--version"]:
@@ -82,6 +95,10 @@ else:
     report = args[args.index("-o") + 1] + ".ncu-rep"
     asked = {"k": args[args.index("-k") + 1] if "-k" in args else "regex:.", "every": "--filter-mode" not in args}
     open(report, "w").write(json.dumps(asked))
+    if os.environ.get("FAKE_NCU_SECONDS"):
+        import time
+        time.sleep(float(os.environ["FAKE_NCU_SECONDS"]))
+    note("end")
 '''
 
 

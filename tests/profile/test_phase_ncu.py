@@ -241,3 +241,19 @@ def test_manifests_with_and_without_the_processes_load(tmp_path, monkeypatch, fa
     rundir.write_manifest(tmp_path / "again", manifest)
     again = rundir.read_manifest(tmp_path / "again").phases.ncu
     assert again.to_json() == phase and [p.gpu for p in again.passes] == ["0", "1"]
+
+
+def test_the_next_pass_starts_up_while_the_one_before_profiles(tmp_path, monkeypatch, fake_ncu):
+    times = tmp_path / "times.txt"
+    monkeypatch.setenv("FAKE_NCU_TIMES", str(times))
+    monkeypatch.setenv("FAKE_NCU_SECONDS", "1")
+    out, phase, _, _, _ = _split(tmp_path, monkeypatch, "0")
+    events = {
+        (what, Path(report).name): float(t)
+        for what, t, report in (r.split() for r in times.read_text().splitlines())
+    }
+    # The per-configuration pass was started with the every-launch pass, and given the GPU
+    # (its script's first CUDA use let through) only once that one had ended.
+    assert events[("start", "ncu")] < events[("end", "ncu.launches")] <= events[("open", "ncu")]
+    assert [(r["stem"], r["exit_code"]) for r in phase["passes"]] == [("ncu.launches", 0), ("ncu", 0)]
+    assert (out / rundir.NCU_CSV).is_file() and (out / rundir.NCU_LAUNCHES_CSV).is_file()

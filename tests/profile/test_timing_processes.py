@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kerneltriage import api, rundir
-from kerneltriage.profile import hooks
+from kerneltriage.profile import hooks, phase_timeline
 from kerneltriage.profile.command import parse_command
 from kerneltriage.profile.context import Options, ProfileSession
 from kerneltriage.profile.phase_timeline import TimelineRuns, time_more_processes
@@ -128,7 +128,8 @@ def test_profile_runs_the_extra_processes_and_records_their_steps(tmp_path, monk
     medians: list[float] = []
 
     def fake_run(cmd, config, log, **kw):
-        assert json.loads(Path(config).read_text())["mode"] == "timing"
+        settings = json.loads(Path(config).read_text())
+        assert settings["mode"] == "timing"
         m = medians.pop(0)
         status = {
             "rank": 0,
@@ -136,8 +137,25 @@ def test_profile_runs_the_extra_processes_and_records_their_steps(tmp_path, monk
             "step_times": {"plain_ms": [m, m + 0.1]},
             "host_issue_ms": [m / 2, m / 2 + 1],
         }
-        (out / rundir.LOGS / "status.timing.rank0.json").write_text(json.dumps(status))
+        (out / rundir.LOGS / f"status.{settings['status_name']}.rank0.json").write_text(json.dumps(status))
         return 3.0, 0, []
+
+    class FakeTurns:
+        """The asked processes, started together: each turn runs as fake_run would."""
+
+        def __init__(self, turns, quiet):
+            assert quiet  # timed processes: no start-up may overlap their steps
+            self.turns = turns
+            # Each with a config, status file and gate of its own.
+            assert len({t.gate for t in turns}) == len({t.child.config for t in turns}) == len(turns)
+
+        def next(self):
+            return fake_run(None, self.turns.pop(0).child.config, None)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(phase_timeline, "Turns", FakeTurns)
 
     runs = TimelineRuns(10.0, 0, [], [], [], 20)
     (tmp_path / "train.py").write_text("pass\n")

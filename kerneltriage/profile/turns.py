@@ -1,0 +1,75 @@
+"""Processes of the script started together and given the GPU one at a time (``gate.py``).
+
+``Turns`` starts every child at once, each held at its first CUDA use, and runs them in order:
+``next()`` opens the next one's gate and waits for it. For timed processes (``quiet``) a gate
+opens only once every later child is at its gate or has exited, so no start-up shares the host
+with timed steps; past ``hold_limit`` seconds of waiting for that, it opens anyway (a script
+that builds its inputs for minutes before touching the GPU).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+from kerneltriage.profile import gate as gates
+from kerneltriage.profile.processes import Child
+
+#: Seconds a timed process waits for the later ones to reach their gates.
+HOLD_LIMIT_S = 120.0
+
+
+class Turn(NamedTuple):
+    child: Child
+    gate: Path
+
+
+class Turns:
+    def __init__(self, turns: list[Turn], *, quiet: bool, hold_limit: float = HOLD_LIMIT_S) -> None:
+        self.turns, self.quiet, self.hold_limit = turns, quiet, hold_limit
+        self.index = 0
+        self.mark = time.perf_counter()  # the end of the last turn (or the start of all)
+        for t in turns:
+            gates.clear(t.gate)
+        try:
+            for t in turns:
+                t.child.start()
+        except BaseException:
+            self.cancel()
+            raise
+
+    def __len__(self) -> int:
+        return len(self.turns)
+
+    def next(self) -> tuple[float, int, list[str]]:
+        """Run the next child: (the wall seconds its turn added: from the end of the one before,
+        or from the start of all for the first; exit code; last stderr lines)."""
+        turn = self.turns[self.index]
+        self.index += 1
+        if self.quiet:
+            self._hold_until_later_ones_wait()
+        gates.open_gate(turn.gate)
+        _, code, tail = turn.child.wait()
+        end = time.perf_counter()
+        seconds, self.mark = end - self.mark, end
+        return seconds, code, tail
+
+    def _hold_until_later_ones_wait(self) -> None:
+        later = self.turns[self.index :]
+        deadline = time.monotonic() + self.hold_limit
+        while time.monotonic() < deadline:
+            if all(gates.at_gate(t.gate) or t.child.exited() for t in later):
+                return
+            time.sleep(gates.POLL_S)
+
+    def cancel(self) -> None:
+        """Stop every child not yet run (a failed turn makes the later ones pointless)."""
+        for t in self.turns[self.index :]:
+            t.child.stop()
+        self.index = len(self.turns)
+
+    def close(self) -> None:
+        self.cancel()
+        for t in self.turns:
+            gates.clear(t.gate)

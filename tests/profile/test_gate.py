@@ -1,0 +1,189 @@
+"""Turns on the GPU (``gate.py``, ``turns.py``): a process started with others waits at its first
+CUDA use until its gate opens; the parent gives the GPU to one process at a time, a timed one
+only once the later ones are all waiting."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from kerneltriage.profile import gate as gates
+from kerneltriage.profile.processes import Child, child_env
+from kerneltriage.profile.turns import Turn, Turns
+
+
+def fake_torch(calls: list[str]):
+    def lazy_init():
+        calls.append("init")
+
+    random = SimpleNamespace(_lazy_init=lazy_init)
+    cuda = SimpleNamespace(_lazy_init=lazy_init, is_initialized=lambda: "init" in calls, random=random)
+    return SimpleNamespace(cuda=cuda), lazy_init
+
+
+def test_the_first_cuda_use_waits_for_the_gate(tmp_path):
+    calls: list[str] = []
+    torch, original = fake_torch(calls)
+    gate = tmp_path / "gate.timing1"
+    seen: list[str] = []
+    gates.hold_at_first_cuda_use(torch, gate, 0, on_wait=seen.append)
+    first = threading.Thread(target=torch.cuda._lazy_init)
+    first.start()
+    deadline = time.monotonic() + 10
+    while not gates.at_gate(gate) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert gates.at_gate(gate) and calls == [] and first.is_alive() and seen == ["at_gate"]
+    gates.open_gate(gate)
+    first.join(timeout=10)
+    assert calls == ["init"] and seen == ["at_gate", "gate_open"]
+    # Held once: later uses go straight to torch's own function, also through torch.cuda.random.
+    assert torch.cuda._lazy_init is original and torch.cuda.random._lazy_init is original
+
+
+def test_a_held_process_whose_parent_is_gone_stops(tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    start = time.monotonic()
+    with pytest.raises(SystemExit):
+        gates.wait_for_gate(tmp_path / "gate.x", gone.pid)
+    assert time.monotonic() - start < 10
+
+
+def test_the_runner_holds_the_script_at_its_first_cuda_use(tmp_path):
+    pytest.importorskip("torch")
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import time, torch
+            open("before", "w").write(str(time.time()))
+            try:
+                torch.cuda._lazy_init()  # what moving a model to the GPU calls first
+            except Exception:
+                pass  # a CPU-only torch
+            open("after", "w").write(str(time.time()))
+            """
+        )
+    )
+    out = tmp_path / "run"
+    (out / "logs").mkdir(parents=True)
+    gate = out / "logs" / "gate.timing1"
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {
+                "mode": "timing",
+                "out": str(out),
+                "warmup": 0,
+                "steps": 1,
+                "cpu": True,
+                "timing_steps": 1,
+                "status_name": "timing1",
+                "gate": str(gate),
+                "parent_pid": __import__("os").getpid(),
+            }
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kerneltriage.profile.runner", str(script)],
+        env=child_env(config),
+        cwd=tmp_path,
+    )
+    deadline = time.monotonic() + 60
+    while not gates.at_gate(gate) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.5)
+    assert gates.at_gate(gate) and (tmp_path / "before").exists() and not (tmp_path / "after").exists()
+    opened = time.time()
+    gates.open_gate(gate)
+    assert proc.wait(timeout=60) == 0
+    assert float((tmp_path / "after").read_text()) >= opened
+    status = json.loads((out / "logs" / "status.timing1.rank0.json").read_text())
+    assert status["wall"]["gate_open"] - status["wall"]["at_gate"] >= 0.5
+
+
+CHILD = """
+import json, os, sys, time
+from kerneltriage.profile.gate import wait_for_gate
+conf = json.load(open(os.environ["KERNELTRIAGE_PROFILE"]))
+log = open(conf["log"], "a")
+time.sleep(conf["start_s"])  # the host's start-up: imports, the model built
+log.write(f"ready {conf['name']} {time.time()}\\n"); log.flush()
+wait_for_gate(conf["gate"], conf["parent_pid"])
+log.write(f"gpu {conf['name']} {time.time()}\\n"); log.flush()
+time.sleep(0.3)  # its steps on the GPU
+log.write(f"done {conf['name']} {time.time()}\\n"); log.flush()
+sys.exit(conf.get("exit", 0))
+"""
+
+
+def _turns(tmp_path: Path, starts: list[float], *, quiet: bool, exits: list[int] | None = None) -> Turns:
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    turns = []
+    for i, start_s in enumerate(starts):
+        gate = tmp_path / f"gate.{i}"
+        config = tmp_path / f"config.{i}.json"
+        config.write_text(
+            json.dumps(
+                {
+                    "name": i,
+                    "start_s": start_s,
+                    "gate": str(gate),
+                    "parent_pid": __import__("os").getpid(),
+                    "log": str(tmp_path / "events.txt"),
+                    "exit": (exits or [0] * len(starts))[i],
+                }
+            )
+        )
+        child = Child(
+            [sys.executable, str(script)], config, tmp_path / f"child{i}", lambda line, stream: None
+        )
+        turns.append(Turn(child, gate))
+    return Turns(turns, quiet=quiet)
+
+
+def _events(tmp_path: Path) -> dict[tuple[str, int], float]:
+    lines = (tmp_path / "events.txt").read_text().split("\n")
+    return {(w, int(n)): float(t) for w, n, t in (line.split() for line in lines if line)}
+
+
+def test_timed_turns_share_no_start_up_and_run_in_order(tmp_path):
+    # The second and third start slower than the first: the first waits for both to be ready.
+    start = time.monotonic()
+    batch = _turns(tmp_path, [0.0, 1.0, 1.5], quiet=True)
+    try:
+        results = [batch.next() for _ in range(3)]
+    finally:
+        batch.close()
+    wall = time.monotonic() - start
+    e = _events(tmp_path)
+    assert e[("gpu", 0)] >= e[("ready", 2)] and e[("gpu", 0)] >= e[("ready", 1)]
+    assert e[("gpu", 1)] >= e[("done", 0)] and e[("gpu", 2)] >= e[("done", 1)]
+    assert [code for _, code, _ in results] == [0, 0, 0]
+    # The start-ups overlapped: the whole took about the slowest start plus three turns, not
+    # every start one after the other (0 + 1 + 1.5 s more).
+    assert wall < 1.5 + 3 * 0.3 + 2.0
+    assert sum(seconds for seconds, _, _ in results) == pytest.approx(wall, abs=1.0)
+
+
+def test_a_failed_turn_can_stop_the_ones_after_it(tmp_path):
+    batch = _turns(tmp_path, [0.0, 0.0, 0.0], quiet=False, exits=[1, 0, 0])
+    try:
+        _, code, _ = batch.next()
+        assert code == 1
+        batch.cancel()
+    finally:
+        batch.close()
+    e = _events(tmp_path)
+    assert ("gpu", 1) not in e and ("gpu", 2) not in e
+    assert all(t.child.exited() for t in batch.turns)

@@ -76,8 +76,8 @@ def run_child(
 
 class Child:
     """One child process: started (its output pumped to the logs and ``echo`` from then on),
-    then waited for, with ``run_child``'s timeout and Ctrl-C handling. ``gate`` (a path)
-    holds the script at its first CUDA use until ``open_gate`` (``gate.py``)."""
+    then waited for, with ``run_child``'s timeout and Ctrl-C handling. Started early by
+    ``Turns``, a child whose config names a gate waits at its first CUDA use (``gate.py``)."""
 
     def __init__(
         self,

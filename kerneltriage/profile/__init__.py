@@ -8,9 +8,12 @@ In the parent:
   processes, status files);
 - ``phase_timeline.py``: phase 1 (PyTorch profiler or Nsight Systems, the timing processes);
   ``step_time.py``: the step time it records;
-- ``phase_ncu.py``: phase 2, Nsight Compute on the hot kernels; ``nsight_compute.py``: the ncu
-  command line, its metrics, its progress output;
+- ``phase_ncu.py``: phase 2, Nsight Compute on the hot kernels; ``ncu_pass.py``: one ncu pass's
+  progress and export; ``nsight_compute.py``: the ncu command line, its metrics, its progress
+  output;
 - ``processes.py``: a child process run, logged, stopped on a timeout or Ctrl-C;
+  ``turns.py`` with ``gate.py``: processes started together, each held at its first CUDA use
+  until its turn on the GPU;
 - ``command.py``: the user's command and its rewrite with the runner in front;
 - ``trace_fixup.py``: phase 1's trace finished (shapes copied in, module ranges);
 - ``calibrate.py``: measured ceilings of this GPU.

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import gzip
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from kerneltriage import rundir
 from kerneltriage.analysis.rules import load_rules
@@ -29,33 +28,13 @@ from kerneltriage.errors import ToolError
 from kerneltriage.profile import ncu_gpus
 from kerneltriage.profile import nsight_compute as ncu_tools
 from kerneltriage.profile.context import ProfileSession
-from kerneltriage.profile.ncu_names import mangled_in_trace, with_trace_spelling
-from kerneltriage.profile.processes import TIMED_OUT, run_child
+from kerneltriage.profile.ncu_pass import NcuPass, PassWatch
+from kerneltriage.profile.processes import run_child
 from kerneltriage.profile.turns import Turn, Turns
 
 if TYPE_CHECKING:  # pragma: no cover
     from kerneltriage.analysis.timeline.hot_kernels import HotKernels
     from kerneltriage.ingest.tables import Timeline
-
-
-class NcuPass(NamedTuple):
-    """One ncu run: its file stem, its CSV export, the kernels it profiles, the launches it
-    takes of each (None: one per launch configuration) and the launches expected."""
-
-    stem: str
-    csv_name: str
-    kernels: list[str]
-    every_launch: int | None
-    expected: int
-
-
-class PassRun(NamedTuple):
-    """How one pass went: its counters exported, its seconds, launches profiled, exit code."""
-
-    ok: bool
-    seconds: float
-    launches: int
-    exit_code: int | str | None
 
 
 def run_ncu(session: ProfileSession, ncu: str) -> None:
@@ -429,7 +408,7 @@ def _run_passes(
             )
         )
         (session.logs / f"{one.stem}_command.txt").write_text(" ".join(cmd) + "\n")
-        watches.append(_PassWatch(session, ncu, cmd, one, lane))
+        watches.append(PassWatch(session, ncu, cmd, one, lane))
     turns = None
     if len(passes) > 1 and not session.command.distributed:
         turns = Turns(
@@ -484,86 +463,6 @@ def _run_passes(
         if turns is not None:
             turns.close()
     return total_seconds, launches, not_run
-
-
-class _PassWatch:
-    """One ncu pass: its progress as ncu prints it, then, once it exited, its report checked
-    and exported (``finish``)."""
-
-    def __init__(self, session: ProfileSession, ncu: str, cmd: list[str], one: NcuPass, lane: _Lane) -> None:
-        self.session, self.ncu, self.cmd, self.one, self.lane = session, ncu, cmd, one, lane
-        self.done = 0
-        self.log_name = one.stem.replace("ncu", "phase2")
-
-    def on_line(self, line: str) -> bool:
-        p = ncu_tools.parse_progress(line, self.done)
-        if p is not None:
-            self.done = p.index
-            self.lane.progress(self.one, p.index, p.kernel)
-            return True
-        return False
-
-    def finish(self, seconds: float, code: int, tail: list[str]) -> PassRun:
-        session, ncu, one, lane = self.session, self.ncu, self.one, self.lane
-        out, warnings, stem = session.out, session.warnings, one.stem
-        timeout = session.options.ncu_timeout
-        who = f"ncu ({stem})" if lane.gpu else "ncu"  # one GPU's pass among several
-        logs = session.logs / self.log_name
-        log = Path(f"{logs}.stdout").read_text(errors="replace") + Path(f"{logs}.stderr").read_text(
-            errors="replace"
-        )
-        rep = out / f"{stem}.ncu-rep"
-        exit_code: int | str = code
-        if code == TIMED_OUT:
-            exit_code = "timeout"
-            if "==PROF== Report:" in log and rep.is_file():
-                # ncu finished and wrote its report; only the application failed to exit.
-                warnings.append(
-                    f"ncu ({stem}) wrote its report, but the application did not exit; it was stopped "
-                    f"after {timeout:.0f} s and the counters are kept"
-                )
-            else:
-                lane.warn(
-                    f"Nsight Compute did not finish within {timeout:.0f} s: stopped; the timeline is kept"
-                )
-                warnings.append(
-                    f"ncu ({stem}) was stopped after {timeout:.0f} s ({self.done} launches profiled); "
-                    "no counters from it (raise --ncu-timeout, or lower --max-kernels)"
-                )
-                return PassRun(False, seconds, self.done, exit_code)
-        if "ERR_NVGPUCTRPERM" in log:
-            lane.warn(ncu_tools.PERMISSION_HELP)
-            perm = "ncu could not read the performance counters (ERR_NVGPUCTRPERM): timeline only"
-            if perm not in warnings:
-                warnings.append(perm)
-            return PassRun(False, seconds, 0, exit_code)
-        if not rep.is_file():
-            warnings.append(
-                f"{who} wrote no report (exit code {code}); last output: " + " | ".join(tail[-3:])
-            )
-            return PassRun(False, seconds, self.done, exit_code)
-        if code not in (0, TIMED_OUT):
-            warnings.append(f"{who} exited with code {code} after writing its report")
-        export = subprocess.run(
-            ncu_tools.export_command(ncu, rep), capture_output=True, text=True, check=False
-        )
-        if export.returncode != 0 or not export.stdout.strip():
-            warnings.append(f"{who} could not export its report to CSV: {export.stderr.strip()[-300:]}")
-            return PassRun(False, seconds, self.done, exit_code)
-        with gzip.open(out / one.csv_name, "wt") as f:
-            f.write(_trace_spelling(ncu, rep, export.stdout, one.kernels))
-        return PassRun(True, seconds, self.done, exit_code)
-
-
-def _trace_spelling(ncu: str, rep: Path, text: str, kernels: list[str]) -> str:
-    """The export with the trace's mangled spelling on the kernels the trace left mangled."""
-    symbols = mangled_in_trace(kernels)
-    if not symbols:
-        return text
-    mangled = subprocess.run(
-        ncu_tools.export_command(ncu, rep, names="mangled"), capture_output=True, text=True, check=False
-    )
-    return with_trace_spelling(text, mangled.stdout, symbols) if mangled.returncode == 0 else text
 
 
 def _hot_without_counters(session: ProfileSession, hot: HotKernels, not_run: dict[str, str]) -> None:

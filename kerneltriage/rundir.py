@@ -155,6 +155,9 @@ class NcuPhase(_Part):
     variable_size_kernels: list[StrictStr] | None = None
     variable_launches_per_step: StrictInt | None = None
     variable_over_budget: dict[StrictStr, StrictInt] | None = None
+    # "first-of-size": the every-launch pass profiled the first launch of each problem size
+    # (the join maps its rows onto the launches of the same size); None: every launch.
+    variable_selection: StrictStr | None = None
     seconds: Seconds | None = None
     profiled_launches: StrictInt | None = None
     hot_without_counters: dict[StrictStr, StrictStr] | None = None

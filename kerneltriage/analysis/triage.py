@@ -50,6 +50,7 @@ from kerneltriage.analysis.timeline.idle import (
 )
 from kerneltriage.analysis.timeline.invariants import check_report, clean_timeline
 from kerneltriage.analysis.timeline.join import JoinResult, join_counters
+from kerneltriage.analysis.timeline.sizes import launch_sizes
 from kerneltriage.errors import TraceFormatError
 from kerneltriage.ingest.ncu_csv import Counters
 from kerneltriage.ingest.tables import Timeline
@@ -82,7 +83,7 @@ def triage(
     warnings = list(rules.warnings) + list(timeline.warnings) + list(attr.warnings)
     warnings += plausibility.check_launches(timeline)
     warnings += plausibility.check_kernels(timeline, attr.kernels)
-    join = None if counters is None else _join(attr.kernels, counters, rules, hot_kernels, warnings)
+    join = None if counters is None else _join(timeline, attr.kernels, counters, rules, hot_kernels, warnings)
     source = dict(source or {"trace": timeline.source})
     steps = _step_time(attr, timeline, rules, timing, source, warnings)
     candidates, gpu = _candidates(timeline, attr, in_step, join, counters, gpu, rules, steps, warnings)
@@ -128,6 +129,7 @@ def _in_step_kernels(attr: Attribution, timeline: Timeline) -> np.ndarray:
 
 
 def _join(
+    timeline: Timeline,
     kernels: pd.DataFrame,
     counters: Counters,
     rules: Rules,
@@ -136,7 +138,10 @@ def _join(
 ) -> JoinResult:
     """The counters joined onto the kernels; their warnings, and one when they cover too
     little of the kernel time, added to ``warnings``."""
-    join = join_counters(kernels, counters, rules.thresholds.join_max_duration_ratio, hot_kernels)
+    # Sizes only where a capture holds the first launch of each size: they cost a pass over
+    # the launching ops, which a 1 GB trace's report need not pay.
+    sizes = launch_sizes(timeline, kernels) if counters.first_of_size else None
+    join = join_counters(kernels, counters, rules.thresholds.join_max_duration_ratio, hot_kernels, sizes)
     warnings += counters.warnings + join.warnings
     if join.time_joined_share < rules.thresholds.join_warn:
         warnings.append(

@@ -108,6 +108,9 @@ class Counters:
     rows: pd.DataFrame
     metrics: list[str]
     warnings: list[str] = field(default_factory=list)
+    # The captures (``capture`` numbers; 0 for a single export) that hold the first launch of
+    # each problem size of their kernels only, in launch order (``analysis/timeline/sizes.py``).
+    first_of_size: frozenset[int] = frozenset()
 
     @property
     def has_tensor_flops(self) -> bool:
@@ -126,7 +129,11 @@ def merge_counters(parts: list[Counters]) -> Counters:
     rows = pd.concat([p.rows.assign(capture=i) for i, p in enumerate(parts)], ignore_index=True)
     metrics = sorted({m for p in parts for m in p.metrics})
     return Counters(
-        " + ".join(p.source for p in parts), rows, metrics, [w for p in parts for w in p.warnings]
+        " + ".join(p.source for p in parts),
+        rows,
+        metrics,
+        [w for p in parts for w in p.warnings],
+        frozenset(i for i, p in enumerate(parts) if p.first_of_size),
     )
 
 

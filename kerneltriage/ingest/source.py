@@ -178,9 +178,14 @@ def _load_run_dir(
     counters = None
     if paths:
         parts = []
+        ncu_phase = run.manifest.phases.ncu
+        first_of_size = ncu_phase is not None and ncu_phase.variable_selection == "first-of-size"
         for counters_path in paths:
             say(f"reading {counters_path.name}")
-            parts.append(read_counters(counters_path))
+            part = read_counters(counters_path)
+            if first_of_size and not ncu and counters_path == run.ncu_launches_csv:
+                part.first_of_size = frozenset({0})
+            parts.append(part)
         counters = merge_counters(parts)
     profile = LoadedProfile(timelines, counters, run.manifest, path)
     profile.trace_files = {r: run.traces[r] for r in wanted}

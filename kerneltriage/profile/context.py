@@ -118,12 +118,19 @@ class ProfileSession:
         return self.manifest.phases.ncu
 
     def write_config(
-        self, mode: str, *, whole_run: bool, options: Options | None = None, name: str | None = None
+        self,
+        mode: str,
+        *,
+        whole_run: bool,
+        options: Options | None = None,
+        name: str | None = None,
+        ncu_take: str | None = None,
     ) -> Path:
         """The runner's settings for a ``mode`` process (``logs/config.<mode>.json``), from the
         session's options unless given; that mode's old status files go. ``name``: one of
         several processes of the mode started at once (``turn``), with a config, status file
-        and gate of its own."""
+        and gate of its own. ``ncu_take="first-of-size"``: an ncu process marks the first call
+        of each op signature of its step (``first_of_size.py``)."""
         if options is None:
             options = self.options
         config: dict[str, Any] = {
@@ -144,6 +151,8 @@ class ProfileSession:
             config["plain_min"], config["plain_max"] = plain_bounds(options, bool(self.command.distributed))
         if options.applied_fixes:  # profile --apply: installed by runner.py before the script runs
             config["apply"] = [{"id": f["id"], "apply": f["apply"]} for f in options.applied_fixes]
+        if ncu_take:
+            config["ncu_take"] = ncu_take
         stem = name or mode
         if name is not None:
             config["status_name"] = name

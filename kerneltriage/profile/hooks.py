@@ -119,6 +119,7 @@ class ProfiledProcess:
         self.clean_prof: Any = None  # the clean steps' profiler (CUDA activity only)
         self.clean_path: Path | None = None
         self.ncu_range: Any = None
+        self.first_of_size: Any = None  # FirstOfSize, for an every-launch ncu pass
         self.capture: Any = None  # Nsight Systems: the range over the recorded steps
         self.step_range: Any = None  # Nsight Systems: the range of the step running now
         self.modules = ModuleRanges()
@@ -430,10 +431,17 @@ class ProfiledProcess:
             if self.config.get("profiler_api"):
                 # ncu --profile-from-start off: nothing before this step is intercepted.
                 self.torch.cuda.profiler.start()
+            if self.config.get("ncu_take") == "first-of-size":
+                from kerneltriage.profile.first_of_size import FirstOfSize
+
+                self.first_of_size = FirstOfSize(self.torch)
+                self.first_of_size.start()
 
     def _close_ncu_range(self) -> None:
         if self.ncu_range is None:
             return
+        if self.first_of_size is not None:
+            self.first_of_size.stop()
         if self.config.get("profiler_api"):
             self.torch.cuda.profiler.stop()
         self.torch.cuda.nvtx.range_end(self.ncu_range)
@@ -507,6 +515,8 @@ class ProfiledProcess:
             data["plain_extended"] = self.plain_extended
         if self.mode == "timing":
             data["host_issue_ms"] = self.host_issue_ms
+        if self.first_of_size is not None:
+            data["ncu_take"] = self.first_of_size.status()
         if self.mode == "timeline":
             data["dynamo"] = {"plain": self.dynamo_plain, "end": dynamo_facts()}
         if self.mode in ("timeline", "timing") and self.torch is not None:

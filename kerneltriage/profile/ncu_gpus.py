@@ -230,6 +230,8 @@ def plan_shares(
     every = set() if whole_run else set(hot.variable)
     variable = [n for n in hot.names if n in every]
     launches = sum(step.launches.get(n, 1) for n in variable)
+    if variable and hot.variable_first_of_size:
+        launches = hot.variable_launches  # the first launch of each problem size
     configs = {n: step.configs.get(n, 1) for n in hot.names if n not in every}
     n = len(gpus)
     first = start_cost + launches if variable else 0.0

@@ -18,13 +18,15 @@ if TYPE_CHECKING:  # pragma: no cover
 
 class NcuPass(NamedTuple):
     """One ncu run: its file stem, its CSV export, the kernels it profiles, the launches it
-    takes of each (None: one per launch configuration) and the launches expected."""
+    takes of each (None: one per launch configuration; else at most that many a step), the
+    launches expected, and whether it takes the first launch of each problem size only."""
 
     stem: str
     csv_name: str
     kernels: list[str]
     every_launch: int | None
     expected: int
+    first_of_size: bool = False
 
 
 class PassRun(NamedTuple):

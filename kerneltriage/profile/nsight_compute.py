@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from kerneltriage.profile.step_plan import NCU_RANGE
+from kerneltriage.profile.step_plan import NCU_RANGE, TAKE_RANGE
 
 #: Tensor-pipe FLOPs by source precision. Each costs a replay pass of every profiled launch
 #: (five of the full set's six on an H200: BENCHMARKS.md), so only the precisions the hot
@@ -107,11 +107,14 @@ def ncu_command(
     full_set: bool = False,
     every_launch: int | None = None,
     from_start: bool = True,
+    first_of_size: bool = False,
 ) -> list[str]:
     """The ncu command line for phase 2 (``report`` without the .ncu-rep suffix).
 
     By default one launch per unique launch configuration; ``every_launch=N`` profiles the
-    first N launches instead (the second pass, for kernels that run several sizes).
+    first N launches instead (the second pass, for kernels that run several sizes), and with
+    ``first_of_size`` only those inside the range the runner opens around the first call of
+    each op signature of the step (``first_of_size.py``).
     """
     cmd = [
         ncu,
@@ -129,7 +132,7 @@ def ncu_command(
         cmd += ["--profile-from-start", "off"]
     if nvtx:
         # A start/end range (no trailing slash): process-wide, so backward kernels count.
-        cmd += ["--nvtx", "--nvtx-include", NCU_RANGE]
+        cmd += ["--nvtx", "--nvtx-include", TAKE_RANGE if first_of_size else NCU_RANGE]
     if kernels:
         # Mangled names tell template instantiations apart, so per-launch-config profiles
         # each instantiation (with base names, one bf16 copy would stand for every functor).

@@ -14,6 +14,7 @@ their exports are merged into the same files. A process that fails loses only it
 from __future__ import annotations
 
 import gzip
+import json
 import shutil
 import tempfile
 import threading
@@ -59,6 +60,7 @@ def run_ncu(session: ProfileSession, ncu: str) -> None:
         variable_size_kernels=hot.variable,
         variable_launches_per_step=hot.variable_launches,
         variable_over_budget=hot.over_budget,
+        variable_selection="first-of-size" if hot.variable_first_of_size else None,
     )
     shares, order = _shares(session, hot, timeline, whole_run)
     del timeline
@@ -70,11 +72,13 @@ def run_ncu(session: ProfileSession, ncu: str) -> None:
     )
     started = time.perf_counter()
     if shares:
-        total_seconds, launches, not_run = _run_shares(session, ncu, shares, order, metrics, config, started)
+        total_seconds, launches, not_run = _run_shares(
+            session, ncu, shares, order, metrics, config, started, hot
+        )
     else:
         lane = _Lane(session)
         try:
-            passes = _ncu_passes(hot, whole_run)
+            passes = _ncu_passes(hot, whole_run, session.options.max_variable_launches)
             total_seconds, launches, not_run = _run_passes(
                 session, ncu, passes, metrics, config, lane, started
             )
@@ -111,12 +115,18 @@ def _hot_kernels(session: ProfileSession) -> tuple[HotKernels, Timeline]:
     from kerneltriage.ingest.source import read_timeline
 
     timeline = read_timeline(rank_trace)
+    phase1 = session.manifest.phases.timeline
     hot = select_hot_kernels(
         timeline,
         load_rules(options.rules_file),
         coverage=options.coverage,
         max_kernels=options.max_kernels,
         max_variable_launches=options.max_variable_launches,
+        # The runner marks the first call of each op signature in an eager single process;
+        # a compiled program would run eagerly under its dispatch mode (first_of_size.py).
+        first_of_size=not session.command.distributed
+        and not session.manifest.schedule.whole_run
+        and not (phase1 is not None and phase1.dynamo),
     )
     return hot, timeline
 
@@ -140,7 +150,7 @@ def _shares(
         choice = ncu_gpus.choose_gpus(asked, distributed, step.devices, gpus)
     if choice.gpus and (
         sum(step.configs.values()) != hot.configs
-        or (not whole_run and sum(step.launches.get(n, 0) for n in hot.variable) != hot.variable_launches)
+        or (not whole_run and sum(step.launches.get(n, 0) for n in hot.variable) != hot.variable_every)
     ):
         choice = ncu_gpus.GpuChoice(reason="the hot kernels' launches could not be counted per kernel")
     if choice.reason:
@@ -153,7 +163,7 @@ def _shares(
     return shares, step.order
 
 
-def _ncu_passes(hot: HotKernels, whole_run: bool) -> list[NcuPass]:
+def _ncu_passes(hot: HotKernels, whole_run: bool, budget: int) -> list[NcuPass]:
     if not hot.variable or whole_run:
         return [NcuPass("ncu", rundir.NCU_CSV, hot.names, None, hot.configs)]
     # Kernels that run several problem sizes under one configuration: every launch, in a first
@@ -164,8 +174,9 @@ def _ncu_passes(hot: HotKernels, whole_run: bool) -> list[NcuPass]:
             "ncu.launches",
             rundir.NCU_LAUNCHES_CSV,
             hot.variable,
+            _launch_cap(hot, budget),
             hot.variable_launches,
-            hot.variable_launches,
+            hot.variable_first_of_size,
         )
     ]
     if rest:
@@ -173,14 +184,44 @@ def _ncu_passes(hot: HotKernels, whole_run: bool) -> list[NcuPass]:
     return passes
 
 
-def _share_passes(share: ncu_gpus.Share, label: str) -> list[NcuPass]:
+def _launch_cap(hot: HotKernels, budget: int) -> int:
+    """The every-launch pass's ``--launch-count``. Taking the first launch of each problem size,
+    the runner's range decides which launches are profiled; the cap is every launch of the
+    step, within the budget, in case the process takes its whole step instead (a compiled
+    program: ``first_of_size.py``)."""
+    if not hot.variable_first_of_size:
+        return hot.variable_launches
+    return max(hot.variable_launches, min(hot.variable_every, budget))
+
+
+def _merge(session: ProfileSession, passes: list[NcuPass], order: list[tuple]) -> None:
+    """Each policy's exports merged into its file (``ncu.launches.csv.gz``, ``ncu.csv.gz``) in
+    the step's launch order. A pass writes its export only when it went well."""
+    for every, target in ((True, rundir.NCU_LAUNCHES_CSV), (False, rundir.NCU_CSV)):
+        files = [session.out / one.csv_name for one in passes if (one.every_launch is not None) == every]
+        parts = [gzip.decompress(f.read_bytes()).decode() for f in files if f.is_file()]
+        if parts:
+            with gzip.open(session.out / target, "wt") as f:
+                f.write(ncu_gpus.merge_exports(parts, order))
+
+
+def _share_passes(share: ncu_gpus.Share, label: str, hot: HotKernels, budget: int) -> list[NcuPass]:
     """One GPU's passes, as ``_ncu_passes`` orders them; their exports go to ``logs/`` until
     they are merged."""
     passes = []
     if share.variable:
         stem = f"ncu.launches.gpu{label}"
         v = share.variable_launches
-        passes.append(NcuPass(stem, f"{rundir.LOGS}/{stem}.csv.gz", share.variable, v, v))
+        passes.append(
+            NcuPass(
+                stem,
+                f"{rundir.LOGS}/{stem}.csv.gz",
+                share.variable,
+                _launch_cap(hot, budget),
+                v,
+                hot.variable_first_of_size,
+            )
+        )
     if share.configs:
         stem = f"ncu.gpu{label}"
         passes.append(NcuPass(stem, f"{rundir.LOGS}/{stem}.csv.gz", share.configs, None, share.config_count))
@@ -280,6 +321,7 @@ def _run_shares(
     metrics: list[str],
     config: Path,
     started: float,
+    hot: HotKernels,
 ) -> tuple[float, int, dict[str, str]]:
     """Each GPU's passes in a process chain of its own, all at once; then each policy's
     exports merged into its file in the step's launch order. (seconds of the whole, launches
@@ -293,7 +335,7 @@ def _run_shares(
         chains = []
         for share, label, lock_dir in zip(shares, labels, lock_dirs):
             lane = _Lane(session, share.gpu, board, ncu_gpus.apart_env(lock_dir))
-            passes = _share_passes(share, label)
+            passes = _share_passes(share, label, hot, session.options.max_variable_launches)
             lane.total = sum(one.expected for one in passes)
             board.lanes.append(lane)
             chains.append((lane, passes))
@@ -348,18 +390,7 @@ def _run_chains(
         assert isinstance(result, tuple)
         launches += result[1]
         not_run.update(result[2])
-    for every, target in ((True, rundir.NCU_LAUNCHES_CSV), (False, rundir.NCU_CSV)):
-        # A pass writes its export only when it went well.
-        files = [session.out / one.csv_name for _, passes in chains for one in passes]
-        kinds = [one.every_launch is not None for _, passes in chains for one in passes]
-        parts = [
-            gzip.decompress(f.read_bytes()).decode()
-            for f, k in zip(files, kinds)
-            if k == every and f.is_file()
-        ]
-        if parts:
-            with gzip.open(session.out / target, "wt") as f:
-                f.write(ncu_gpus.merge_exports(parts, order))
+    _merge(session, [one for _, passes in chains for one in passes], order)
     return time.perf_counter() - started, launches, not_run
 
 
@@ -405,6 +436,7 @@ def _run_passes(
                 nvtx=not whole_run,
                 full_set=session.options.ncu_set == "full",
                 every_launch=one.every_launch,
+                first_of_size=one.first_of_size,
             )
         )
         (session.logs / f"{one.stem}_command.txt").write_text(" ".join(cmd) + "\n")
@@ -415,7 +447,7 @@ def _run_passes(
             [
                 lane.turn(
                     w.cmd,
-                    session.write_config("ncu", whole_run=whole_run, name=w.one.stem),
+                    session.write_config("ncu", whole_run=whole_run, name=w.one.stem, ncu_take=_take(w.one)),
                     w.log_name,
                     w.on_line,
                     session.options.ncu_timeout,
@@ -431,10 +463,15 @@ def _run_passes(
             if turns is not None:
                 seconds, code, tail = turns.next()
             else:
+                own = config
+                if one.first_of_size:
+                    own = session.write_config("ncu", whole_run=whole_run, ncu_take=_take(one))
                 seconds, code, tail = lane.run(
-                    watch.cmd, config, watch.log_name, watch.on_line, session.options.ncu_timeout
+                    watch.cmd, own, watch.log_name, watch.on_line, session.options.ncu_timeout
                 )
             result = watch.finish(seconds, code, tail)
+            if one.first_of_size:
+                _check_take(session, one.stem if turns is not None else "ncu")
             total_seconds += result.seconds
             launches += result.launches
             lane.finished = lane.done = lane.finished + result.launches
@@ -465,6 +502,22 @@ def _run_passes(
     return total_seconds, launches, not_run
 
 
+def _take(one: NcuPass) -> str | None:
+    return "first-of-size" if one.first_of_size else None
+
+
+def _check_take(session: ProfileSession, status_name: str) -> None:
+    """What the every-launch process took: the first call of each op signature, or (a compiled
+    program) its whole step, whose rows the join reads as consecutive launches."""
+    path = session.logs / f"status.{status_name}.rank{session.options.ncu_rank}.json"
+    try:
+        took = (json.loads(path.read_text()).get("ncu_take") or {}).get("mode")
+    except (OSError, ValueError):
+        took = None
+    if took != "first-of-size":
+        session.ncu_record.variable_selection = None
+
+
 def _hot_without_counters(session: ProfileSession, hot: HotKernels, not_run: dict[str, str]) -> None:
     """Name every hot kernel that phase 2 left without counters, or with counters for some of
     its launches only, and why."""
@@ -489,10 +542,11 @@ def _hot_without_counters(session: ProfileSession, hot: HotKernels, not_run: dic
                 "ncu profiled no launch of it: the profiled step of phase 2 did not run it "
                 "(a different program from phase 1's, or a kernel name ncu spells otherwise)"
             )
+    unit = "problem sizes" if hot.variable_first_of_size else "launches"
     for name, count in hot.over_budget.items():
         missing.setdefault(
             name,
-            f"runs several problem sizes under one launch configuration, {count} launches a step, over "
+            f"runs several problem sizes under one launch configuration, {count} {unit} a step, over "
             f"the every-launch budget ({budget} a step, {hot.variable_launches} taken by hotter kernels): "
             "one launch per configuration was profiled, launches of its other sizes get no counters",
         )

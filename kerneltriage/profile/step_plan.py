@@ -12,6 +12,9 @@ from dataclasses import dataclass
 EXIT_NO_GPU = 86
 EXIT_NO_TORCH = 88  # the script's Python has no torch: one line, not its traceback
 NCU_RANGE = "kerneltriage.ncu"
+#: Around the first call of each op signature in the ncu step (``first_of_size.py``): the
+#: every-launch pass profiles the launches inside it only.
+TAKE_RANGE = "kerneltriage.ncu.take"
 #: The recorded steps under Nsight Systems (``--capture-range=nvtx``).
 CAPTURE_RANGE = "kerneltriage.capture"
 

@@ -247,8 +247,14 @@ def test_phase_two_end_to_end_with_a_stand_in_ncu(tmp_path, monkeypatch, fake_nc
     assert phase["profiled_launches"] == 60 and len(events) == 60
     assert events[-1][0] == 30 and events[0][2] == "elementwise_kernel"
     launches_cmd = (out / "logs" / "ncu.launches_command.txt").read_text().split()
-    assert launches_cmd[launches_cmd.index("--launch-count") + 1] == "41"  # 21 + 20 launches a step
+    # 21 + 20 launches a step, of 11 problem sizes: the runner's range takes the first launch of
+    # each size; the launch count caps every launch of the step.
+    assert launches_cmd[launches_cmd.index("--launch-count") + 1] == "41"
+    assert launches_cmd[launches_cmd.index("--nvtx-include") + 1] == "kerneltriage.ncu.take"
     assert "per-launch-config" not in launches_cmd
+    config = json.loads((out / "logs" / "config.ncu.launches.json").read_text())
+    assert config["ncu_take"] == "first-of-size"
+    assert "ncu_take" not in json.loads((out / "logs" / "config.ncu.json").read_text())
     # ... and the per-configuration pass leaves those two out: they are profiled already.
     config_cmd = (out / "logs" / "ncu_command.txt").read_text()
     assert "coopA_NNT" not in config_cmd and "elementwise_kernel" in config_cmd
@@ -259,7 +265,7 @@ def test_phase_two_end_to_end_with_a_stand_in_ncu(tmp_path, monkeypatch, fake_nc
     assert (first["stem"], first["gpu"], first["expected"], first["launches"]) == (
         "ncu.launches",
         None,
-        41,
+        11,
         30,
     )
     assert (second["stem"], second["gpu"], second["exit_code"]) == ("ncu", None, 0)
@@ -278,7 +284,10 @@ def test_phase_two_end_to_end_with_a_stand_in_ncu(tmp_path, monkeypatch, fake_nc
     # The report's join names kernels without rows itself; the manifest carries only what the
     # join cannot know (none here).
     assert manifest.warnings == []
-    assert phase["variable_over_budget"] == {} and phase["variable_launches_per_step"] == 41
+    assert phase["variable_over_budget"] == {} and phase["variable_launches_per_step"] == 11
+    # The stand-in ran no script, so no process said it took the first of each size: the
+    # report reads the export as consecutive launches.
+    assert phase.get("variable_selection") is None
     # The run directory now reports with counters joined.
     (out / rundir.MANIFEST).write_text(json.dumps(rundir.Manifest().to_json()))
     rep = build_report(out)
@@ -353,17 +362,18 @@ def test_phase_two_picks_kernels_with_the_users_rules(tmp_path, monkeypatch, fak
 
 def test_variable_size_kernels_over_the_launch_budget_are_named(tmp_path, monkeypatch, fake_ncu):
     # The profiling issue: two persistent GEMMs of 56 and 57 launches a step exceeded the old
-    # budget of 48, got one launch per configuration, and nothing said so. Here a budget of
-    # 30 holds the hotter GEMM (21 launches a step), not the other (20).
+    # budget of 48, got one launch per configuration, and nothing said so. The budget counts
+    # the launches the pass takes: the first of each problem size. A budget of 8 holds the
+    # hotter GEMM (6 sizes among its 21 launches a step), not the other (5 more).
     out = _run_dir(tmp_path)
-    manifest, warnings, _ = _phase(out, tmp_path, monkeypatch, max_variable_launches=30)
+    manifest, warnings, _ = _phase(out, tmp_path, monkeypatch, max_variable_launches=8)
     phase = manifest.phases.ncu.to_json()
     assert phase["variable_size_kernels"] == ["nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"]
-    assert phase["variable_over_budget"] == {"nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT": 20}
+    assert phase["variable_over_budget"] == {"nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT": 5}
     why = phase["hot_without_counters"]["nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT"]
-    assert "20 launches a step" in why and "budget (30 a step, 21 taken" in why
+    assert "5 problem sizes a step" in why and "budget (8 a step, 6 taken" in why
     launches_cmd = (out / "logs" / "ncu.launches_command.txt").read_text().split()
-    assert launches_cmd[launches_cmd.index("--launch-count") + 1] == "21"
+    assert launches_cmd[launches_cmd.index("--launch-count") + 1] == "8"  # every launch, within the budget
     assert "coopA_TNT" in (out / "logs" / "ncu_command.txt").read_text()  # per configuration, at least
     assert any("coopA_TNT" in w for w in warnings)
     (line,) = manifest.warnings  # for the report: the join cannot know the budget

@@ -85,8 +85,12 @@ def test_two_gpus_share_the_hot_kernels(tmp_path, monkeypatch, fake_ncu):
     assert "--filter-mode" not in every and every[every.index("--launch-count") + 1] == "41"
     assert all(r["seconds"] >= 0 and r["start_s"] >= 0 and r["exit_code"] == 0 for r in records.values())
     assert "ncu_seconds" not in phase and phase["seconds"] >= 0
-    assert phase["profiled_launches"] == 60 and events[-1][1] == 41 + records["ncu.gpu1"]["expected"]
-    assert all(re.search(r"GPU 0:\d+/41 1:\d+/\d+", kernel) for _, _, kernel in events)
+    # The every-launch process takes the first launch of each of the GEMMs' 11 problem sizes
+    # (the stand-in prints its recorded 30-launch log whatever it is asked).
+    assert records["ncu.launches.gpu0"]["expected"] == 11
+    assert phase["profiled_launches"] == 60 and events[0][1] == 11 + records["ncu.gpu1"]["expected"]
+    assert re.search(r"GPU 0:\d+/11 1:\d+/\d+", events[0][2])
+    assert all(re.search(r"GPU 0:\d+/\d+ 1:\d+/\d+", kernel) for _, _, kernel in events)
     # The merged files hold what each process exported.
     header, launches = _rows(out / rundir.NCU_LAUNCHES_CSV)
     name = header.index("Kernel Name")
@@ -97,10 +101,11 @@ def test_two_gpus_share_the_hot_kernels(tmp_path, monkeypatch, fake_ncu):
 
 
 def test_merged_exports_are_the_union_of_the_processes(tmp_path, monkeypatch, fake_ncu):
-    # Four GPUs: the every-launch GEMMs stay in one process, the rest go to two more.
+    # Four GPUs: the every-launch GEMMs stay in one process (the first launch of each of their
+    # 11 sizes), the rest go to the three others.
     out, phase, _, _, _ = _split(tmp_path, monkeypatch, "0,1,2,3")
     records = {r["stem"]: r for r in phase["passes"]}
-    assert sorted(records) == ["ncu.gpu1", "ncu.gpu2", "ncu.launches.gpu0"]
+    assert sorted(records) == ["ncu.gpu1", "ncu.gpu2", "ncu.gpu3", "ncu.launches.gpu0"]
     # One process's every-launch export is the file, as that process wrote it.
     launches = out / rundir.NCU_LAUNCHES_CSV
     part = out / rundir.LOGS / "ncu.launches.gpu0.csv.gz"
@@ -114,7 +119,7 @@ def test_merged_exports_are_the_union_of_the_processes(tmp_path, monkeypatch, fa
     wanted = [r for r in whole if base_name(r[name]) in rest]
     assert merged_header == header and [r[0] for r in merged] == [str(i) for i in range(len(wanted))]
     assert Counter(tuple(r[1:]) for r in merged) == Counter(tuple(r[1:]) for r in wanted)
-    for stem in ("ncu.gpu1", "ncu.gpu2"):
+    for stem in ("ncu.gpu1", "ncu.gpu2", "ncu.gpu3"):
         mine = set(records[stem]["kernels"])
         assert [r[1:] for r in merged if base_name(r[name]) in mine] == [
             r[1:] for r in wanted if base_name(r[name]) in mine

@@ -18,6 +18,8 @@ import pandas as pd
 from kerneltriage.analysis.candidates.estimate import TENSOR_PRECISION, kernel_precision
 from kerneltriage.analysis.rules import Rules
 from kerneltriage.analysis.timeline.attribution import attribute
+from kerneltriage.analysis.timeline.sizes import first_of_size as first_of_size_mask
+from kerneltriage.analysis.timeline.sizes import launch_sizes
 from kerneltriage.ingest.kernel_names import base_name
 from kerneltriage.ingest.tables import Timeline
 
@@ -41,6 +43,11 @@ class HotKernels:
     # can run, from their launching ops' input types and their names; None when some hot
     # kernel that may use tensor cores has no recorded types (then every precision is counted).
     tensor_precisions: list[str] | None = None
+    # The every-launch pass profiles the first launch of each problem size only (the process
+    # marks the first call of each op signature: ``sizes.py``); ``variable_launches`` then
+    # counts those, ``variable_every`` every launch of the variable kernels a step.
+    variable_first_of_size: bool = False
+    variable_every: int = 0
 
 
 #: Launches of one (kernel, grid, block) whose durations differ by more than this factor run
@@ -62,9 +69,14 @@ def select_hot_kernels(
     coverage: float,
     max_kernels: int,
     max_variable_launches: int = MAX_VARIABLE_LAUNCHES,
+    first_of_size: bool = False,
 ) -> HotKernels:
     """The base names of the kernels covering ``coverage`` of GPU kernel time in the steps;
-    ``rules`` tell communication kernels apart."""
+    ``rules`` tell communication kernels apart.
+
+    ``first_of_size``: the every-launch pass can profile the first launch of each problem size
+    (an eager single-process script); it does when the trace recorded the size of every launch
+    of the variable kernels, and the launch budget then counts those launches only."""
     attr = attribute(timeline)
     k = attr.kernels
     k = k[(k["step"] >= 0) & (k["kind"] == "kernel")]
@@ -92,22 +104,41 @@ def select_hot_kernels(
     spread = groups.max() / groups.min().clip(lower=1)
     weight = groups.sum() / max(1.0, float(one_step["dur"].sum()))
     heavy = spread[(spread > VARIABLE_SPREAD) & (weight >= VARIABLE_MIN_SHARE)].index
+    candidates = sorted(
+        {base_name(k[0]) for k in heavy}, key=lambda n: -one_step.loc[one_step["base"] == n, "dur"].sum()
+    )
+    counted = one_step["base"]
+    if first_of_size and candidates:
+        of = one_step[one_step["base"].isin(candidates)]
+        sizes = launch_sizes(timeline, of)
+        first_of_size = bool((sizes >= 0).all())
+        if first_of_size:
+            counted = of["base"][first_of_size_mask(of, sizes)]
     variable: list[str] = []
     over_budget: dict[str, int] = {}
-    launches = 0
-    for name in sorted(
-        {base_name(k[0]) for k in heavy}, key=lambda n: -one_step.loc[one_step["base"] == n, "dur"].sum()
-    ):
-        count = int((one_step["base"] == name).sum())
+    launches = every = 0
+    for name in candidates:
+        count = int((counted == name).sum())
         if launches + count <= max_variable_launches:
             variable.append(name)
             launches += count
+            every += int((one_step["base"] == name).sum())
         else:
             over_budget[name] = count
     variable_configs = len(one_step[one_step["base"].isin(variable)].drop_duplicates(key))
     precisions = tensor_precisions(timeline, compute[compute["base"].isin(chosen)])
     return HotKernels(
-        chosen, configs, covered / total, comm, variable, launches, variable_configs, over_budget, precisions
+        chosen,
+        configs,
+        covered / total,
+        comm,
+        variable,
+        launches,
+        variable_configs,
+        over_budget,
+        precisions,
+        variable_first_of_size=bool(first_of_size and variable),
+        variable_every=every,
     )
 
 

@@ -7,6 +7,9 @@ methods, tried in this order for each row:
    consecutive ncu rows line up with a stretch of a step's kernel sequence (keys: base name,
    grid, block; steps repeat, so the sequence is cyclic), row *i* is the kernel at position
    *o + i* of every active step. Used for exports of consecutive launches.
+   A capture of the first launch of each problem size (``sizes.py``) aligns with the step's
+   launches that were first of their size instead, and each of its rows then also stands for
+   every later launch of the same kernel, configuration and size (method ``size``).
 2. **by launch configuration**: ``--filter-mode per-launch-config`` profiles one launch per
    unique (kernel, grid, block); such a row stands for every launch of that kernel with that
    grid and block. Among trace kernels with the row's base name, grid and block, the row goes
@@ -27,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from kerneltriage.analysis.timeline.hot_kernels import short_name, without_counter_rows
+from kerneltriage.analysis.timeline.sizes import first_of_size
 from kerneltriage.ingest.kernel_names import base_name, name_similarity
 from kerneltriage.ingest.ncu_csv import Counters
 
@@ -75,11 +79,17 @@ def _key(name: str, gx, gy, gz, bx, by, bz) -> tuple:
 
 
 def join_counters(
-    kernels: pd.DataFrame, counters: Counters, max_ratio: float, hot_kernels: list[str] | None = None
+    kernels: pd.DataFrame,
+    counters: Counters,
+    max_ratio: float,
+    hot_kernels: list[str] | None = None,
+    sizes: np.ndarray | None = None,
 ) -> JoinResult:
     """Join ``counters`` rows onto the in-step kernels of ``kernels`` (the attribution table).
 
     ``hot_kernels``: the base names phase 2 targeted; the result then measures them apart.
+    ``sizes``: each kernel row's problem size (``sizes.launch_sizes``), for the captures of
+    the first launch of each size.
     """
     row = pd.Series(-1, index=kernels.index, dtype="int64")
     method = pd.Series("", index=kernels.index, dtype=object)
@@ -90,8 +100,10 @@ def join_counters(
         return JoinResult(row, method, len(ncu), 0, 0, 0.0, warnings)
 
     in_step = in_step.assign(_key=_keys(in_step, "name"))
+    if sizes is not None:
+        in_step = in_step.assign(_size=sizes[kernels.index.get_indexer(in_step.index)])
     ncu_keys = _keys(ncu, "kernel_name")
-    _join_captures(in_step, ncu, ncu_keys, row, method)
+    _join_captures(in_step, ncu, ncu_keys, row, method, counters.first_of_size, max_ratio)
     rejected_rows, bad = _reject_by_duration(kernels, ncu, row, method, max_ratio, warnings)
     rows_joined = int(row[row >= 0].nunique())
     total_time = float(in_step["dur"].sum())
@@ -125,10 +137,17 @@ def _keys(frame: pd.DataFrame, name_column: str) -> list[tuple]:
 
 
 def _join_captures(
-    in_step: pd.DataFrame, ncu: pd.DataFrame, ncu_keys: list[tuple], row: pd.Series, method: pd.Series
+    in_step: pd.DataFrame,
+    ncu: pd.DataFrame,
+    ncu_keys: list[tuple],
+    row: pd.Series,
+    method: pd.Series,
+    first_of_size: frozenset[int] = frozenset(),
+    max_ratio: float = float("inf"),
 ) -> None:
-    """Several captures (every launch of some kernels; one launch per configuration of the
-    rest): each joins what the ones before it left, by position, then by configuration."""
+    """Several captures (every launch of some kernels, or the first of each size; one launch
+    per configuration of the rest): each joins what the ones before it left, by position, then
+    by configuration."""
     captures = ncu["capture"].tolist() if "capture" in ncu else [0] * len(ncu)
     for capture in dict.fromkeys(captures):
         ids = [i for i, c in enumerate(captures) if c == capture]
@@ -136,12 +155,83 @@ def _join_captures(
         if left.empty:
             break
         keys_c = [ncu_keys[i] for i in ids]
-        matched_name: dict[int, str] = {}
         local_row = pd.Series(-1, index=row.index, dtype="int64")
-        _join_by_position(left, keys_c, local_row, method, matched_name)
-        _join_by_config(left, ncu.iloc[ids].reset_index(drop=True), keys_c, local_row, method, matched_name)
+        if capture in first_of_size and "_size" in in_step:
+            durations = ncu["duration_ns"].to_numpy(dtype=float)[ids]
+            _join_first_of_size(in_step, left, keys_c, durations, local_row, method, max_ratio)
+        else:
+            matched_name: dict[int, str] = {}
+            _join_by_position(left, keys_c, local_row, method, matched_name)
+            _join_by_config(
+                left, ncu.iloc[ids].reset_index(drop=True), keys_c, local_row, method, matched_name
+            )
         hit = local_row >= 0
         row[hit] = np.asarray(ids, dtype=np.int64)[local_row[hit].to_numpy()]
+
+
+def _join_first_of_size(
+    in_step: pd.DataFrame,
+    left: pd.DataFrame,
+    keys: list[tuple],
+    durations: np.ndarray,
+    row: pd.Series,
+    method: pd.Series,
+    max_ratio: float,
+) -> None:
+    """Rows of the first launch of each problem size, in launch order: aligned with the first
+    step's launches that were first of their size (of the rows' kernels). The alignment is the
+    common subsequence of equal keys, durations within ``max_ratio``, with the most pairs, and
+    among those the closest durations: a launch the process took that the trace does not count
+    as first, or the reverse, costs one row, not the alignment, and a missing row does not
+    shift its neighbours onto launches of another size with the same kernel and grid. Each
+    aligned launch's row then stands for every launch of its kernel, configuration and size."""
+    bases = {k[0] for k in keys}
+    first = in_step[first_of_size(in_step, in_step["_size"].to_numpy())]
+    first = first[first["_key"].map(lambda k: k[0] in bases)]
+    if first.empty:
+        return
+    reference = first[first["step"] == first["step"].min()].sort_values("correlation")
+    ref_keys = list(reference["_key"])
+    ref_dur = reference["dur"].to_numpy(dtype=float)
+    n, m = len(keys), len(ref_keys)
+    limit = np.log(max_ratio) if np.isfinite(max_ratio) and max_ratio > 1 else np.inf
+    # score[i, j]: a pair counts 1, plus a bonus for how close its durations are that all the
+    # pairs' bonuses together keep below 1, so that more pairs always win.
+    score = np.zeros((n, m))
+    for i in range(n):
+        for j in range(m):
+            if keys[i] != ref_keys[j]:
+                continue
+            a, b = durations[i], ref_dur[j]
+            gap = abs(np.log(max(a, 1.0) / max(b, 1.0))) if np.isfinite(a) else 0.0
+            if gap <= limit:
+                score[i, j] = 1.0 + (1.0 - gap / limit if np.isfinite(limit) else 1.0) / (n + 1)
+    table = np.zeros((n + 1, m + 1))
+    for i in range(n - 1, -1, -1):
+        for j in range(m - 1, -1, -1):
+            pair = table[i + 1, j + 1] + score[i, j] if score[i, j] else 0.0
+            table[i, j] = max(pair, table[i + 1, j], table[i, j + 1])
+    by_size: dict[tuple, int] = {}
+    i = j = 0
+    while i < n and j < m:
+        if score[i, j] and table[i, j] == table[i + 1, j + 1] + score[i, j]:
+            index = reference.index[j]
+            size = int(reference.at[index, "_size"])
+            if size >= 0:
+                by_size[(ref_keys[j], size)] = i
+            elif row[index] < 0:  # a launch whose size the trace did not record: itself only
+                row[index] = i
+                method[index] = "first-of-size"
+            i, j = i + 1, j + 1
+        elif table[i + 1, j] >= table[i, j + 1]:
+            i += 1
+        else:
+            j += 1
+    for index, key, size in zip(left.index, left["_key"], left["_size"]):
+        found = by_size.get((key, int(size))) if size >= 0 else None
+        if found is not None:
+            row[index] = found
+            method[index] = "size"
 
 
 def _reject_by_duration(

@@ -1,0 +1,123 @@
+"""In the ncu process: an NVTX range around the first call of each distinct op signature of
+the profiled step, so that Nsight Compute (``--nvtx-include`` on that range) profiles each
+problem size of a kernel once instead of at every launch.
+
+A persistent cuBLAS GEMM launches one grid whatever its problem, so one launch per launch
+configuration cannot stand for the others; profiling every launch costs about 0.5 s each
+(T5-base: 316 such launches a step, 15 problem sizes). Two calls of an op with the same
+arguments (shapes, dtypes, strides, scalar values) launch the same kernels on the same
+sizes, so the first one's counters serve both: the join (``analysis/timeline/sizes.py``)
+maps each counter row onto the first launch of its size in the trace and from there onto
+every launch of that size.
+
+A ``TorchDispatchMode`` sees every op below autograd, on the autograd thread too (the mode is
+part of the thread-local state the engine carries over). Dynamo runs a compiled function
+eagerly while such a mode is on, which would change the kernels, so a process that has
+compiled graphs takes the whole step instead (``mode == "step"``). Runs inside the user's
+process: torch is passed in, never imported here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kerneltriage.profile.process_facts import dynamo_graphs
+from kerneltriage.profile.step_plan import TAKE_RANGE
+
+#: Non-tensor arguments that are part of a signature by value; any other object by its type.
+_VALUE_TYPES = (int, float, bool, str, type(None))
+
+
+class FirstOfSize:
+    """``start()`` at the profiled step's beginning, ``stop()`` at its end."""
+
+    def __init__(
+        self,
+        torch: Any,
+        range_start: Callable[[str], Any] | None = None,
+        range_end: Callable[[Any], None] | None = None,
+    ) -> None:
+        self.torch = torch
+        self._start = range_start or torch.cuda.nvtx.range_start
+        self._end = range_end or torch.cuda.nvtx.range_end
+        self.seen: set[tuple] = set()
+        self.calls = 0  # ops called while the mode was on
+        self.taken = 0  # ops run inside the range
+        self.mode: str | None = None  # "first-of-size", or "step" (the whole step taken)
+        self._dispatch: Any = None
+        self._step_range: Any = None
+
+    def start(self) -> None:
+        if self.mode is not None:
+            return
+        if dynamo_graphs():
+            self.mode = "step"
+            self._step_range = self._start(TAKE_RANGE)
+            return
+        self.mode = "first-of-size"
+        self._dispatch = _mode_type(self.torch)(self)
+        self._dispatch.__enter__()
+
+    def stop(self) -> None:
+        if self._dispatch is not None:
+            dispatch, self._dispatch = self._dispatch, None
+            dispatch.__exit__(None, None, None)
+        if self._step_range is not None:
+            self._end(self._step_range)
+            self._step_range = None
+
+    def status(self) -> dict[str, Any] | None:
+        if self.mode is None:
+            return None
+        return {"mode": self.mode, "ops": self.calls, "taken": self.taken}
+
+    def call(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Run one op, inside the range when its signature is new."""
+        self.calls += 1
+        try:
+            key = (
+                str(func),
+                _signature(args, self.torch),
+                _signature(tuple(sorted(kwargs.items())), self.torch),
+            )
+        except Exception:  # an argument we cannot describe: take the op rather than guess
+            key = None
+        if key is not None and key in self.seen:
+            return func(*args, **kwargs)
+        if key is not None:
+            self.seen.add(key)
+        self.taken += 1
+        handle = self._start(TAKE_RANGE)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            self._end(handle)
+
+
+def _signature(value: Any, torch: Any) -> Any:
+    """A hashable description of an op argument: a tensor's shape, dtype, strides and device;
+    sequences element by element; plain values as they are."""
+    if isinstance(value, torch.Tensor):
+        return ("T", tuple(value.shape), str(value.dtype), tuple(value.stride()), value.device.type)
+    if isinstance(value, (list, tuple)):
+        return tuple(_signature(v, torch) for v in value)
+    if isinstance(value, _VALUE_TYPES):
+        return value
+    if isinstance(value, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
+        return str(value)
+    return type(value).__name__
+
+
+def _mode_type(torch: Any) -> type:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _FirstOfSizeMode(TorchDispatchMode):
+        def __init__(self, owner: FirstOfSize) -> None:
+            super().__init__()
+            self.owner = owner
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return self.owner.call(func, args, kwargs or {})
+
+    return _FirstOfSizeMode

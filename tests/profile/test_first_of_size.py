@@ -1,0 +1,141 @@
+"""The ncu process's range around the first call of each op signature (first_of_size.py), on
+CPU: which ops it takes, forward and backward, that the model's math is unchanged, and the
+runner's ncu pass that uses it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kerneltriage import rundir
+from kerneltriage.profile import first_of_size as fos
+from kerneltriage.profile.step_plan import TAKE_RANGE
+
+torch = pytest.importorskip("torch")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    layers = [torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()) for _ in range(3)]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(16, 4))
+
+
+def _step(model: torch.nn.Module) -> list[torch.Tensor]:
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    model.zero_grad()
+    model(x).square().mean().backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+class _Ranges:
+    def __init__(self) -> None:
+        self.open: list[int] = []
+        self.names: list[str] = []
+
+    def start(self, name: str) -> int:
+        self.names.append(name)
+        self.open.append(len(self.names))
+        return self.open[-1]
+
+    def end(self, handle: int) -> None:
+        self.open.remove(handle)
+
+
+def test_identical_layers_are_taken_once_forward_and_backward():
+    model = _model()
+    plain = _step(model)
+    ranges = _Ranges()
+    take = fos.FirstOfSize(torch, ranges.start, ranges.end)
+    take.start()
+    try:
+        marked = _step(model)
+    finally:
+        take.stop()
+    # The math is the model's own.
+    assert all(torch.equal(a, b) for a, b in zip(plain, marked))
+    assert take.status()["mode"] == "first-of-size"
+    ops = {key[0] for key in take.seen}
+    # The backward ran on the autograd engine's thread, under the same mode.
+    assert any("threshold_backward" in op for op in ops) and any("addmm" in op for op in ops)
+    # Three identical layers: their ops are taken once; every taken op had a range of its own.
+    assert take.taken == len(take.seen) == len(ranges.names) and not ranges.open
+    assert set(ranges.names) == {TAKE_RANGE}
+    assert take.calls >= 2 * take.taken
+    addmm = [key for key in take.seen if "addmm" in key[0]]
+    assert len(addmm) == 2  # the 16 -> 16 layers' (one signature) and the 16 -> 4 head's
+    # Another step under a fresh mode takes the same ops again.
+    again = fos.FirstOfSize(torch, ranges.start, ranges.end)
+    again.start()
+    _step(model)
+    again.stop()
+    assert again.seen == take.seen
+
+
+def test_a_compiled_program_takes_its_whole_step(monkeypatch):
+    # Dynamo runs compiled code eagerly under a dispatch mode: a process that compiled takes
+    # its whole step in one range instead, and says so.
+    monkeypatch.setattr(fos, "dynamo_graphs", lambda: 2)
+    ranges = _Ranges()
+    take = fos.FirstOfSize(torch, ranges.start, ranges.end)
+    take.start()
+    _step(_model())
+    assert ranges.open == [1]
+    take.stop()
+    assert not ranges.open and ranges.names == [TAKE_RANGE]
+    assert take.status() == {"mode": "step", "ops": 0, "taken": 0}
+
+
+def test_the_runner_takes_the_first_of_each_size_in_its_ncu_step(tmp_path):
+    # The runner, in an ncu process of the every-launch pass, on a real training script (tiny
+    # GPT on CPU): NVTX is recorded by a shim, as the CPU build of torch has none.
+    log = tmp_path / "nvtx.txt"
+    shim = tmp_path / "shim.py"
+    shim.write_text(
+        textwrap.dedent(f"""
+        import runpy, sys, torch
+        def start(name):
+            open({str(log)!r}, "a").write("start " + name + "\\n")
+            return 1
+        torch.cuda.nvtx.range_start = start
+        torch.cuda.nvtx.range_end = lambda _r: open({str(log)!r}, "a").write("end\\n")
+        script = {str(ROOT / "examples" / "train_gpt.py")!r}
+        sys.argv = [script, *sys.argv[1:]]
+        runpy.run_path(script, run_name="__main__")
+        """)
+    )
+    out = tmp_path / "run"
+    (out / rundir.LOGS).mkdir(parents=True)
+    config = out / rundir.LOGS / "config.ncu.json"
+    config.write_text(
+        json.dumps(
+            {"mode": "ncu", "out": str(out), "warmup": 2, "steps": 3, "cpu": True, "distributed": False}
+            | {"ncu_rank": 0, "run_to_end": False, "whole_run": False, "ncu_take": "first-of-size"}
+        )
+    )
+    env = dict(os.environ, KERNELTRIAGE_PROFILE=str(config), PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "kerneltriage.profile.runner", str(shim)]
+    proc = subprocess.run(
+        [*cmd, "--tiny", "--device", "cpu", "--steps", "8"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    status = json.loads((out / rundir.LOGS / "status.ncu.rank0.json").read_text())
+    take = status["ncu_take"]
+    assert take["mode"] == "first-of-size"
+    # The tiny GPT's layers repeat: most op calls of the step are a size seen before.
+    assert 0 < take["taken"] < take["ops"] / 2
+    lines = log.read_text().splitlines()
+    assert lines[0] == "start kerneltriage.ncu"
+    assert lines.count(f"start {TAKE_RANGE}") == take["taken"]
+    assert lines.count("end") == take["taken"] + 1

@@ -7,6 +7,7 @@ import functools
 import gzip
 import json
 import os
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,35 @@ def tiny_llama():
     )
     torch.manual_seed(0)
     return LlamaForCausalLM(config)
+
+
+def nvtx_shim(path: Path, log: str) -> Path:
+    """A script at ``path`` that records NVTX ranges (the CPU build of torch has none) to the
+    file the Python expression ``log`` names, then runs examples/train_gpt.py with its own
+    arguments."""
+    script = DATA.parents[1] / "examples" / "train_gpt.py"
+    path.write_text(
+        textwrap.dedent(f"""
+        import os, runpy, sys, torch
+        log = {log}
+        def start(name):
+            open(log, "a").write("start " + name + "\\n")
+            return 1
+        torch.cuda.nvtx.range_start = start
+        torch.cuda.nvtx.range_end = lambda _r: open(log, "a").write("end\\n")
+        sys.argv = [{str(script)!r}, *sys.argv[1:]]
+        runpy.run_path({str(script)!r}, run_name="__main__")
+        """)
+    )
+    return path
+
+
+def ncu_runner_config(out: Path, **settings) -> Path:
+    """``out/logs/config.ncu.json``: the runner's settings for an ncu process that profiles the
+    third step on the CPU (two warm-up steps), with ``settings`` on top."""
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    config = out / "logs" / "config.ncu.json"
+    base = {"mode": "ncu", "out": str(out), "warmup": 2, "steps": 3, "cpu": True, "distributed": False}
+    base |= {"ncu_rank": 0, "run_to_end": False, "whole_run": False}
+    config.write_text(json.dumps(base | settings))
+    return config

@@ -125,12 +125,14 @@ class ProfileSession:
         options: Options | None = None,
         name: str | None = None,
         ncu_take: str | None = None,
+        gated: bool = True,
     ) -> Path:
         """The runner's settings for a ``mode`` process (``logs/config.<mode>.json``), from the
         session's options unless given; that mode's old status files go. ``name``: one of
         several processes of the mode started at once (``turn``), with a config, status file
-        and gate of its own. ``ncu_take="first-of-size"``: an ncu process marks the first call
-        of each op signature of its step (``first_of_size.py``)."""
+        and gate of its own (``gated=False``: no gate, for a process that runs alone under its
+        own name). ``ncu_take="first-of-size"``: an ncu process marks the first call of each op
+        signature of its step (``first_of_size.py``)."""
         if options is None:
             options = self.options
         config: dict[str, Any] = {
@@ -156,6 +158,7 @@ class ProfileSession:
         stem = name or mode
         if name is not None:
             config["status_name"] = name
+        if name is not None and gated:
             config["gate"] = str((self.logs / f"gate.{name}").resolve())
             config["parent_pid"] = os.getpid()
         path = self.logs / f"config.{stem}.json"

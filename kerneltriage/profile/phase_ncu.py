@@ -465,13 +465,16 @@ def _run_passes(
             else:
                 own = config
                 if one.first_of_size:
-                    own = session.write_config("ncu", whole_run=whole_run, ncu_take=_take(one))
+                    # A config and status of its own: other GPUs' processes read config.ncu.json.
+                    own = session.write_config(
+                        "ncu", whole_run=whole_run, name=one.stem, ncu_take=_take(one), gated=False
+                    )
                 seconds, code, tail = lane.run(
                     watch.cmd, own, watch.log_name, watch.on_line, session.options.ncu_timeout
                 )
             result = watch.finish(seconds, code, tail)
             if one.first_of_size:
-                _check_take(session, one.stem if turns is not None else "ncu")
+                _check_take(session, one.stem)
             total_seconds += result.seconds
             launches += result.launches
             lane.finished = lane.done = lane.finished + result.launches

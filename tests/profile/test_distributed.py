@@ -17,6 +17,7 @@ from kerneltriage import rundir
 from kerneltriage.cli import main
 from kerneltriage.ingest.kineto import read_trace
 from kerneltriage.profile.command import parse_command
+from tests.helpers import ncu_runner_config, nvtx_shim
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
@@ -128,30 +129,11 @@ def test_under_ncu_every_rank_stops_after_the_profiled_step(tmp_path):
     # Phase 2 marks the step on one rank (--ncu-rank) only; the others must stop at the same
     # step, or they wait forever in an all-reduce that rank never joins (seen on 2× H200).
     # NVTX is recorded by a shim here: the CPU build of torch has none.
-    shim = tmp_path / "shim.py"
-    shim.write_text(
-        textwrap.dedent(f"""
-        import os, runpy, sys, torch
-        log = os.path.join({str(tmp_path)!r}, "nvtx.rank" + os.environ["RANK"])
-        def start(name):
-            open(log, "a").write("start " + name + "\\n")
-            return 1
-        torch.cuda.nvtx.range_start = start
-        torch.cuda.nvtx.range_end = lambda _r: open(log, "a").write("end\\n")
-        script = {str(ROOT / "examples" / "train_gpt.py")!r}
-        sys.argv = [script, *sys.argv[1:]]
-        runpy.run_path(script, run_name="__main__")
-        """)
+    shim = nvtx_shim(
+        tmp_path / "shim.py", f'os.path.join({str(tmp_path)!r}, "nvtx.rank" + os.environ["RANK"])'
     )
     out = tmp_path / "run"
-    (out / rundir.LOGS).mkdir(parents=True)
-    config = out / rundir.LOGS / "config.ncu.json"
-    config.write_text(
-        json.dumps(
-            {"mode": "ncu", "out": str(out), "warmup": 2, "steps": 3, "cpu": True, "distributed": True}
-            | {"ncu_rank": 0, "run_to_end": False, "whole_run": False}
-        )
-    )
+    config = ncu_runner_config(out, distributed=True)
     env = dict(os.environ, KERNELTRIAGE_PROFILE=str(config), PYTHONPATH=str(ROOT))
     cmd = [TORCHRUN, "--nproc-per-node", "2", "-m", "kerneltriage.profile.runner", str(shim)]
     args = ["--tiny", "--device", "cpu", "--ddp", "--steps", "8"]

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import pytest
 from kerneltriage import rundir
 from kerneltriage.profile import first_of_size as fos
 from kerneltriage.profile.step_plan import TAKE_RANGE
+from tests.helpers import ncu_runner_config, nvtx_shim
 
 torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,29 +96,9 @@ def test_the_runner_takes_the_first_of_each_size_in_its_ncu_step(tmp_path):
     # The runner, in an ncu process of the every-launch pass, on a real training script (tiny
     # GPT on CPU): NVTX is recorded by a shim, as the CPU build of torch has none.
     log = tmp_path / "nvtx.txt"
-    shim = tmp_path / "shim.py"
-    shim.write_text(
-        textwrap.dedent(f"""
-        import runpy, sys, torch
-        def start(name):
-            open({str(log)!r}, "a").write("start " + name + "\\n")
-            return 1
-        torch.cuda.nvtx.range_start = start
-        torch.cuda.nvtx.range_end = lambda _r: open({str(log)!r}, "a").write("end\\n")
-        script = {str(ROOT / "examples" / "train_gpt.py")!r}
-        sys.argv = [script, *sys.argv[1:]]
-        runpy.run_path(script, run_name="__main__")
-        """)
-    )
+    shim = nvtx_shim(tmp_path / "shim.py", repr(str(log)))
     out = tmp_path / "run"
-    (out / rundir.LOGS).mkdir(parents=True)
-    config = out / rundir.LOGS / "config.ncu.json"
-    config.write_text(
-        json.dumps(
-            {"mode": "ncu", "out": str(out), "warmup": 2, "steps": 3, "cpu": True, "distributed": False}
-            | {"ncu_rank": 0, "run_to_end": False, "whole_run": False, "ncu_take": "first-of-size"}
-        )
-    )
+    config = ncu_runner_config(out, ncu_take="first-of-size")
     env = dict(os.environ, KERNELTRIAGE_PROFILE=str(config), PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "-m", "kerneltriage.profile.runner", str(shim)]
     proc = subprocess.run(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import gzip
 import io
+import json
 import os
 import re
 import shutil
@@ -88,6 +89,11 @@ def test_two_gpus_share_the_hot_kernels(tmp_path, monkeypatch, fake_ncu):
     # The every-launch process takes the first launch of each of the GEMMs' 11 problem sizes
     # (the stand-in prints its recorded 30-launch log whatever it is asked).
     assert records["ncu.launches.gpu0"]["expected"] == 11
+    # That process, alone on its GPU, has a config of its own (the other GPU's reads
+    # config.ncu.json), with no gate to wait at.
+    own = json.loads((out / "logs" / "config.ncu.launches.gpu0.json").read_text())
+    assert own["ncu_take"] == "first-of-size" and "gate" not in own
+    assert "ncu_take" not in json.loads((out / "logs" / "config.ncu.json").read_text())
     assert phase["profiled_launches"] == 60 and events[0][1] == 11 + records["ncu.gpu1"]["expected"]
     assert re.search(r"GPU 0:\d+/11 1:\d+/\d+", events[0][2])
     assert all(re.search(r"GPU 0:\d+/\d+ 1:\d+/\d+", kernel) for _, _, kernel in events)

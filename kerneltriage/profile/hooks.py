@@ -42,7 +42,9 @@ Phase 2 ("ncu") records nothing itself and installs no module hooks: it opens an
 *start/end* range around the first step phase 1 recorded (start/end ranges are process-wide,
 so the autograd thread's backward kernels fall inside it, unlike push/pop ranges) for Nsight
 Compute's ``--nvtx-include`` filter. Phase 1's hooks change nothing Dynamo or the GPU sees,
-so both phases run the same kernels.
+so both phases run the same kernels. The every-launch pass of an eager script also marks the
+first call of each op signature inside that step (``first_of_size.py``), a range of its own
+that the pass's filter names instead.
 """
 
 from __future__ import annotations

@@ -408,7 +408,9 @@ def time_more_processes(session: ProfileSession, runs: TimelineRuns, *, whole_ru
                     f"±{wide:.1%} of its step time, wider than ±{target:.0%}",
                 )
                 name = f"timing{i}"
-                config = session.write_config("timing", whole_run=False, name=name)
+                # Run alone, not in turns: no gate (a gated process would wait at its first
+                # CUDA use for a turn that never comes).
+                config = session.write_config("timing", whole_run=False, name=name, gated=False)
                 seconds, code, _ = session.run(session.command.with_runner(), config, name)
             else:
                 session.reporter.phase(

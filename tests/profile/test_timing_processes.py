@@ -130,6 +130,9 @@ def test_profile_runs_the_extra_processes_and_records_their_steps(tmp_path, monk
     def fake_run(cmd, config, log, **kw):
         settings = json.loads(Path(config).read_text())
         assert settings["mode"] == "timing"
+        # A process run alone (one more after the batch) has no gate to wait at: nothing
+        # would open it.
+        assert ("gate" in settings) == (kw.get("batch") is True)
         m = medians.pop(0)
         status = {
             "rank": 0,
@@ -150,7 +153,7 @@ def test_profile_runs_the_extra_processes_and_records_their_steps(tmp_path, monk
             assert len({t.gate for t in turns}) == len({t.child.config for t in turns}) == len(turns)
 
         def next(self):
-            return fake_run(None, self.turns.pop(0).child.config, None)
+            return fake_run(None, self.turns.pop(0).child.config, None, batch=True)
 
         def close(self):
             pass

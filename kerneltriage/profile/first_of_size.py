@@ -1,6 +1,6 @@
-"""In the ncu process: an NVTX range around the first call of each distinct op signature of
-the profiled step, so that Nsight Compute (``--nvtx-include`` on that range) profiles each
-problem size of a kernel once instead of at every launch.
+"""An NVTX range around the first call of each distinct op signature of the ncu process's
+profiled step, so that Nsight Compute (``--nvtx-include`` on that range) profiles each problem
+size of a kernel once instead of at every launch.
 
 A persistent cuBLAS GEMM launches one grid whatever its problem, so one launch per launch
 configuration cannot stand for the others; profiling every launch costs about 0.5 s each

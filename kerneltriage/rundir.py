@@ -158,6 +158,9 @@ class NcuPhase(_Part):
     # "first-of-size": the every-launch pass profiled the first launch of each problem size
     # (the join maps its rows onto the launches of the same size); None: every launch.
     variable_selection: StrictStr | None = None
+    # Hot kernels of which only some instantiations were profiled -> those (full names, as the
+    # trace spells them); the others lie outside the coverage (hot_kernels.py).
+    kernel_instances: dict[StrictStr, list[StrictStr]] | None = None
     seconds: Seconds | None = None
     profiled_launches: StrictInt | None = None
     hot_without_counters: dict[StrictStr, StrictStr] | None = None

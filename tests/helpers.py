@@ -121,3 +121,13 @@ def ncu_runner_config(out: Path, **settings) -> Path:
     base |= {"ncu_rank": 0, "run_to_end": False, "whole_run": False}
     config.write_text(json.dumps(base | settings))
     return config
+
+
+def mangled_spelling(name: str) -> str:
+    """What of a demangled kernel name a mangled one spells out for ``-k`` to match: its base
+    name and its template arguments' identifiers as ``<length><identifier>``, in order (the
+    stand-in ncu filters its export by this; real ncu matches the mangled name)."""
+    from kerneltriage.ingest.kernel_names import base_name, template_identifiers
+
+    base = base_name(name)
+    return f"{len(base)}{base}" + "".join(f"_{len(w)}{w}" for w in template_identifiers(name))

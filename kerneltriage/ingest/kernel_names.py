@@ -86,3 +86,97 @@ def name_similarity(a: str, b: str) -> float:
     if ta == tb:
         return 1.0
     return SequenceMatcher(None, ta, tb, autojunk=False).ratio()
+
+
+#: Identifiers a mangled name may not spell out: built-in types and keywords (one-letter codes),
+#: the std:: names with abbreviations of their own (``Sa``, ``Sb``, ``Ss``…), the lambda and
+#: anonymous-namespace words of the demangled text.
+_NOT_SPELLED = frozenset(
+    {
+        *[
+            "void",
+            "bool",
+            "char",
+            "wchar_t",
+            "char8_t",
+            "char16_t",
+            "char32_t",
+            "short",
+            "int",
+            "long",
+            "signed",
+            "unsigned",
+            "float",
+            "double",
+        ],
+        *[
+            "const",
+            "volatile",
+            "struct",
+            "class",
+            "typename",
+            "true",
+            "false",
+            "operator",
+            "decltype",
+            "sizeof",
+        ],
+        *[
+            "lambda",
+            "instance",
+            "anonymous",
+            "namespace",
+            "unnamed",
+            "anon",
+            "std",
+            "allocator",
+            "basic_string",
+            "string",
+        ],
+        *["basic_istream", "basic_ostream", "basic_iostream", "istream", "ostream", "iostream"],
+    }
+)
+_IDENT = re.compile(r"(?<!\w)[A-Za-z_]\w*")
+
+
+def template_identifiers(name: str, limit: int = 4) -> list[str]:
+    """Up to ``limit`` identifiers that tell apart instantiations of one kernel template, in
+    the order a mangled name spells them: ``void at::native::vectorized_elementwise_kernel<4,
+    at::native::AUnaryFunctor<float, float, float, at::native::binary_internal::MulFunctor<float>>,
+    std::array<char*, 2ul>>(int, …)`` → ``["AUnaryFunctor", "MulFunctor", "array"]``.
+
+    Taken from the template arguments only, first occurrences only (a mangled name spells an
+    identifier once, then refers back to it), and never a qualifier (``at::``), which the name
+    before it may already have spelled. Each appears in the mangled name as
+    ``<length><identifier>`` (``13AUnaryFunctor``)."""
+    text = _ANON.sub(" ", name.strip())
+    base = base_name(name)
+    start = text.find(base + "<")
+    if start < 0:
+        return []
+    depth, i, end = 0, start + len(base), None
+    for i in range(start + len(base), len(text)):
+        ch = text[i]
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+            if depth == 0:
+                end = i
+                break
+    if end is None:
+        return []
+    args = text[start + len(base) + 1 : end]
+    found: list[str] = []
+    for m in _IDENT.finditer(args):
+        word = m.group()
+        if word in _NOT_SPELLED or word in found or word == base or _PLACEHOLDER.match(word):
+            continue  # a placeholder (T1) is a back-reference (T_) in the mangled name
+        if args[m.end() : m.end() + 2] == "::" or (
+            m.start() >= 5 and args[m.start() - 5 : m.start()] == "std::"
+        ):
+            continue
+        found.append(word)
+        if len(found) >= limit:
+            break
+    return found

@@ -111,6 +111,9 @@ class Counters:
     # The captures (``capture`` numbers; 0 for a single export) that hold the first launch of
     # each problem size of their kernels only, in launch order (``analysis/timeline/sizes.py``).
     first_of_size: frozenset[int] = frozenset()
+    # Hot kernels (base names) of which ``profile`` took only some instantiations -> those
+    # (full names): the join measures the hot kernels' coverage on those only.
+    hot_instances: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def has_tensor_flops(self) -> bool:

@@ -155,6 +155,10 @@ class ProfileSession:
             config["apply"] = [{"id": f["id"], "apply": f["apply"]} for f in options.applied_fixes]
         if ncu_take:
             config["ncu_take"] = ncu_take
+        if mode == "ncu" and not self.command.distributed:
+            # Kernel replay saves and restores the process's GPU memory, cached blocks included:
+            # the profiled step hands its free blocks back before each op (first_of_size.py).
+            config["ncu_trim"] = True
         stem = name or mode
         if name is not None:
             config["status_name"] = name

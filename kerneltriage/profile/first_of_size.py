@@ -15,6 +15,13 @@ part of the thread-local state the engine carries over). Dynamo runs a compiled 
 eagerly while such a mode is on, which would change the kernels, so a process that has
 compiled graphs takes the whole step instead (``mode == "step"``). Runs inside the user's
 process: torch is passed in, never imported here.
+
+The same mode trims the step's GPU memory for every ncu pass (``trim``): before each op, the
+caching allocator's free blocks go back to the driver. Kernel replay saves and restores all of
+the process's GPU memory around each profiled launch, cached blocks included: an 8 MiB kernel
+took 0.13 s a launch with nothing else held, 0.28 s beside 40 GiB held or merely cached, and
+0.13 s once that cache was emptied (H200, ``benchmarks/probes/ncu_footprint.py``). A training
+step's cache holds its peak activations from the warm-up steps on.
 """
 
 from __future__ import annotations
@@ -30,21 +37,27 @@ _VALUE_TYPES = (int, float, bool, str, type(None))
 
 
 class FirstOfSize:
-    """``start()`` at the profiled step's beginning, ``stop()`` at its end."""
+    """``start()`` at the profiled step's beginning, ``stop()`` at its end. ``take``: the range
+    around the first call of each op signature; ``trim``: the cache emptied before each op."""
 
     def __init__(
         self,
         torch: Any,
         range_start: Callable[[str], Any] | None = None,
         range_end: Callable[[Any], None] | None = None,
+        *,
+        take: bool = True,
+        trim: bool = False,
     ) -> None:
         self.torch = torch
+        self.take, self.trim = take, trim
         self._start = range_start or torch.cuda.nvtx.range_start
         self._end = range_end or torch.cuda.nvtx.range_end
         self.seen: set[tuple] = set()
         self.calls = 0  # ops called while the mode was on
         self.taken = 0  # ops run inside the range
-        self.mode: str | None = None  # "first-of-size", or "step" (the whole step taken)
+        # "first-of-size"; "step" (the whole step taken: compiled graphs); "trim" (no range)
+        self.mode: str | None = None
         self._dispatch: Any = None
         self._step_range: Any = None
 
@@ -53,9 +66,12 @@ class FirstOfSize:
             return
         if dynamo_graphs():
             self.mode = "step"
-            self._step_range = self._start(TAKE_RANGE)
+            if self.take:
+                self._step_range = self._start(TAKE_RANGE)
+            if self.trim:  # once: the warm-up steps' cache (graphs keep pools of their own)
+                self.torch.cuda.empty_cache()
             return
-        self.mode = "first-of-size"
+        self.mode = "first-of-size" if self.take else "trim"
         self._dispatch = _mode_type(self.torch)(self)
         self._dispatch.__enter__()
 
@@ -70,11 +86,15 @@ class FirstOfSize:
     def status(self) -> dict[str, Any] | None:
         if self.mode is None:
             return None
-        return {"mode": self.mode, "ops": self.calls, "taken": self.taken}
+        return {"mode": self.mode, "ops": self.calls, "taken": self.taken, "trim": self.trim}
 
     def call(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """Run one op, inside the range when its signature is new."""
         self.calls += 1
+        if self.trim:
+            self.torch.cuda.empty_cache()
+        if not self.take:
+            return func(*args, **kwargs)
         try:
             key = (
                 str(func),

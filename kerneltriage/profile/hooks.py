@@ -433,10 +433,12 @@ class ProfiledProcess:
             if self.config.get("profiler_api"):
                 # ncu --profile-from-start off: nothing before this step is intercepted.
                 self.torch.cuda.profiler.start()
-            if self.config.get("ncu_take") == "first-of-size":
+            take = self.config.get("ncu_take") == "first-of-size"
+            trim = bool(self.config.get("ncu_trim"))
+            if take or trim:
                 from kerneltriage.profile.first_of_size import FirstOfSize
 
-                self.first_of_size = FirstOfSize(self.torch)
+                self.first_of_size = FirstOfSize(self.torch, take=take, trim=trim)
                 self.first_of_size.start()
 
     def _close_ncu_range(self) -> None:

@@ -195,7 +195,7 @@ def step_launches(timeline: Timeline, hot: HotKernels) -> StepLaunches:
         return StepLaunches({}, {}, [], devices)
     one_step = compute[compute["step"] == compute["step"].min()].sort_values("correlation")
     key = ["name", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
-    mine = one_step[one_step["base"].isin(hot.names)]
+    mine = one_step[hot.chosen(one_step)]
     launches = mine.groupby("base").size()
     configs = mine.drop_duplicates(key).groupby("base").size()
     order = [

@@ -19,7 +19,8 @@ if TYPE_CHECKING:  # pragma: no cover
 class NcuPass(NamedTuple):
     """One ncu run: its file stem, its CSV export, the kernels it profiles, the launches it
     takes of each (None: one per launch configuration; else at most that many a step), the
-    launches expected, and whether it takes the first launch of each problem size only."""
+    launches expected, whether it takes the first launch of each problem size only, and the
+    kernels of which it takes some instantiations only (``HotKernels.instances``)."""
 
     stem: str
     csv_name: str
@@ -27,6 +28,7 @@ class NcuPass(NamedTuple):
     every_launch: int | None
     expected: int
     first_of_size: bool = False
+    instances: dict[str, list[str]] | None = None
 
 
 class PassRun(NamedTuple):

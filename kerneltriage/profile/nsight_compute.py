@@ -82,7 +82,7 @@ def metric_list(available: set[str] | None, precisions: list[str] | None = None)
     return [m for m in metrics if m.split(".")[0] in available]
 
 
-def kernel_regex(names: list[str]) -> str:
+def kernel_regex(names: list[str], instances: dict[str, list[str]] | None = None) -> str:
     """``-k`` filter on mangled names (``--kernel-name-base mangled``).
 
     A mangled C++ name spells each identifier as <length><name> (``_ZN2at6native29vectorized_
@@ -90,10 +90,37 @@ def kernel_regex(names: list[str]) -> str:
     ``18elementwise_kernel`` does not. The length may follow another digit: functions in an
     anonymous namespace mangle as ``…_GLOBAL__N_120softmax_warp_forward…``. Unmangled names
     (cuBLAS ``nvjet_…``, Triton kernels) match whole.
+
+    ``instances``: base names of which only some instantiations are wanted -> their names as
+    the trace spells them. Each is matched by its base name followed by the identifiers of its
+    template arguments, in the order a mangled name spells them (``kernel_names.
+    template_identifiers``): ``29vectorized_elementwise_kernel.*13AUnaryFunctor.*10MulFunctor``.
+    Instantiations those identifiers do not tell apart (one functor of two dtypes) are all
+    taken: more launches, never fewer.
     """
-    whole = "|".join(re.escape(n) for n in names)
-    spelled = "|".join(f"{len(n)}{re.escape(n)}" for n in names)
-    return f"regex:^(?:{whole})$|(?:{spelled})"
+    from kerneltriage.ingest.kernel_names import template_identifiers
+
+    instances = instances or {}
+    whole = [re.escape(n) for n in names if n not in instances]
+    spelled = []
+    for n in names:
+        if n not in instances:
+            spelled.append(f"{len(n)}{re.escape(n)}")
+            continue
+        for full in instances[n]:
+            if full.startswith("_Z") or full == n:  # left mangled by the trace, or no C++ name
+                whole.append(re.escape(full))
+                continue
+            spelled.append(
+                f"{len(n)}{re.escape(n)}"
+                + "".join(f".*{len(w)}{re.escape(w)}" for w in template_identifiers(full))
+            )
+    alternatives = []
+    if whole:
+        alternatives.append(f"^(?:{'|'.join(whole)})$")
+    if spelled:
+        alternatives.append(f"(?:{'|'.join(spelled)})")
+    return "regex:" + "|".join(alternatives)
 
 
 def ncu_command(
@@ -108,6 +135,7 @@ def ncu_command(
     every_launch: int | None = None,
     from_start: bool = True,
     first_of_size: bool = False,
+    instances: dict[str, list[str]] | None = None,
 ) -> list[str]:
     """The ncu command line for phase 2 (``report`` without the .ncu-rep suffix).
 
@@ -136,7 +164,7 @@ def ncu_command(
     if kernels:
         # Mangled names tell template instantiations apart, so per-launch-config profiles
         # each instantiation (with base names, one bf16 copy would stand for every functor).
-        cmd += ["--kernel-name-base", "mangled", "-k", kernel_regex(kernels)]
+        cmd += ["--kernel-name-base", "mangled", "-k", kernel_regex(kernels, instances)]
     if every_launch is None:
         cmd += ["--filter-mode", "per-launch-config", "--launch-count", "1"]
     else:

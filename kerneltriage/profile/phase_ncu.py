@@ -19,7 +19,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,8 +29,8 @@ from kerneltriage.errors import ToolError
 from kerneltriage.profile import ncu_gpus
 from kerneltriage.profile import nsight_compute as ncu_tools
 from kerneltriage.profile.context import ProfileSession
+from kerneltriage.profile.ncu_lanes import GpuLane, LaneBoard
 from kerneltriage.profile.ncu_pass import NcuPass, PassWatch
-from kerneltriage.profile.processes import run_child
 from kerneltriage.profile.turns import Turn, Turns
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -38,14 +38,53 @@ if TYPE_CHECKING:  # pragma: no cover
     from kerneltriage.ingest.tables import Timeline
 
 
-def run_ncu(session: ProfileSession, ncu: str) -> None:
-    """Phase 2 with the ncu at ``ncu``: the manifest's ``phases.ncu`` and the counters' CSVs."""
-    manifest, out = session.manifest, session.out
+@dataclass
+class NcuPlan:
+    """Phase 2 planned from phase 1's trace (``plan_ncu``): the hot kernels, the metrics and the
+    passes; for one GPU, its processes may be started before phase 2 runs (``start``), held at
+    their gates while the timing processes have the GPU, so that their start-ups overlap."""
+
+    session: ProfileSession
+    ncu: str
+    hot: HotKernels
+    metrics: list[str]
+    config: Path
+    shares: list[ncu_gpus.Share]
+    order: list[tuple]
+    lane: GpuLane | None = None
+    passes: list[NcuPass] = field(default_factory=list)
+    watches: list[PassWatch] = field(default_factory=list)
+    turns: Turns | None = None
+
+    def start(self) -> list[Turn]:
+        """Start the passes' processes of a single-process script on one GPU, each held at its
+        first CUDA use; the turns they wait in (none where phase 2 cannot start early)."""
+        session = self.session
+        if self.shares or session.command.distributed or self.turns is not None:
+            return []
+        whole_run = bool(session.manifest.schedule.whole_run)
+        self.lane = GpuLane(session)
+        self.passes = _ncu_passes(self.hot, whole_run, session.options.max_variable_launches)
+        self.watches, self.turns = _prepare_passes(
+            session, self.ncu, self.passes, self.metrics, self.lane, early=True
+        )
+        return self.turns.turns if self.turns is not None else []
+
+    def close(self) -> None:
+        """Stop the processes of passes that did not run."""
+        if self.turns is not None:
+            self.turns.close()
+
+
+def plan_ncu(session: ProfileSession, ncu: str) -> NcuPlan | None:
+    """Phase 2's plan (the manifest's ``phases.ncu`` as planned); None when phase 1 recorded
+    no kernel to profile (said in the warnings)."""
+    manifest = session.manifest
     manifest.versions["ncu"] = ncu_tools.ncu_version(ncu) or "unknown"
     hot, timeline = _hot_kernels(session)
     if not hot.names:
         session.warnings.append("phase 1 recorded no GPU kernels in the steps: nothing for ncu to profile")
-        return
+        return None
     precisions = None if session.options.ncu_set == "full" else hot.tensor_precisions
     metrics = ncu_tools.metric_list(ncu_tools.available_metrics(ncu), precisions)
     whole_run = bool(manifest.schedule.whole_run)
@@ -61,9 +100,28 @@ def run_ncu(session: ProfileSession, ncu: str) -> None:
         variable_launches_per_step=hot.variable_launches,
         variable_over_budget=hot.over_budget,
         variable_selection="first-of-size" if hot.variable_first_of_size else None,
+        kernel_instances=hot.instances or None,
     )
     shares, order = _shares(session, hot, timeline, whole_run)
-    del timeline
+    return NcuPlan(session, ncu, hot, metrics, config, shares, order)
+
+
+def run_ncu(session: ProfileSession, ncu: str, plan: NcuPlan | None = None) -> None:
+    """Phase 2 with the ncu at ``ncu``: the manifest's ``phases.ncu`` and the counters' CSVs;
+    ``plan``: planned (and maybe started) already."""
+    if plan is None:
+        plan = plan_ncu(session, ncu)
+    if plan is None:
+        return
+    try:
+        _run_plan(session, plan)
+    finally:
+        plan.close()
+
+
+def _run_plan(session: ProfileSession, plan: NcuPlan) -> None:
+    hot, shares = plan.hot, plan.shares
+    precisions = None if session.options.ncu_set == "full" else hot.tensor_precisions
     on = f" on {len(shares)} GPUs at once" if shares else ""
     session.reporter.phase(
         "ncu",
@@ -73,20 +131,29 @@ def run_ncu(session: ProfileSession, ncu: str) -> None:
     started = time.perf_counter()
     if shares:
         total_seconds, launches, not_run = _run_shares(
-            session, ncu, shares, order, metrics, config, started, hot
+            session, plan.ncu, shares, plan.order, plan.metrics, plan.config, started, hot
         )
     else:
-        lane = _Lane(session)
+        if plan.turns is None:
+            plan.lane = GpuLane(session)
+            plan.passes = _ncu_passes(
+                hot, bool(session.manifest.schedule.whole_run), session.options.max_variable_launches
+            )
+            plan.watches, plan.turns = _prepare_passes(
+                session, plan.ncu, plan.passes, plan.metrics, plan.lane
+            )
+        else:
+            plan.turns.resume()  # started early: their turns count from now
+        assert plan.lane is not None
         try:
-            passes = _ncu_passes(hot, whole_run, session.options.max_variable_launches)
             total_seconds, launches, not_run = _run_passes(
-                session, ncu, passes, metrics, config, lane, started
+                session, plan.watches, plan.turns, plan.config, plan.lane, started
             )
         finally:
-            session.ncu_record.passes = lane.records
+            session.ncu_record.passes = plan.lane.records
     session.ncu_record.seconds, session.ncu_record.profiled_launches = round(total_seconds, 2), launches
     _hot_without_counters(session, hot, not_run)
-    if (out / rundir.NCU_CSV).is_file() or (out / rundir.NCU_LAUNCHES_CSV).is_file():
+    if (session.out / rundir.NCU_CSV).is_file() or (session.out / rundir.NCU_LAUNCHES_CSV).is_file():
         session.reporter.phase_done("ncu", total_seconds, f"{launches} launches profiled{on}")
 
 
@@ -165,7 +232,7 @@ def _shares(
 
 def _ncu_passes(hot: HotKernels, whole_run: bool, budget: int) -> list[NcuPass]:
     if not hot.variable or whole_run:
-        return [NcuPass("ncu", rundir.NCU_CSV, hot.names, None, hot.configs)]
+        return [NcuPass("ncu", rundir.NCU_CSV, hot.names, None, hot.configs, instances=_of(hot, hot.names))]
     # Kernels that run several problem sizes under one configuration: every launch, in a first
     # pass; the per-configuration pass then leaves them out (it runs only if the first went well).
     rest = [n for n in hot.names if n not in hot.variable]
@@ -180,8 +247,22 @@ def _ncu_passes(hot: HotKernels, whole_run: bool, budget: int) -> list[NcuPass]:
         )
     ]
     if rest:
-        passes.append(NcuPass("ncu", rundir.NCU_CSV, rest, None, hot.configs - hot.variable_configs))
+        passes.append(
+            NcuPass(
+                "ncu",
+                rundir.NCU_CSV,
+                rest,
+                None,
+                hot.configs - hot.variable_configs,
+                instances=_of(hot, rest),
+            )
+        )
     return passes
+
+
+def _of(hot: HotKernels, kernels: list[str]) -> dict[str, list[str]] | None:
+    """The instantiations wanted of ``kernels`` that are wanted in part."""
+    return {n: hot.instances[n] for n in kernels if n in hot.instances} or None
 
 
 def _launch_cap(hot: HotKernels, budget: int) -> int:
@@ -224,93 +305,17 @@ def _share_passes(share: ncu_gpus.Share, label: str, hot: HotKernels, budget: in
         )
     if share.configs:
         stem = f"ncu.gpu{label}"
-        passes.append(NcuPass(stem, f"{rundir.LOGS}/{stem}.csv.gz", share.configs, None, share.config_count))
+        passes.append(
+            NcuPass(
+                stem,
+                f"{rundir.LOGS}/{stem}.csv.gz",
+                share.configs,
+                None,
+                share.config_count,
+                instances=_of(hot, share.configs),
+            )
+        )
     return passes
-
-
-class _Lane:
-    """Where one chain of passes runs and what it tells the user: the session as it is (one
-    ncu process at a time), or one GPU of several, through a ``_Board``."""
-
-    def __init__(
-        self,
-        session: ProfileSession,
-        gpu: ncu_gpus.Gpu | None = None,
-        board: _Board | None = None,
-        env: list[str] | None = None,
-    ) -> None:
-        self.session, self.gpu, self.board = session, gpu, board
-        self.env = env or []  # more VAR=value for its processes (ncu_gpus.apart_env)
-        self.finished = 0  # launches profiled by its passes that ended
-        self.done = 0  # ... and by the one running
-        self.total = 0  # launches expected of all its passes
-        self.records: list[rundir.NcuPassRecord] = []
-
-    def command(self, cmd: list[str]) -> list[str]:
-        if self.gpu is None:
-            return cmd
-        # The script's cuda:0 is this GPU: env(1) sets it for ncu and the script alike.
-        return ["env", f"CUDA_VISIBLE_DEVICES={self.gpu.device}", *self.env, *cmd]
-
-    def run(
-        self, cmd: list[str], config: Path, log: str, on_line: Callable[[str], bool], timeout: float
-    ) -> tuple[float, int, list[str]]:
-        if self.board is None:
-            return self.session.run(cmd, config, log, on_line=on_line, timeout=timeout)
-        echo = self.board.echo(self)
-        return run_child(cmd, config, self.session.logs / log, echo, on_line=on_line, timeout=timeout)
-
-    def turn(
-        self, cmd: list[str], config: Path, log: str, on_line: Callable[[str], bool], timeout: float
-    ) -> Turn:
-        echo = self.board.echo(self) if self.board is not None else None
-        return self.session.turn(cmd, config, log, on_line=on_line, timeout=timeout, echo=echo)
-
-    def progress(self, one: NcuPass, done: int, kernel: str) -> None:
-        if self.board is None:
-            self.session.reporter.ncu_progress(done, max(one.expected, done), kernel)
-        else:
-            self.board.progress(self, self.finished + done, kernel)
-
-    def warn(self, message: str) -> None:
-        if self.board is None:
-            self.session.reporter.warn(message)
-        else:
-            self.board.warn(message)
-
-
-class _Board:
-    """The reporter of lanes that run at once: one progress bar over all their launches that
-    says each GPU's own count, output lines marked with their GPU, each warning once."""
-
-    def __init__(self, session: ProfileSession) -> None:
-        self.reporter = session.reporter
-        self.lanes: list[_Lane] = []
-        self.lock = threading.Lock()
-        self.warned: set[str] = set()
-
-    def echo(self, lane: _Lane) -> Callable[[str, str], None]:
-        gpu = lane.gpu.device if lane.gpu else ""
-
-        def echo(line: str, stream: str) -> None:
-            with self.lock:
-                self.reporter.output(f"[GPU {gpu}] {line}", stream)
-
-        return echo
-
-    def progress(self, lane: _Lane, done: int, kernel: str) -> None:
-        with self.lock:
-            lane.done = done
-            lane.total = max(lane.total, done)
-            each = " ".join(f"{x.gpu.device if x.gpu else ''}:{x.done}/{x.total}" for x in self.lanes)
-            done_all, total_all = sum(x.done for x in self.lanes), sum(x.total for x in self.lanes)
-            self.reporter.ncu_progress(done_all, total_all, f"GPU {each} {kernel}")
-
-    def warn(self, message: str) -> None:
-        with self.lock:
-            if message not in self.warned:
-                self.warned.add(message)
-                self.reporter.warn(message)
 
 
 def _run_shares(
@@ -326,7 +331,7 @@ def _run_shares(
     """Each GPU's passes in a process chain of its own, all at once; then each policy's
     exports merged into its file in the step's launch order. (seconds of the whole, launches
     profiled, kernel -> why it has no counters.)"""
-    board = _Board(session)
+    board = LaneBoard(session)
     labels = [s.gpu.device for s in shares]
     if not all(label.isdigit() for label in labels):
         labels = [str(i) for i in range(len(shares))]  # UUIDs in file names: numbered instead
@@ -334,7 +339,7 @@ def _run_shares(
     try:
         chains = []
         for share, label, lock_dir in zip(shares, labels, lock_dirs):
-            lane = _Lane(session, share.gpu, board, ncu_gpus.apart_env(lock_dir))
+            lane = GpuLane(session, share.gpu, board, ncu_gpus.apart_env(lock_dir))
             passes = _share_passes(share, label, hot, session.options.max_variable_launches)
             lane.total = sum(one.expected for one in passes)
             board.lanes.append(lane)
@@ -347,7 +352,7 @@ def _run_shares(
 
 def _run_chains(
     session: ProfileSession,
-    chains: list[tuple[_Lane, list[NcuPass]]],
+    chains: list[tuple[GpuLane, list[NcuPass]]],
     ncu: str,
     order: list[tuple],
     metrics: list[str],
@@ -360,7 +365,8 @@ def _run_chains(
     def chain(i: int) -> None:
         lane, passes = chains[i]
         try:
-            results[i] = _run_passes(session, ncu, passes, metrics, config, lane, started)
+            watches, turns = _prepare_passes(session, ncu, passes, metrics, lane)
+            results[i] = _run_passes(session, watches, turns, config, lane, started)
         except BaseException as exc:  # a Ctrl-C passed on, or a child that could not start
             results[i] = exc
 
@@ -405,25 +411,19 @@ def _interrupt(thread: threading.Thread) -> None:
         )
 
 
-def _run_passes(
+def _prepare_passes(
     session: ProfileSession,
     ncu: str,
     passes: list[NcuPass],
     metrics: list[str],
-    config: Path,
-    lane: _Lane,
-    started: float,
-) -> tuple[float, int, dict[str, str]]:
-    """Run the passes in order, up to the first that fails: (seconds, launches profiled, kernel
-    -> why it has no counters, for the kernels of the failed pass and of those after it).
-
-    Several passes of a single-process script start together, each held at its first CUDA use
-    until the one before has exited (``turns.py``): the next pass's start-up overlaps this
-    one's replays."""
+    lane: GpuLane,
+    *,
+    early: bool = False,
+) -> tuple[list[PassWatch], Turns | None]:
+    """Each pass's ncu command (written to ``logs/``) and watch; the turns of its processes,
+    started and held at their first CUDA use, where a single-process script runs several
+    passes (the next pass's start-up overlaps this one's replays) or its passes start ``early``."""
     whole_run = bool(session.manifest.schedule.whole_run)
-    total_seconds = 0.0
-    launches = 0
-    not_run: dict[str, str] = {}
     watches = []
     for one in passes:
         cmd = lane.command(
@@ -437,25 +437,44 @@ def _run_passes(
                 full_set=session.options.ncu_set == "full",
                 every_launch=one.every_launch,
                 first_of_size=one.first_of_size,
+                instances=one.instances,
             )
         )
         (session.logs / f"{one.stem}_command.txt").write_text(" ".join(cmd) + "\n")
         watches.append(PassWatch(session, ncu, cmd, one, lane))
-    turns = None
-    if len(passes) > 1 and not session.command.distributed:
-        turns = Turns(
-            [
-                lane.turn(
-                    w.cmd,
-                    session.write_config("ncu", whole_run=whole_run, name=w.one.stem, ncu_take=_take(w.one)),
-                    w.log_name,
-                    w.on_line,
-                    session.options.ncu_timeout,
-                )
-                for w in watches
-            ],
-            quiet=False,
-        )
+    if session.command.distributed or not (len(passes) > 1 or early):
+        return watches, None
+    turns = Turns(
+        [
+            lane.turn(
+                w.cmd,
+                session.write_config("ncu", whole_run=whole_run, name=w.one.stem, ncu_take=_take(w.one)),
+                w.log_name,
+                w.on_line,
+                session.options.ncu_timeout,
+            )
+            for w in watches
+        ],
+        quiet=False,
+    )
+    return watches, turns
+
+
+def _run_passes(
+    session: ProfileSession,
+    watches: list[PassWatch],
+    turns: Turns | None,
+    config: Path,
+    lane: GpuLane,
+    started: float,
+) -> tuple[float, int, dict[str, str]]:
+    """Run the passes in order, up to the first that fails: (seconds, launches profiled, kernel
+    -> why it has no counters, for the kernels of the failed pass and of those after it)."""
+    whole_run = bool(session.manifest.schedule.whole_run)
+    passes = [w.one for w in watches]
+    total_seconds = 0.0
+    launches = 0
+    not_run: dict[str, str] = {}
     try:
         for index, watch in enumerate(watches):
             one = watch.one

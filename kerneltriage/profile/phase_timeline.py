@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,7 +28,10 @@ from kerneltriage.profile.context import Options, ProfileSession, asked_plan, pl
 from kerneltriage.profile.fix_install import EXIT_NOT_APPLIED
 from kerneltriage.profile.step_plan import CAPTURE_RANGE, EXIT_NO_GPU, EXIT_NO_TORCH, StepPlan
 from kerneltriage.profile.step_time import clean_summary, other_ranks_step_time, record_step_time
-from kerneltriage.profile.turns import Turns
+from kerneltriage.profile.turns import Turn, Turns
+
+#: Starts the next phase's processes, held at their gates; returns their turns.
+StartNext = Callable[[], list[Turn]]
 
 if TYPE_CHECKING:  # pragma: no cover
     from kerneltriage.analysis.timeline.steady import Processes
@@ -58,9 +62,11 @@ class _Rerun:
     noted: str
 
 
-def run_timeline(session: ProfileSession) -> None:
+def run_timeline(session: ProfileSession, start_next: StartNext | None = None) -> None:
     """Phase 1 with the PyTorch profiler: the manifest's ``phases.timeline``, the traces,
-    the step time; raises ``ToolError`` when the script failed or recorded nothing."""
+    the step time; raises ``ToolError`` when the script failed or recorded nothing.
+    ``start_next``: called once the timing processes have started, it starts the next phase's
+    processes (held at their gates) and returns their turns, which timed steps wait for."""
     options, manifest = session.options, session.manifest
     whole_run = options.step_marker is not None
     config = session.write_config("timeline", whole_run=whole_run)
@@ -85,7 +91,7 @@ def run_timeline(session: ProfileSession) -> None:
         manifest.schedule.whole_run = True
     _stop_on_failure(session, runs)
     _record_timeline(session, runs)
-    time_more_processes(session, runs, whole_run=whole_run)
+    time_more_processes(session, runs, whole_run=whole_run, start_next=start_next)
     session.reporter.phase_done(
         "timeline",
         runs.seconds,
@@ -347,7 +353,13 @@ def _check_plain_steps(phases: list[dict[str, Any]], warnings: list[str]) -> Non
 # --- more processes for the step time ------------------------------------------------------
 
 
-def time_more_processes(session: ProfileSession, runs: TimelineRuns, *, whole_run: bool) -> None:
+def time_more_processes(
+    session: ProfileSession,
+    runs: TimelineRuns,
+    *,
+    whole_run: bool,
+    start_next: StartNext | None = None,
+) -> None:
     """``--timing-processes`` N: N − 1 more processes of the script, each timing its warm-up
     and plain steps only, so that the report's step time and its interval span processes; then
     one more at a time, up to ``--max-timing-processes``, while the interval a further run of
@@ -384,6 +396,10 @@ def time_more_processes(session: ProfileSession, runs: TimelineRuns, *, whole_ru
     )
     i = 0
     try:
+        if start_next is not None:
+            # Phase 2's processes start up while these do; timed steps wait for them to be
+            # at their gates, so no start-up shares the host with a timed step.
+            batch.also_wait_for(start_next())
         while True:
             i += 1
             if i >= options.timing_processes:

@@ -23,13 +23,14 @@ from typing import Any
 import kerneltriage
 from kerneltriage import rundir
 from kerneltriage.analysis.rules import load_rules
-from kerneltriage.errors import InputError, Terminated
+from kerneltriage.errors import InputError, Terminated, ToolError
 from kerneltriage.profile import nsight_compute as ncu_tools
 from kerneltriage.profile.command import Command, parse_command
 from kerneltriage.profile.context import Options, ProfileSession, Reporter
-from kerneltriage.profile.phase_ncu import run_ncu
+from kerneltriage.profile.phase_ncu import NcuPlan, plan_ncu, run_ncu
 from kerneltriage.profile.phase_timeline import run_timeline, run_timeline_nsys
 from kerneltriage.profile.processes import terminate_as_interrupt
+from kerneltriage.profile.turns import Turn
 
 _ENV_KEYS = (
     "CUDA_VISIBLE_DEVICES",
@@ -74,18 +75,19 @@ def run_profile(argv: list[str], options: Options, reporter: Reporter | None = N
 def _run_phases(session: ProfileSession, target: Path) -> None:
     """The phases, the manifest written whatever happens (Ctrl-C and SIGTERM included)."""
     options, out, manifest = session.options, session.out, session.manifest
+    early = _EarlyNcu(session)
     try:
         if options.calibrate and not options.cpu:
             _calibrate(session)
         if options.timeline == "nsys" and not options.cpu:
             if not run_timeline_nsys(session):
-                run_timeline(session)
+                run_timeline(session, start_next=early)
         else:
-            run_timeline(session)
+            run_timeline(session, start_next=early)
         if not manifest.calibration and manifest.gpu.get("name"):
             manifest.calibration = _cached_calibration(manifest.gpu["name"]) or {}
         if options.ncu and not options.cpu:
-            _counters(session)
+            _counters(session, early)
         elif options.cpu:
             manifest.notes.append("--cpu dry run: CPU ops only, no GPU kernels and no counters")
         manifest.status = "ok"
@@ -100,6 +102,7 @@ def _run_phases(session: ProfileSession, target: Path) -> None:
             manifest.notes.append(str(exc))
         raise
     finally:
+        early.close()
         manifest.notes.extend(w for w in session.warnings if w not in manifest.notes)
         rundir.write_manifest(out, manifest)
         _replace_run(out, target, manifest.status == "ok")
@@ -128,12 +131,43 @@ def _first_manifest(argv: list[str], options: Options) -> rundir.Manifest:
     return manifest
 
 
-def _counters(session: ProfileSession) -> None:
+class _EarlyNcu:
+    """Phase 2 planned from phase 1's trace and its processes started while the timing
+    processes start (``run_timeline``'s ``start_next``), each held at its first CUDA use: their
+    start-ups overlap, their GPU work comes after the timed steps."""
+
+    def __init__(self, session: ProfileSession) -> None:
+        self.session = session
+        options = session.options
+        self.ncu = ncu_tools.find_ncu() if options.ncu and not options.cpu else None
+        self.planned = False
+        self.plan: NcuPlan | None = None
+
+    def __call__(self) -> list[Turn]:
+        if self.ncu is None:
+            return []
+        try:
+            self.plan = plan_ncu(self.session, self.ncu)
+        except ToolError:
+            return []  # phase 2 plans again after the timing processes, and says why it cannot
+        self.planned = True
+        return self.plan.start() if self.plan is not None else []
+
+    def close(self) -> None:
+        if self.plan is not None:
+            self.plan.close()
+
+
+def _counters(session: ProfileSession, early: _EarlyNcu) -> None:
     """Phase 2 where Nsight Compute is found; without it the run is timeline only, and says so."""
-    ncu = ncu_tools.find_ncu()
+    ncu = early.ncu or ncu_tools.find_ncu()
     if ncu is None:
         session.reporter.warn("Nsight Compute (ncu) is not on PATH: timeline only, no counters")
         session.warnings.append("ncu not found: no counters; the report uses shape estimates")
+        return
+    if early.planned:
+        if early.plan is not None:
+            run_ncu(session, ncu, early.plan)
         return
     run_ncu(session, ncu)
 

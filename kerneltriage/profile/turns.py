@@ -4,7 +4,8 @@
 ``next()`` opens the next one's gate and waits for it. For timed processes (``quiet``) a gate
 opens only once every later child is at its gate or has exited, so no start-up shares the host
 with timed steps; past ``hold_limit`` seconds of waiting for that, it opens anyway (a script
-that builds its inputs for minutes before touching the GPU).
+that builds its inputs for minutes before touching the GPU). ``also_wait_for`` adds the turns
+of another batch started meanwhile (phase 2's ncu processes, started during the timing ones).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Turns:
         self.turns, self.quiet, self.hold_limit = turns, quiet, hold_limit
         self.index = 0
         self.mark = time.perf_counter()  # the end of the last turn (or the start of all)
+        self.others: list[Turn] = []  # another batch's, held at their gates meanwhile
         for t in turns:
             gates.clear(t.gate)
         try:
@@ -55,8 +57,16 @@ class Turns:
         seconds, self.mark = end - self.mark, end
         return seconds, code, tail
 
+    def also_wait_for(self, others: list[Turn]) -> None:
+        """Open a timed turn only once ``others`` (another batch's) are at their gates too."""
+        self.others = list(others)
+
+    def resume(self) -> None:
+        """The next turn's seconds count from now (a batch started early, then left waiting)."""
+        self.mark = time.perf_counter()
+
     def _hold_until_later_ones_wait(self) -> None:
-        later = self.turns[self.index :]
+        later = [*self.turns[self.index :], *self.others]
         deadline = time.monotonic() + self.hold_limit
         while time.monotonic() < deadline:
             if all(gates.at_gate(t.gate) or t.child.exited() for t in later):

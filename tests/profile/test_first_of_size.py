@@ -89,7 +89,7 @@ def test_a_compiled_program_takes_its_whole_step(monkeypatch):
     assert ranges.open == [1]
     take.stop()
     assert not ranges.open and ranges.names == [TAKE_RANGE]
-    assert take.status() == {"mode": "step", "ops": 0, "taken": 0}
+    assert take.status() == {"mode": "step", "ops": 0, "taken": 0, "trim": False}
 
 
 def test_the_runner_takes_the_first_of_each_size_in_its_ncu_step(tmp_path):
@@ -119,3 +119,29 @@ def test_the_runner_takes_the_first_of_each_size_in_its_ncu_step(tmp_path):
     assert lines[0] == "start kerneltriage.ncu"
     assert lines.count(f"start {TAKE_RANGE}") == take["taken"]
     assert lines.count("end") == take["taken"] + 1
+
+
+def test_trim_empties_the_cache_before_every_op_and_takes_no_range(monkeypatch):
+    # Every ncu pass trims the step's GPU memory (kernel replay saves and restores all of it);
+    # the per-configuration pass takes no range of its own.
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    model = _model()
+    plain = _step(model)
+    ranges = _Ranges()
+    trim = fos.FirstOfSize(torch, ranges.start, ranges.end, take=False, trim=True)
+    trim.start()
+    try:
+        trimmed = _step(model)
+    finally:
+        trim.stop()
+    assert all(torch.equal(a, b) for a, b in zip(plain, trimmed))
+    assert trim.status() == {"mode": "trim", "ops": trim.calls, "taken": 0, "trim": True}
+    assert len(emptied) == trim.calls > 0 and not ranges.names
+    # Both at once: the every-launch pass.
+    emptied.clear()
+    both = fos.FirstOfSize(torch, ranges.start, ranges.end, take=True, trim=True)
+    both.start()
+    _step(model)
+    both.stop()
+    assert len(emptied) == both.calls and both.taken == len(ranges.names) > 0

@@ -126,11 +126,13 @@ sys.exit(conf.get("exit", 0))
 """
 
 
-def _turns(tmp_path: Path, starts: list[float], *, quiet: bool, exits: list[int] | None = None) -> Turns:
+def _turns(
+    tmp_path: Path, starts: list[float], *, quiet: bool, exits: list[int] | None = None, first: int = 0
+) -> Turns:
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     turns = []
-    for i, start_s in enumerate(starts):
+    for i, start_s in enumerate(starts, start=first):
         gate = tmp_path / f"gate.{i}"
         config = tmp_path / f"config.{i}.json"
         config.write_text(
@@ -141,7 +143,7 @@ def _turns(tmp_path: Path, starts: list[float], *, quiet: bool, exits: list[int]
                     "gate": str(gate),
                     "parent_pid": __import__("os").getpid(),
                     "log": str(tmp_path / "events.txt"),
-                    "exit": (exits or [0] * len(starts))[i],
+                    "exit": (exits or [0] * len(starts))[i - first],
                 }
             )
         )
@@ -187,3 +189,26 @@ def test_a_failed_turn_can_stop_the_ones_after_it(tmp_path):
     e = _events(tmp_path)
     assert ("gpu", 1) not in e and ("gpu", 2) not in e
     assert all(t.child.exited() for t in batch.turns)
+
+
+def test_timed_turns_wait_for_the_next_phase_started_meanwhile(tmp_path):
+    # The timing processes (0, 1), then phase 2's processes (2, 3) started while they start up:
+    # no timed turn opens before the later batch is at its gates too, and the later batch's
+    # turns count their seconds from when it is resumed, not from its start.
+    timing = _turns(tmp_path, [0.0, 0.0], quiet=True)
+    later = _turns(tmp_path, [1.0, 1.2], quiet=False, first=2)
+    try:
+        timing.also_wait_for(later.turns)
+        for _ in range(2):
+            timing.next()
+        time.sleep(0.5)  # the parent's work between the phases
+        later.resume()
+        seconds = [later.next()[0] for _ in range(2)]
+    finally:
+        timing.close()
+        later.close()
+    e = _events(tmp_path)
+    assert e[("gpu", 0)] >= max(e[("ready", 2)], e[("ready", 3)])
+    assert e[("gpu", 2)] >= e[("done", 1)] and e[("gpu", 3)] >= e[("done", 2)]
+    # Each later turn took its 0.3 s on the GPU and the gate's poll, not the wait before.
+    assert all(s < 0.3 + 1.0 for s in seconds)

@@ -4,6 +4,7 @@ splits, each GPU's share of the real H200 capture's hot kernels, the merged expo
 from __future__ import annotations
 
 import csv
+import dataclasses
 import gzip
 import io
 import stat
@@ -128,10 +129,14 @@ def test_a_process_start_weighs_in_the_plan(hot, step):
     # A start costs more than the configurations: the every-launch GPU runs nothing else.
     default = ncu_gpus.plan_shares(hot, step, two, whole_run=False)
     assert [(len(s.variable), s.config_count) for s in default] == [(2, 0), (0, hot.configs - 2)]
-    # Free starts: the first GPU takes configurations too, until both end together.
+    # Free starts: the first GPU takes configurations too where that ends sooner, until both
+    # end together (here 41 every-launch launches against 39 configurations: it need not).
     free = ncu_gpus.plan_shares(hot, step, two, whole_run=False, start_cost=0)
     loads = [s.variable_launches + s.config_count for s in free]
-    assert free[0].configs and abs(loads[0] - loads[1]) <= max(step.configs.values())
+    assert abs(loads[0] - loads[1]) <= max(step.configs.values())
+    more = dataclasses.replace(step, configs={n: c * 3 for n, c in step.configs.items()})
+    heavy = ncu_gpus.plan_shares(hot, more, two, whole_run=False, start_cost=0)
+    assert heavy[0].configs and heavy[0].variable == hot.variable
 
 
 def test_configurations_are_balanced():

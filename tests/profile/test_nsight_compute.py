@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -19,7 +20,7 @@ from kerneltriage.profile import nsight_compute as ncu_tools
 from kerneltriage.profile.command import parse_command
 from kerneltriage.profile.context import Options, ProfileSession, Reporter
 from kerneltriage.profile.phase_ncu import run_ncu
-from tests.helpers import GPT, NCU_PER_CONFIG, TRACE
+from tests.helpers import DATA, GPT, NCU_PER_CONFIG, TRACE
 
 FAKE_NCU = r'''#!{python}
 """Stand-in for Nsight Compute: records its argv, prints ncu-like output, exports a CSV.
@@ -64,7 +65,8 @@ elif args[:1] == ["--import"]:
         pattern = re.compile(asked["k"][len("regex:"):])
         table = list(csv.reader(io.StringIO(text)))
         name = table[0].index("Kernel Name")
-        keep = [r for r in table[2:] if pattern.search(f"{len(base_name(r[name]))}{base_name(r[name])}")]
+        from tests.helpers import mangled_spelling
+        keep = [r for r in table[2:] if pattern.search(mangled_spelling(r[name]))]
         out = io.StringIO()
         csv.writer(out, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows(table[:2] + keep)
         text = out.getvalue()
@@ -187,6 +189,50 @@ def test_kernel_filter_tells_instantiations_and_names_apart():
     assert not pattern.search("nvjet_sm90_tst_256x128_64x4_other")
 
 
+def test_an_instantiation_is_matched_by_its_mangled_name():
+    # Demangled and mangled names of the same kernels (Nsight Systems exports of two H100s):
+    # the filter built from the demangled name matches the mangled one ncu filters on.
+    import sqlite3
+
+    from kerneltriage.ingest.kernel_names import base_name
+
+    pairs = set()
+    for name in ("h100_2gpu_1s", "mfu_2gpu_after", "mfu_2gpu_before"):
+        db = sqlite3.connect(DATA / "nsys" / f"{name}.sqlite")
+        pairs |= set(
+            db.execute(
+                "SELECT d.value, m.value FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds d ON d.id = "
+                "k.demangledName JOIN StringIds m ON m.id = k.mangledName GROUP BY k.mangledName"
+            )
+        )
+    mangled = [(d, m) for d, m in pairs if m.startswith("_Z")]
+    assert len(mangled) >= 40
+    told_apart = 0
+    for demangled, symbol in mangled:
+        base = base_name(demangled)
+        pattern = re.compile(ncu_tools.kernel_regex([base], {base: [demangled]})[len("regex:") :])
+        assert pattern.search(symbol), demangled
+        siblings = [m for d, m in mangled if base_name(d) == base and m != symbol]
+        told_apart += bool(siblings) and not all(pattern.search(m) for m in siblings)
+    assert told_apart >= 20  # most instantiations with siblings are told apart from some
+    # The profiler's spelling: lambdas, integer suffixes and anonymous namespaces are no
+    # identifiers of the mangled name; template placeholders (T1) are back-references.
+    kineto = (
+        "void at::native::vectorized_elementwise_kernel<4, at::native::(anonymous namespace)::"
+        "pow_tensor_scalar_kernel_impl<float, float>(at::TensorIteratorBase&, float)::{lambda(float)#2}, "
+        "std::array<char*, 2ul> >(int, T1, std::array<char*, 2ul>)"
+    )
+    regex = ncu_tools.kernel_regex(
+        ["vectorized_elementwise_kernel"], {"vectorized_elementwise_kernel": [kineto]}
+    )
+    assert regex == (
+        "regex:(?:29vectorized_elementwise_kernel.*29pow_tensor_scalar_kernel_impl.*18TensorIteratorBase)"
+    )
+    # Names the trace left mangled, and kernels with no C++ name, match whole.
+    whole = ncu_tools.kernel_regex(["k", "nvjet_x"], {"k": ["_ZN1k1fE"], "nvjet_x": ["nvjet_x"]})
+    assert whole == "regex:^(?:_ZN1k1fE|nvjet_x)$"
+
+
 def test_metrics_follow_what_the_gpu_supports():
     available = set(Path("benchmarks/probes/h200_roofline_metrics.txt").read_text().split())
     chosen = ncu_tools.metric_list(available)
@@ -254,7 +300,10 @@ def test_phase_two_end_to_end_with_a_stand_in_ncu(tmp_path, monkeypatch, fake_nc
     assert "per-launch-config" not in launches_cmd
     config = json.loads((out / "logs" / "config.ncu.launches.json").read_text())
     assert config["ncu_take"] == "first-of-size"
-    assert "ncu_take" not in json.loads((out / "logs" / "config.ncu.json").read_text())
+    per_config = json.loads((out / "logs" / "config.ncu.json").read_text())
+    assert "ncu_take" not in per_config
+    # Both passes trim the profiled step's cached GPU memory (kernel replay saves all of it).
+    assert config["ncu_trim"] is True and per_config["ncu_trim"] is True
     # ... and the per-configuration pass leaves those two out: they are profiled already.
     config_cmd = (out / "logs" / "ncu_command.txt").read_text()
     assert "coopA_NNT" not in config_cmd and "elementwise_kernel" in config_cmd
@@ -310,7 +359,7 @@ def test_missing_ncu_means_timeline_only(tmp_path, monkeypatch):
     (tmp_path / "train.py").write_text("")
     monkeypatch.setenv("PATH", str(tmp_path))  # nothing there
     monkeypatch.setattr(ncu_tools, "find_ncu", lambda: None)
-    monkeypatch.setattr(session, "run_timeline", lambda _: None)  # phase 1 went well
+    monkeypatch.setattr(session, "run_timeline", lambda _, **kw: None)  # phase 1 went well
     said: list[str] = []
 
     class Recorder(Reporter):

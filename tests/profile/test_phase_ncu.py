@@ -21,11 +21,12 @@ import pytest
 
 from kerneltriage import rundir
 from kerneltriage.ingest.kernel_names import base_name
+from kerneltriage.profile import gate as gates
 from kerneltriage.profile import nsight_compute as ncu_tools
 from kerneltriage.profile.command import parse_command
 from kerneltriage.profile.context import Options, ProfileSession, Reporter
-from kerneltriage.profile.phase_ncu import run_ncu
-from tests.helpers import NCU_ALL, NCU_PER_CONFIG, TRACE
+from kerneltriage.profile.phase_ncu import plan_ncu, run_ncu
+from tests.helpers import NCU_ALL, NCU_PER_CONFIG, TRACE, mangled_spelling
 from tests.profile import test_nsight_compute as harness
 from tests.profile.test_nsight_compute import _phase, _run_dir
 
@@ -44,10 +45,17 @@ def _profiling_calls(log: Path) -> list[tuple[str, str, list[str]]]:
     return calls
 
 
-def _covers(args: list[str], names: list[str]) -> set[str]:
-    """The kernels of ``names`` that a call's -k filter lets through."""
+def _covers(args: list[str], names: list[str], instances: dict[str, list[str]] | None = None) -> set[str]:
+    """The kernels of ``names`` that a call's -k filter lets through: the base name, or for a
+    kernel wanted in part, one of its ``instances`` (``tests.helpers.mangled_spelling``)."""
     pattern = re.compile(args[args.index("-k") + 1][len("regex:") :])
-    return {n for n in names if pattern.search(f"{len(n)}{n}")}
+    instances = instances or {}
+    return {
+        n
+        for n in names
+        if pattern.search(f"{len(n)}{n}")
+        or any(pattern.search(mangled_spelling(f)) for f in instances.get(n, []))
+    }
 
 
 def _rows(path: Path) -> tuple[list[str], list[list[str]]]:
@@ -72,7 +80,7 @@ def test_two_gpus_share_the_hot_kernels(tmp_path, monkeypatch, fake_ncu):
     assert len({tmp for _, tmp, _ in calls}) == 2 and os.environ.get("TMPDIR", "-") not in {
         tmp for _, tmp, _ in calls
     }  # a lock of its own each
-    covered = Counter(n for _, _, args in calls for n in _covers(args, hot))
+    covered = Counter(n for _, _, args in calls for n in _covers(args, hot, phase.get("kernel_instances")))
     assert set(covered) == set(hot) and set(covered.values()) == {1}  # the hot set, no kernel twice
     for _, _, args in calls:
         assert " ".join(args).endswith("-m kerneltriage.profile.runner train.py")
@@ -121,8 +129,10 @@ def test_merged_exports_are_the_union_of_the_processes(tmp_path, monkeypatch, fa
     merged_header, merged = _rows(out / rundir.NCU_CSV)
     header, whole = _rows(NCU_PER_CONFIG)
     name = header.index("Kernel Name")
-    rest = set(phase["kernels"]) - set(phase["variable_size_kernels"])
-    wanted = [r for r in whole if base_name(r[name]) in rest]
+    rest = [n for n in phase["kernels"] if n not in phase["variable_size_kernels"]]
+    # Kernels wanted in part: the instantiations asked for (and those -k cannot tell apart).
+    asked = re.compile(ncu_tools.kernel_regex(rest, phase.get("kernel_instances"))[len("regex:") :])
+    wanted = [r for r in whole if asked.search(mangled_spelling(r[name]))]
     assert merged_header == header and [r[0] for r in merged] == [str(i) for i in range(len(wanted))]
     assert Counter(tuple(r[1:]) for r in merged) == Counter(tuple(r[1:]) for r in wanted)
     for stem in ("ncu.gpu1", "ncu.gpu2", "ncu.gpu3"):
@@ -267,4 +277,37 @@ def test_the_next_pass_starts_up_while_the_one_before_profiles(tmp_path, monkeyp
     # (its script's first CUDA use let through) only once that one had ended.
     assert events[("start", "ncu")] < events[("end", "ncu.launches")] <= events[("open", "ncu")]
     assert [(r["stem"], r["exit_code"]) for r in phase["passes"]] == [("ncu.launches", 0), ("ncu", 0)]
+    assert (out / rundir.NCU_CSV).is_file() and (out / rundir.NCU_LAUNCHES_CSV).is_file()
+
+
+def test_phase_two_starts_during_the_timing_processes_and_waits_at_its_gates(tmp_path, monkeypatch, fake_ncu):
+    # profile plans phase 2 and starts its processes while the timing processes start up
+    # (session._EarlyNcu); they wait at their gates until phase 2 runs, and a pass's seconds
+    # count from then, not from its start.
+    times = tmp_path / "times.txt"
+    monkeypatch.setenv("FAKE_NCU_TIMES", str(times))
+    monkeypatch.setenv("FAKE_NCU_FILTER", "1")
+    monkeypatch.setenv("FAKE_NCU_LAUNCHES_CSV", str(NCU_ALL))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+    out = _run_dir(tmp_path)
+    manifest = rundir.Manifest(command=["python", "train.py"], gpu={"name": "NVIDIA H200"})
+    session = ProfileSession(parse_command(["python", "train.py"]), Options(), out, manifest, Reporter(), [])
+    plan = plan_ncu(session, ncu_tools.find_ncu())
+    assert plan is not None
+    waiting = plan.start()
+    try:
+        assert [t.gate.name for t in waiting] == ["gate.ncu.launches", "gate.ncu"]
+        deadline = time.monotonic() + 60
+        while not all(gates.at_gate(t.gate) for t in waiting) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(2.0)  # the timing processes' turns
+        started = [line.split() for line in times.read_text().splitlines()]
+        assert {(w, Path(r).name) for w, _, r in started} == {("start", "ncu.launches"), ("start", "ncu")}
+        run_ncu(session, plan.ncu, plan)
+    finally:
+        plan.close()
+    phase = manifest.phases.ncu.to_json()
+    assert [(r["stem"], r["exit_code"]) for r in phase["passes"]] == [("ncu.launches", 0), ("ncu", 0)]
+    assert all(r["seconds"] < 2.0 for r in phase["passes"])
     assert (out / rundir.NCU_CSV).is_file() and (out / rundir.NCU_LAUNCHES_CSV).is_file()

@@ -155,6 +155,9 @@ def test_profile_runs_the_extra_processes_and_records_their_steps(tmp_path, monk
         def next(self):
             return fake_run(None, self.turns.pop(0).child.config, None, batch=True)
 
+        def also_wait_for(self, others):
+            waited.append(others)
+
         def close(self):
             pass
 
@@ -207,6 +210,14 @@ def test_profile_runs_the_extra_processes_and_records_their_steps(tmp_path, monk
     # A CPU dry run and --timing-processes 1 run none.
     for skip in (Options(timing_processes=3, cpu=True), Options(timing_processes=1)):
         assert timed(skip, [99.0]) == []
+    # Phase 2's processes, started once the timing processes have started: their timed steps
+    # wait for those at their gates too.
+    waited: list = []
+    medians[:] = [50.12, 50.08]
+    time_more_processes(
+        session_with(Options(timing_processes=3)), runs, whole_run=False, start_next=lambda: ["ncu"]
+    )
+    assert waited == [["ncu"]]
 
 
 def test_processes_that_disagree_widen_the_interval_and_are_said(tmp_path):

@@ -1,8 +1,10 @@
 """Which kernels phase 2 (Nsight Compute) profiles: the hot kernels of the phase-1 timeline.
 
 The kernels covering ``coverage`` of GPU time in the recorded steps (capped by
-``max_kernels``), communication kernels left out: ncu serializes kernels, which can hang
-collectives. Kernels whose one launch configuration runs several problem sizes are listed
+``max_kernels`` base names), communication kernels left out: ncu serializes kernels, which can
+hang collectives. Kernels are counted as instantiations (full names): one template's
+instantiations run different ops (``vectorized_elementwise_kernel`` of a multiply, of a copy,
+of a fill…), and the cold ones need no counters; each costs ncu a launch per configuration. Kernels whose one launch configuration runs several problem sizes are listed
 apart, for a pass that profiles every launch, within a budget of launches per step; those the
 budget cannot hold are named with their launch counts, never dropped silently.
 """
@@ -48,6 +50,18 @@ class HotKernels:
     # counts those, ``variable_every`` every launch of the variable kernels a step.
     variable_first_of_size: bool = False
     variable_every: int = 0
+    # Base names of which only some instantiations are hot -> those (full names, as the trace
+    # spells them); a base name not in it is profiled whole.
+    instances: dict[str, list[str]] = field(default_factory=dict)
+
+    def chosen(self, frame: pd.DataFrame) -> pd.Series:
+        """Which kernel rows (``name``, ``base``) are the hot kernels' launches."""
+        picked = frame["base"].isin(self.names)
+        if self.instances:
+            partial = frame["base"].isin(self.instances)
+            named = frame["name"].isin({n for names in self.instances.values() for n in names})
+            picked &= ~partial | named
+        return picked
 
 
 #: Launches of one (kernel, grid, block) whose durations differ by more than this factor run
@@ -86,18 +100,26 @@ def select_hot_kernels(
     k = k.assign(kindof=[rules.classify(None, n) for n in k["name"]])
     comm = sorted(set(k.loc[k["kindof"] == "communication", "base"]))
     compute = k[k["kindof"] != "communication"]
-    by_name = compute.groupby("base")["dur"].sum().sort_values(ascending=False)
+    by_name = compute.groupby("name")["dur"].sum().sort_values(ascending=False)
     total = float(by_name.sum()) or 1.0
-    chosen: list[str] = []
+    base_of = compute.drop_duplicates("name").set_index("name")["base"]
+    picked: dict[str, list[str]] = {}  # base name -> its hot instantiations, hottest first
     covered = 0.0
     for name, dur in by_name.items():
-        if covered / total >= coverage or len(chosen) >= max_kernels:
+        if covered / total >= coverage:
             break
-        chosen.append(str(name))
+        base = str(base_of[name])
+        if base not in picked and len(picked) >= max_kernels:
+            continue
+        picked.setdefault(base, []).append(str(name))
         covered += float(dur)
-    one_step = compute[(compute["step"] == compute["step"].min()) & compute["base"].isin(chosen)]
+    base_time = compute[compute["base"].isin(picked)].groupby("base")["dur"].sum()
+    chosen = sorted(picked, key=lambda b: -float(base_time[b]))
+    every = compute.groupby("base")["name"].nunique()
+    instances = {b: names for b, names in picked.items() if len(names) < int(every[b])}
+    step_rows = compute[compute["step"] == compute["step"].min()]
+    one_step = step_rows[HotKernels(chosen, 0, 0.0, [], instances=instances).chosen(step_rows)]
     key = ["name", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
-    configs = len(one_step.drop_duplicates(key))
     # Kernels whose one configuration runs several sizes, if they matter: heaviest first, as
     # long as profiling every launch of their base name stays within the launch budget.
     groups = one_step.groupby(key)["dur"]
@@ -107,6 +129,14 @@ def select_hot_kernels(
     candidates = sorted(
         {base_name(k[0]) for k in heavy}, key=lambda n: -one_step.loc[one_step["base"] == n, "dur"].sum()
     )
+    # A variable kernel's pass takes every launch of its base name: all its instantiations.
+    for name in candidates:
+        if name in instances:
+            del instances[name]
+            more = step_rows[(step_rows["base"] == name) & ~step_rows.index.isin(one_step.index)]
+            one_step = pd.concat([one_step, more])
+            rest = compute["base"].eq(name) & ~compute["name"].isin(picked[name])
+            covered += float(compute.loc[rest, "dur"].sum())
     counted = one_step["base"]
     if first_of_size and candidates:
         of = one_step[one_step["base"].isin(candidates)]
@@ -116,17 +146,19 @@ def select_hot_kernels(
             counted = of["base"][first_of_size_mask(of, sizes)]
     variable: list[str] = []
     over_budget: dict[str, int] = {}
-    launches = every = 0
+    launches = every_launch = 0
     for name in candidates:
         count = int((counted == name).sum())
         if launches + count <= max_variable_launches:
             variable.append(name)
             launches += count
-            every += int((one_step["base"] == name).sum())
+            every_launch += int((step_rows["base"] == name).sum())
         else:
             over_budget[name] = count
+    configs = len(one_step.drop_duplicates(key))
     variable_configs = len(one_step[one_step["base"].isin(variable)].drop_duplicates(key))
-    precisions = tensor_precisions(timeline, compute[compute["base"].isin(chosen)])
+    hot_rows = HotKernels(chosen, 0, 0.0, [], instances=instances).chosen(compute)
+    precisions = tensor_precisions(timeline, compute[hot_rows])
     return HotKernels(
         chosen,
         configs,
@@ -138,7 +170,8 @@ def select_hot_kernels(
         over_budget,
         precisions,
         variable_first_of_size=bool(first_of_size and variable),
-        variable_every=every,
+        variable_every=every_launch,
+        instances=instances,
     )
 
 

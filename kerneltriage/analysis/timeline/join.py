@@ -116,7 +116,7 @@ def join_counters(
         row, method, len(ncu), rows_joined, len(rejected_rows - set(row.tolist())), share, warnings
     )
     if hot_kernels:
-        _measure_hot(result, in_step, ncu, ncu_keys, bad, hot_kernels)
+        _measure_hot(result, in_step, ncu, ncu_keys, bad, hot_kernels, counters.hot_instances)
     return result
 
 
@@ -270,12 +270,18 @@ def _measure_hot(
     ncu_keys: list[tuple],
     bad: pd.Index,
     hot_kernels: list[str],
+    instances: dict[str, list[str]],
 ) -> None:
     """How many of the kernels phase 2 targeted got counters, on what share of their time;
-    those with counters on less than half of it are named, and why."""
+    those with counters on less than half of it are named, and why. ``instances``: the
+    instantiations targeted of kernels targeted in part."""
     row = result.row
     bases = in_step["_key"].map(lambda k: k[0])
-    hot = in_step[bases.isin(set(hot_kernels))]
+    targeted = bases.isin(set(hot_kernels))
+    if instances:
+        wanted = {n for names in instances.values() for n in names}
+        targeted &= ~bases.isin(set(instances)) | in_step["name"].isin(wanted)
+    hot = in_step[targeted]
     hot_joined = row[hot.index] >= 0
     hot_time = float(hot["dur"].sum())
     result.hot_kernels = len(set(hot_kernels))

@@ -27,6 +27,34 @@ def test_hot_kernels_cover_the_step():
     assert 0 < hot.configs <= 510
 
 
+def test_a_templates_cold_instantiations_are_left_out():
+    # One template runs many ops (vectorized_elementwise_kernel of a multiply, a copy, a fill):
+    # the coverage counts instantiations, so the cold ones get no launch of ncu's.
+    from kerneltriage.analysis.timeline.attribution import attribute
+    from kerneltriage.ingest.kernel_names import base_name
+
+    tl = timeline()
+    hot = select_hot_kernels(tl, load_rules(), coverage=0.95, max_kernels=64)
+    k = attribute(tl).kernels
+    k = k[(k["step"] >= 0) & (k["kind"] == "kernel")]
+    k = k.assign(base=k["name"].map(base_name))
+    assert hot.instances and set(hot.instances) <= set(hot.names)
+    per_name = k.groupby("name")["dur"].sum()
+    for base, names in hot.instances.items():
+        others = set(k.loc[k["base"] == base, "name"]) - set(names)
+        assert names and others  # in part: some, not all
+        assert max(per_name[list(others)]) <= min(per_name[names])  # the colder ones left out
+    # The configurations expected are those of the chosen launches only, fewer than the base
+    # names' (the selection before: 510 at most, every instantiation of each hot base name).
+    one = k[k["step"] == k["step"].min()]
+    key = ["name", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
+    assert hot.configs == len(one[hot.chosen(one)].drop_duplicates(key))
+    assert hot.configs < len(one[one["base"].isin(hot.names)].drop_duplicates(key))
+    assert hot.coverage >= 0.95
+    # Every-launch kernels are profiled whole (their pass takes every launch of the base name).
+    assert not set(hot.variable) & set(hot.instances)
+
+
 def test_the_rules_say_which_kernels_are_communication(tmp_path):
     # The user's rules decide what counts as communication (left out: ncu would serialize it).
     user = tmp_path / "rules.yaml"

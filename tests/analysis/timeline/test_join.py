@@ -102,6 +102,27 @@ def test_hot_kernels_are_measured_apart(kernels):
     assert "hot_kernels" not in join_counters(kernels, read_counters(NCU_PER_CONFIG), 4.0).to_json()
 
 
+def test_a_kernel_wanted_in_part_is_measured_on_its_instances(kernels):
+    # profile took some instantiations of a template only (hot_kernels.py): the hot kernels'
+    # coverage counts those, not the cold ones ncu was never asked for.
+    names = kernels["name"].map(base_name)
+    in_step = kernels[(kernels["step"] >= 0) & (kernels["kind"] == "kernel")]
+    counters = read_counters(NCU_PER_CONFIG)
+    base = "vectorized_elementwise_kernel"
+    mine = in_step[names[in_step.index] == base]
+    per_name = mine.groupby("name")["dur"].sum().sort_values(ascending=False)
+    assert len(per_name) >= 2
+    whole = join_counters(kernels, counters, 4.0, [base])
+    counters.hot_instances = {base: [str(per_name.index[0])]}
+    part = join_counters(kernels, counters, 4.0, [base])
+    hottest = mine[mine["name"] == per_name.index[0]]
+    joined = part.row[hottest.index] >= 0
+    assert part.hot_time_joined_share == pytest.approx(
+        hottest.loc[joined, "dur"].sum() / hottest["dur"].sum()
+    )
+    assert part.hot_time_joined_share != pytest.approx(whole.hot_time_joined_share)
+
+
 def test_hot_kernels_without_counters_are_named_with_the_reason(kernels):
     hot = ["softmax_warp_forward", "cunn_SoftMaxForward", "cunn_SoftMaxBackwardSmem", "cunn_SoftMaxBackward"]
     j = join_counters(kernels, read_counters(NCU_PER_CONFIG), 4.0, hot)

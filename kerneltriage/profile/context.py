@@ -34,7 +34,7 @@ class Options:
     steps: int = 3
     ncu: bool = True
     max_kernels: int = 64
-    coverage: float = 0.95
+    coverage: float = 0.97
     ncu_set: str = "roofline"  # or "full"
     run_to_end: bool = False
     step_marker: str | None = None

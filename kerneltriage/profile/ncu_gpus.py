@@ -35,6 +35,10 @@ if TYPE_CHECKING:  # pragma: no cover
 #: from running at once (measured: 55-57 s for what takes 57 s in turn): the start is mostly
 #: launches under ncu's lock, not the host's imports.
 START_COST_LAUNCHES = 75
+#: ... and a process started early, held at its gate while the timing processes ran: its turn
+#: adds only its warm-up steps under ncu, 2.3-4.4 s from its gate's opening to its profiled
+#: step on an H200 (2026-11-27, four models), some 15 launches at 0.2-0.4 s.
+START_COST_GATED = 15
 #: Seconds ``nvidia-smi -L`` may take before the GPUs count as one.
 SMI_TIMEOUT = 20.0
 

@@ -1,6 +1,7 @@
 """Where phase 2's passes run and how they report (``phase_ncu.py``): a ``GpuLane`` is the session
 itself (one ncu process at a time) or one GPU of several, whose lanes share a ``LaneBoard``: one
-progress bar over all their launches, output lines marked with their GPU, each warning once."""
+progress bar over all their launches, output lines marked with their GPU, each warning once;
+``interrupt`` passes a Ctrl-C on to a lane's thread."""
 
 from __future__ import annotations
 
@@ -99,3 +100,14 @@ class LaneBoard:
             if message not in self.warned:
                 self.warned.add(message)
                 self.reporter.warn(message)
+
+
+def interrupt(thread: threading.Thread) -> None:
+    """Raise KeyboardInterrupt in ``thread`` (Ctrl-C reaches the main thread only): its wait
+    on ncu is a Python loop, so run_child's own clean-up then stops ncu and the script."""
+    import ctypes
+
+    if thread.ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(thread.ident), ctypes.py_object(KeyboardInterrupt)
+        )

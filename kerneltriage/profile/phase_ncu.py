@@ -29,7 +29,7 @@ from kerneltriage.errors import ToolError
 from kerneltriage.profile import ncu_gpus
 from kerneltriage.profile import nsight_compute as ncu_tools
 from kerneltriage.profile.context import ProfileSession
-from kerneltriage.profile.ncu_lanes import GpuLane, LaneBoard
+from kerneltriage.profile.ncu_lanes import GpuLane, LaneBoard, interrupt
 from kerneltriage.profile.ncu_pass import NcuPass, PassWatch
 from kerneltriage.profile.turns import Turn, Turns
 
@@ -55,13 +55,20 @@ class NcuPlan:
     passes: list[NcuPass] = field(default_factory=list)
     watches: list[PassWatch] = field(default_factory=list)
     turns: Turns | None = None
+    # Several GPUs: each one's lane, its passes' watches and the turns of its processes.
+    chains: list[_Chain] = field(default_factory=list)
+    lock_dirs: list[str] = field(default_factory=list)
 
     def start(self) -> list[Turn]:
-        """Start the passes' processes of a single-process script on one GPU, each held at its
-        first CUDA use; the turns they wait in (none where phase 2 cannot start early)."""
+        """Start the passes' processes of a single-process script, each held at its first CUDA
+        use (on each GPU of a split, a chain of its own); the turns they wait in (none where
+        phase 2 cannot start early: a torchrun job)."""
         session = self.session
-        if self.shares or session.command.distributed or self.turns is not None:
+        if session.command.distributed or self.turns is not None or self.chains:
             return []
+        if self.shares:
+            self.chains = _share_chains(self, early=True)
+            return [t for c in self.chains if c.turns is not None for t in c.turns.turns]
         whole_run = bool(session.manifest.schedule.whole_run)
         self.lane = GpuLane(session)
         self.passes = _ncu_passes(self.hot, whole_run, session.options.max_variable_launches)
@@ -71,14 +78,31 @@ class NcuPlan:
         return self.turns.turns if self.turns is not None else []
 
     def close(self) -> None:
-        """Stop the processes of passes that did not run."""
+        """Stop the processes of passes that did not run; remove the GPUs' lock folders."""
         if self.turns is not None:
             self.turns.close()
+        for c in self.chains:
+            if c.turns is not None:
+                c.turns.close()
+        for lock_dir in self.lock_dirs:
+            shutil.rmtree(lock_dir, ignore_errors=True)
+        self.lock_dirs = []
 
 
-def plan_ncu(session: ProfileSession, ncu: str) -> NcuPlan | None:
+@dataclass
+class _Chain:
+    """One GPU's passes: its lane, their watches, and their processes' turns (None: run one
+    after the other as they come)."""
+
+    lane: GpuLane
+    watches: list[PassWatch]
+    turns: Turns | None
+
+
+def plan_ncu(session: ProfileSession, ncu: str, *, early: bool = False) -> NcuPlan | None:
     """Phase 2's plan (the manifest's ``phases.ncu`` as planned); None when phase 1 recorded
-    no kernel to profile (said in the warnings)."""
+    no kernel to profile (said in the warnings). ``early``: its processes will be started
+    before phase 2 runs, so a process start costs only its warm-up steps."""
     manifest = session.manifest
     manifest.versions["ncu"] = ncu_tools.ncu_version(ncu) or "unknown"
     hot, timeline = _hot_kernels(session)
@@ -102,7 +126,8 @@ def plan_ncu(session: ProfileSession, ncu: str) -> NcuPlan | None:
         variable_selection="first-of-size" if hot.variable_first_of_size else None,
         kernel_instances=hot.instances or None,
     )
-    shares, order = _shares(session, hot, timeline, whole_run)
+    start_cost = ncu_gpus.START_COST_GATED if early else ncu_gpus.START_COST_LAUNCHES
+    shares, order = _shares(session, hot, timeline, whole_run, start_cost)
     return NcuPlan(session, ncu, hot, metrics, config, shares, order)
 
 
@@ -130,9 +155,13 @@ def _run_plan(session: ProfileSession, plan: NcuPlan) -> None:
     )
     started = time.perf_counter()
     if shares:
-        total_seconds, launches, not_run = _run_shares(
-            session, plan.ncu, shares, plan.order, plan.metrics, plan.config, started, hot
-        )
+        if plan.chains:
+            for c in plan.chains:
+                if c.turns is not None:
+                    c.turns.resume()  # started early: their turns count from now
+        else:
+            plan.chains = _share_chains(plan, early=False)
+        total_seconds, launches, not_run = _run_chains(session, plan.chains, plan.order, plan.config, started)
     else:
         if plan.turns is None:
             plan.lane = GpuLane(session)
@@ -199,7 +228,7 @@ def _hot_kernels(session: ProfileSession) -> tuple[HotKernels, Timeline]:
 
 
 def _shares(
-    session: ProfileSession, hot: HotKernels, timeline: Timeline, whole_run: bool
+    session: ProfileSession, hot: HotKernels, timeline: Timeline, whole_run: bool, start_cost: float
 ) -> tuple[list[ncu_gpus.Share], list[tuple]]:
     """Each GPU's share of the hot kernels when phase 2 is split over several (at least two
     shares; none: one ncu process at a time), and the step's launch order their exports are
@@ -223,7 +252,7 @@ def _shares(
     if choice.reason:
         session.ncu_record.single_gpu_reason = choice.reason
         return [], []
-    shares = ncu_gpus.plan_shares(hot, step, choice.gpus, whole_run)
+    shares = ncu_gpus.plan_shares(hot, step, choice.gpus, whole_run, start_cost)
     if len(shares) < 2:
         return [], []
     session.ncu_record.gpus = [share.gpu.device for share in shares]
@@ -318,55 +347,43 @@ def _share_passes(share: ncu_gpus.Share, label: str, hot: HotKernels, budget: in
     return passes
 
 
-def _run_shares(
-    session: ProfileSession,
-    ncu: str,
-    shares: list[ncu_gpus.Share],
-    order: list[tuple],
-    metrics: list[str],
-    config: Path,
-    started: float,
-    hot: HotKernels,
-) -> tuple[float, int, dict[str, str]]:
-    """Each GPU's passes in a process chain of its own, all at once; then each policy's
-    exports merged into its file in the step's launch order. (seconds of the whole, launches
-    profiled, kernel -> why it has no counters.)"""
+def _share_chains(plan: NcuPlan, *, early: bool) -> list[_Chain]:
+    """Each GPU's passes as a chain of its own, their processes' turns started where ``early``
+    (or where a GPU runs two passes); the lock folders go with the plan."""
+    session, hot = plan.session, plan.hot
     board = LaneBoard(session)
-    labels = [s.gpu.device for s in shares]
+    labels = [s.gpu.device for s in plan.shares]
     if not all(label.isdigit() for label in labels):
-        labels = [str(i) for i in range(len(shares))]  # UUIDs in file names: numbered instead
-    lock_dirs = [tempfile.mkdtemp(prefix=f"kerneltriage-ncu{label}-") for label in labels]
-    try:
-        chains = []
-        for share, label, lock_dir in zip(shares, labels, lock_dirs):
-            lane = GpuLane(session, share.gpu, board, ncu_gpus.apart_env(lock_dir))
-            passes = _share_passes(share, label, hot, session.options.max_variable_launches)
-            lane.total = sum(one.expected for one in passes)
-            board.lanes.append(lane)
-            chains.append((lane, passes))
-        return _run_chains(session, chains, ncu, order, metrics, config, started)
-    finally:
-        for lock_dir in lock_dirs:
-            shutil.rmtree(lock_dir, ignore_errors=True)
+        labels = [str(i) for i in range(len(plan.shares))]  # UUIDs in file names: numbered instead
+    chains = []
+    for share, label in zip(plan.shares, labels):
+        lock_dir = tempfile.mkdtemp(prefix=f"kerneltriage-ncu{label}-")
+        plan.lock_dirs.append(lock_dir)
+        lane = GpuLane(session, share.gpu, board, ncu_gpus.apart_env(lock_dir))
+        passes = _share_passes(share, label, hot, session.options.max_variable_launches)
+        lane.total = sum(one.expected for one in passes)
+        board.lanes.append(lane)
+        watches, turns = _prepare_passes(session, plan.ncu, passes, plan.metrics, lane, early=early)
+        chains.append(_Chain(lane, watches, turns))
+    return chains
 
 
 def _run_chains(
     session: ProfileSession,
-    chains: list[tuple[GpuLane, list[NcuPass]]],
-    ncu: str,
+    chains: list[_Chain],
     order: list[tuple],
-    metrics: list[str],
     config: Path,
     started: float,
 ) -> tuple[float, int, dict[str, str]]:
-    """The lanes' pass chains, one thread each; their records; the merged exports."""
+    """The GPUs' pass chains, one thread each, all at once; their records; then each policy's
+    exports merged into its file in the step's launch order. (seconds of the whole, launches
+    profiled, kernel -> why it has no counters.)"""
     results: list[tuple[float, int, dict[str, str]] | BaseException | None] = [None] * len(chains)
 
     def chain(i: int) -> None:
-        lane, passes = chains[i]
+        c = chains[i]
         try:
-            watches, turns = _prepare_passes(session, ncu, passes, metrics, lane)
-            results[i] = _run_passes(session, watches, turns, config, lane, started)
+            results[i] = _run_passes(session, c.watches, c.turns, config, c.lane, started)
         except BaseException as exc:  # a Ctrl-C passed on, or a child that could not start
             results[i] = exc
 
@@ -381,12 +398,12 @@ def _run_chains(
         # Each chain's run_child stops its process group as a Ctrl-C stops one process.
         for t in threads:
             if t.is_alive():
-                _interrupt(t)
+                interrupt(t)
         while any(t.is_alive() for t in threads):
             time.sleep(0.05)
         raise
     finally:
-        session.ncu_record.passes = [r for lane, _ in chains for r in lane.records]
+        session.ncu_record.passes = [r for c in chains for r in c.lane.records]
     failed = next((r for r in results if isinstance(r, BaseException)), None)
     if failed is not None:
         raise failed
@@ -396,19 +413,8 @@ def _run_chains(
         assert isinstance(result, tuple)
         launches += result[1]
         not_run.update(result[2])
-    _merge(session, [one for _, passes in chains for one in passes], order)
+    _merge(session, [w.one for c in chains for w in c.watches], order)
     return time.perf_counter() - started, launches, not_run
-
-
-def _interrupt(thread: threading.Thread) -> None:
-    """Raise KeyboardInterrupt in ``thread`` (Ctrl-C reaches the main thread only): its wait
-    on ncu is a Python loop, so run_child's own clean-up then stops ncu and the script."""
-    import ctypes
-
-    if thread.ident is not None:
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(
-            ctypes.c_ulong(thread.ident), ctypes.py_object(KeyboardInterrupt)
-        )
 
 
 def _prepare_passes(

@@ -147,7 +147,7 @@ class _EarlyNcu:
         if self.ncu is None:
             return []
         try:
-            self.plan = plan_ncu(self.session, self.ncu)
+            self.plan = plan_ncu(self.session, self.ncu, early=True)
         except ToolError:
             return []  # phase 2 plans again after the timing processes, and says why it cannot
         self.planned = True

@@ -311,3 +311,40 @@ def test_phase_two_starts_during_the_timing_processes_and_waits_at_its_gates(tmp
     assert [(r["stem"], r["exit_code"]) for r in phase["passes"]] == [("ncu.launches", 0), ("ncu", 0)]
     assert all(r["seconds"] < 2.0 for r in phase["passes"])
     assert (out / rundir.NCU_CSV).is_file() and (out / rundir.NCU_LAUNCHES_CSV).is_file()
+
+
+def test_on_two_gpus_phase_two_starts_early_too(tmp_path, monkeypatch, fake_ncu):
+    # Each GPU's chain of passes is started during the timing processes as well: every process
+    # waits at its gate, and each GPU's turns count from when phase 2 runs.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setenv("FAKE_NCU_FILTER", "1")
+    monkeypatch.setenv("FAKE_NCU_LAUNCHES_CSV", str(NCU_ALL))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+    out = _run_dir(tmp_path)
+    manifest = rundir.Manifest(command=["python", "train.py"], gpu={"name": "NVIDIA H200"})
+    session = ProfileSession(parse_command(["python", "train.py"]), Options(), out, manifest, Reporter(), [])
+    late = plan_ncu(session, ncu_tools.find_ncu())
+    plan = plan_ncu(session, ncu_tools.find_ncu(), early=True)
+    assert late is not None and plan is not None and len(plan.shares) == 2
+    # Started early, a process costs only its warm-up steps: the every-launch GPU now takes
+    # configurations too, where a whole process start kept them off it.
+    assert [bool(s.configs) for s in late.shares] == [False, True]
+    assert [bool(s.configs) for s in plan.shares] == [True, True]
+    waiting = plan.start()
+    try:
+        assert {t.gate.name for t in waiting} == {"gate.ncu.launches.gpu0", "gate.ncu.gpu0", "gate.ncu.gpu1"}
+        deadline = time.monotonic() + 60
+        while not all(gates.at_gate(t.gate) for t in waiting) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(2.0)  # the timing processes' turns
+        run_ncu(session, plan.ncu, plan)
+    finally:
+        plan.close()
+    phase = manifest.phases.ncu.to_json()
+    assert phase["gpus"] == ["0", "1"] and len(phase["passes"]) == 3
+    assert all(r["exit_code"] == 0 and r["seconds"] < 2.0 for r in phase["passes"])
+    assert (out / rundir.NCU_CSV).is_file() and (out / rundir.NCU_LAUNCHES_CSV).is_file()
+    assert not plan.lock_dirs  # removed with the plan
+    calls = _profiling_calls(fake_ncu)
+    assert sorted(gpu for gpu, _, _ in calls) == ["0", "0", "1"]  # each pinned to its GPU

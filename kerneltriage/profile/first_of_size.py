@@ -91,8 +91,10 @@ class FirstOfSize:
     def call(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """Run one op, inside the range when its signature is new."""
         self.calls += 1
-        if self.trim:
-            self.torch.cuda.empty_cache()
+        cuda = self.torch.cuda
+        # (a CUDA graph being captured may not free memory)
+        if self.trim and cuda.is_initialized() and not cuda.is_current_stream_capturing():
+            cuda.empty_cache()
         if not self.take:
             return func(*args, **kwargs)
         try:

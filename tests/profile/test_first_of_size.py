@@ -126,6 +126,8 @@ def test_trim_empties_the_cache_before_every_op_and_takes_no_range(monkeypatch):
     # the per-configuration pass takes no range of its own.
     emptied = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     model = _model()
     plain = _step(model)
     ranges = _Ranges()
@@ -145,3 +147,18 @@ def test_trim_empties_the_cache_before_every_op_and_takes_no_range(monkeypatch):
     _step(model)
     both.stop()
     assert len(emptied) == both.calls and both.taken == len(ranges.names) > 0
+
+
+def test_trim_leaves_a_cuda_graph_capture_alone(monkeypatch):
+    # Freeing memory while a stream captures a CUDA graph is an error: no trim then.
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    trim = fos.FirstOfSize(torch, take=False, trim=True)
+    trim.start()
+    try:
+        _step(_model())
+    finally:
+        trim.stop()
+    assert trim.calls > 0 and not emptied

@@ -40,9 +40,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @dataclass
 class NcuPlan:
-    """Phase 2 planned from phase 1's trace (``plan_ncu``): the hot kernels, the metrics and the
-    passes; for one GPU, its processes may be started before phase 2 runs (``start``), held at
-    their gates while the timing processes have the GPU, so that their start-ups overlap."""
+    """Phase 2 planned from phase 1's trace (``plan_ncu``): the hot kernels, the metrics, the
+    GPUs' shares; its processes may be started before phase 2 runs (``start``), held at their
+    gates while the timing processes have the GPU, so that their start-ups overlap."""
 
     session: ProfileSession
     ncu: str
@@ -51,36 +51,35 @@ class NcuPlan:
     config: Path
     shares: list[ncu_gpus.Share]
     order: list[tuple]
-    lane: GpuLane | None = None
-    passes: list[NcuPass] = field(default_factory=list)
-    watches: list[PassWatch] = field(default_factory=list)
-    turns: Turns | None = None
-    # Several GPUs: each one's lane, its passes' watches and the turns of its processes.
+    # Each GPU's chain of passes (one chain where phase 2 runs on one GPU), once prepared.
     chains: list[_Chain] = field(default_factory=list)
     lock_dirs: list[str] = field(default_factory=list)
 
-    def start(self) -> list[Turn]:
-        """Start the passes' processes of a single-process script, each held at its first CUDA
-        use (on each GPU of a split, a chain of its own); the turns they wait in (none where
-        phase 2 cannot start early: a torchrun job)."""
-        session = self.session
-        if session.command.distributed or self.turns is not None or self.chains:
-            return []
+    def prepare(self, *, early: bool) -> None:
+        """Each GPU's passes, their commands and watches; their processes started where they
+        take turns (``early``: every one, each held at its first CUDA use)."""
+        if self.chains:
+            return
         if self.shares:
-            self.chains = _share_chains(self, early=True)
-            return [t for c in self.chains if c.turns is not None for t in c.turns.turns]
+            self.chains = _share_chains(self, early=early)
+            return
+        session = self.session
+        lane = GpuLane(session)
         whole_run = bool(session.manifest.schedule.whole_run)
-        self.lane = GpuLane(session)
-        self.passes = _ncu_passes(self.hot, whole_run, session.options.max_variable_launches)
-        self.watches, self.turns = _prepare_passes(
-            session, self.ncu, self.passes, self.metrics, self.lane, early=True
-        )
-        return self.turns.turns if self.turns is not None else []
+        passes = _ncu_passes(self.hot, whole_run, session.options.max_variable_launches)
+        watches, turns = _prepare_passes(session, self.ncu, passes, self.metrics, lane, early=early)
+        self.chains = [_Chain(lane, watches, turns)]
+
+    def start(self) -> list[Turn]:
+        """Start every pass's process of a single-process script, held at its gate; the turns
+        they wait in (none for a torchrun job, whose ranks start one process each)."""
+        if self.session.command.distributed or self.chains:
+            return []
+        self.prepare(early=True)
+        return [t for c in self.chains if c.turns is not None for t in c.turns.turns]
 
     def close(self) -> None:
         """Stop the processes of passes that did not run; remove the GPUs' lock folders."""
-        if self.turns is not None:
-            self.turns.close()
         for c in self.chains:
             if c.turns is not None:
                 c.turns.close()
@@ -154,32 +153,20 @@ def _run_plan(session: ProfileSession, plan: NcuPlan) -> None:
         f"~{hot.configs} launch configurations{on}, {_tensor_note(precisions)}",
     )
     started = time.perf_counter()
+    plan.prepare(early=False)
+    for c in plan.chains:
+        if c.turns is not None:
+            c.turns.resume()  # started early, maybe: their turns count from now
     if shares:
-        if plan.chains:
-            for c in plan.chains:
-                if c.turns is not None:
-                    c.turns.resume()  # started early: their turns count from now
-        else:
-            plan.chains = _share_chains(plan, early=False)
         total_seconds, launches, not_run = _run_chains(session, plan.chains, plan.order, plan.config, started)
     else:
-        if plan.turns is None:
-            plan.lane = GpuLane(session)
-            plan.passes = _ncu_passes(
-                hot, bool(session.manifest.schedule.whole_run), session.options.max_variable_launches
-            )
-            plan.watches, plan.turns = _prepare_passes(
-                session, plan.ncu, plan.passes, plan.metrics, plan.lane
-            )
-        else:
-            plan.turns.resume()  # started early: their turns count from now
-        assert plan.lane is not None
+        (one,) = plan.chains
         try:
             total_seconds, launches, not_run = _run_passes(
-                session, plan.watches, plan.turns, plan.config, plan.lane, started
+                session, one.watches, one.turns, plan.config, one.lane, started
             )
         finally:
-            session.ncu_record.passes = plan.lane.records
+            session.ncu_record.passes = one.lane.records
     session.ncu_record.seconds, session.ncu_record.profiled_launches = round(total_seconds, 2), launches
     _hot_without_counters(session, hot, not_run)
     if (session.out / rundir.NCU_CSV).is_file() or (session.out / rundir.NCU_LAUNCHES_CSV).is_file():

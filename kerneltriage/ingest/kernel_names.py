@@ -154,7 +154,7 @@ def template_identifiers(name: str, limit: int = 4) -> list[str]:
     start = text.find(base + "<")
     if start < 0:
         return []
-    depth, i, end = 0, start + len(base), None
+    depth, end = 0, None
     for i in range(start + len(base), len(text)):
         ch = text[i]
         if ch == "<":

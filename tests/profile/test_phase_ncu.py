@@ -280,12 +280,8 @@ def test_the_next_pass_starts_up_while_the_one_before_profiles(tmp_path, monkeyp
     assert (out / rundir.NCU_CSV).is_file() and (out / rundir.NCU_LAUNCHES_CSV).is_file()
 
 
-def test_phase_two_starts_during_the_timing_processes_and_waits_at_its_gates(tmp_path, monkeypatch, fake_ncu):
-    # profile plans phase 2 and starts its processes while the timing processes start up
-    # (session._EarlyNcu); they wait at their gates until phase 2 runs, and a pass's seconds
-    # count from then, not from its start.
-    times = tmp_path / "times.txt"
-    monkeypatch.setenv("FAKE_NCU_TIMES", str(times))
+def _early_session(tmp_path: Path, monkeypatch) -> tuple[ProfileSession, Path, rundir.Manifest]:
+    """A session whose phase 1 went well, for phase 2 started early (the stand-in ncu)."""
     monkeypatch.setenv("FAKE_NCU_FILTER", "1")
     monkeypatch.setenv("FAKE_NCU_LAUNCHES_CSV", str(NCU_ALL))
     monkeypatch.chdir(tmp_path)
@@ -293,15 +289,31 @@ def test_phase_two_starts_during_the_timing_processes_and_waits_at_its_gates(tmp
     out = _run_dir(tmp_path)
     manifest = rundir.Manifest(command=["python", "train.py"], gpu={"name": "NVIDIA H200"})
     session = ProfileSession(parse_command(["python", "train.py"]), Options(), out, manifest, Reporter(), [])
+    return session, out, manifest
+
+
+def _hold_at_gates(waiting: list, seconds: float) -> None:
+    """Wait until every process is at its gate, then ``seconds`` more (the timing turns)."""
+    deadline = time.monotonic() + 60
+    while not all(gates.at_gate(t.gate) for t in waiting) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(gates.at_gate(t.gate) for t in waiting)
+    time.sleep(seconds)
+
+
+def test_phase_two_starts_during_the_timing_processes_and_waits_at_its_gates(tmp_path, monkeypatch, fake_ncu):
+    # profile plans phase 2 and starts its processes while the timing processes start up
+    # (session._EarlyNcu); they wait at their gates until phase 2 runs, and a pass's seconds
+    # count from then, not from its start.
+    times = tmp_path / "times.txt"
+    monkeypatch.setenv("FAKE_NCU_TIMES", str(times))
+    session, out, manifest = _early_session(tmp_path, monkeypatch)
     plan = plan_ncu(session, ncu_tools.find_ncu())
     assert plan is not None
     waiting = plan.start()
     try:
         assert [t.gate.name for t in waiting] == ["gate.ncu.launches", "gate.ncu"]
-        deadline = time.monotonic() + 60
-        while not all(gates.at_gate(t.gate) for t in waiting) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(2.0)  # the timing processes' turns
+        _hold_at_gates(waiting, 2.0)  # the timing processes' turns
         started = [line.split() for line in times.read_text().splitlines()]
         assert {(w, Path(r).name) for w, _, r in started} == {("start", "ncu.launches"), ("start", "ncu")}
         run_ncu(session, plan.ncu, plan)
@@ -317,13 +329,7 @@ def test_on_two_gpus_phase_two_starts_early_too(tmp_path, monkeypatch, fake_ncu)
     # Each GPU's chain of passes is started during the timing processes as well: every process
     # waits at its gate, and each GPU's turns count from when phase 2 runs.
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    monkeypatch.setenv("FAKE_NCU_FILTER", "1")
-    monkeypatch.setenv("FAKE_NCU_LAUNCHES_CSV", str(NCU_ALL))
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "train.py").write_text("")
-    out = _run_dir(tmp_path)
-    manifest = rundir.Manifest(command=["python", "train.py"], gpu={"name": "NVIDIA H200"})
-    session = ProfileSession(parse_command(["python", "train.py"]), Options(), out, manifest, Reporter(), [])
+    session, out, manifest = _early_session(tmp_path, monkeypatch)
     late = plan_ncu(session, ncu_tools.find_ncu())
     plan = plan_ncu(session, ncu_tools.find_ncu(), early=True)
     assert late is not None and plan is not None and len(plan.shares) == 2
@@ -334,10 +340,7 @@ def test_on_two_gpus_phase_two_starts_early_too(tmp_path, monkeypatch, fake_ncu)
     waiting = plan.start()
     try:
         assert {t.gate.name for t in waiting} == {"gate.ncu.launches.gpu0", "gate.ncu.gpu0", "gate.ncu.gpu1"}
-        deadline = time.monotonic() + 60
-        while not all(gates.at_gate(t.gate) for t in waiting) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(2.0)  # the timing processes' turns
+        _hold_at_gates(waiting, 2.0)  # the timing processes' turns
         run_ncu(session, plan.ncu, plan)
     finally:
         plan.close()

@@ -61,7 +61,7 @@ from typing import Any
 
 from kerneltriage import annotate, rundir
 from kerneltriage.profile.module_ranges import ModuleRanges, is_compiling_function, not_compiling
-from kerneltriage.profile.process_facts import dynamo_facts, environment, profiler_enabled
+from kerneltriage.profile.process_facts import dynamo_facts, environment, max_rss_mb, profiler_enabled
 from kerneltriage.profile.step_clock import StepClock, plain_settled
 from kerneltriage.profile.step_plan import (
     CAPTURE_RANGE,
@@ -512,6 +512,9 @@ class ProfiledProcess:
             "module_hooks_kept": bool(self.modules.handles),
             "environment": environment(self.torch),
             "wall": self.wall,
+            # How much host memory another process of the script will take (profile starts
+            # several at once only where they fit).
+            "max_rss_mb": max_rss_mb(),
         }
         if self.mode in ("timeline", "timing"):
             data["phases"] = self.phase_log

@@ -70,6 +70,13 @@ class NcuPlan:
         watches, turns = _prepare_passes(session, self.ncu, passes, self.metrics, lane, early=early)
         self.chains = [_Chain(lane, watches, turns)]
 
+    def processes(self) -> int:
+        """How many ncu processes phase 2 will run: its passes on every GPU."""
+        budget = self.session.options.max_variable_launches
+        if not self.shares:
+            return len(_ncu_passes(self.hot, bool(self.session.manifest.schedule.whole_run), budget))
+        return sum(len(_share_passes(share, str(i), self.hot, budget)) for i, share in enumerate(self.shares))
+
     def start(self) -> list[Turn]:
         """Start every pass's process of a single-process script, held at its gate; the turns
         they wait in (none for a torchrun job, whose ranks start one process each)."""

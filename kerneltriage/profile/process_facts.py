@@ -1,5 +1,5 @@
-"""What the profiled process says about itself: versions and GPU, Dynamo's own counts, and
-whether a profiler is on.
+"""What the profiled process says about itself: versions and GPU, Dynamo's own counts, whether
+a profiler is on, and its peak host memory.
 
 Runs inside the user's process (``hooks.py``): torch is passed in, never imported here, and
 Dynamo is read only when the program already loaded it.
@@ -9,6 +9,16 @@ from __future__ import annotations
 
 import sys
 from typing import Any
+
+
+def max_rss_mb() -> float | None:
+    """This process's peak resident host memory so far, in MiB (None where the OS does not say)."""
+    try:
+        import resource
+    except ImportError:  # not a POSIX system
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (1024 * 1024 if sys.platform == "darwin" else 1024), 1)  # bytes on macOS
 
 
 def dynamo_graphs() -> int:

@@ -146,16 +146,59 @@ class _EarlyNcu:
     def __call__(self) -> list[Turn]:
         if self.ncu is None:
             return []
+        session = self.session
         try:
-            self.plan = plan_ncu(self.session, self.ncu, early=True)
+            self.plan = plan_ncu(session, self.ncu, early=True)
         except ToolError:
             return []  # phase 2 plans again after the timing processes, and says why it cannot
         self.planned = True
-        return self.plan.start() if self.plan is not None else []
+        if self.plan is None:
+            return []
+        crowded = _too_many_for_host_memory(
+            session, session.options.timing_processes - 1 + self.plan.processes()
+        )
+        if crowded:
+            session.manifest.notes.append(
+                f"phase 2's processes started after the timing processes: {crowded}"
+            )
+            if self.plan.shares:  # planned for processes started early: plan again
+                self.plan = plan_ncu(session, self.ncu)
+            return []
+        return self.plan.start()
 
     def close(self) -> None:
         if self.plan is not None:
             self.plan.close()
+
+
+#: The share of the host's available memory the processes of the script may take at once.
+HOST_MEMORY_SHARE = 0.8
+
+
+def _too_many_for_host_memory(session: ProfileSession, processes: int) -> str | None:
+    """Why ``processes`` of the script, each as large as phase 1's peak, would not fit in the
+    host's available memory (a model built on the host before it moves to the GPU is held
+    there while its process waits at its gate); None where they fit or nothing says."""
+    peaks = [s.get("max_rss_mb") for s in session.statuses("timeline")]
+    peak = max((float(p) for p in peaks if p), default=0.0)
+    available = _available_mb()
+    if not peak or available is None or processes * peak <= HOST_MEMORY_SHARE * available:
+        return None
+    return (
+        f"{processes} processes of {peak / 1024:.1f} GiB each (phase 1's peak) would not fit in "
+        f"{HOST_MEMORY_SHARE:.0%} of the host's {available / 1024:.1f} GiB available"
+    )
+
+
+def _available_mb() -> float | None:
+    """The host's available memory (``MemAvailable``), in MiB; None where /proc says nothing."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _counters(session: ProfileSession, early: _EarlyNcu) -> None:

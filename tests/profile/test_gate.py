@@ -109,6 +109,8 @@ def test_the_runner_holds_the_script_at_its_first_cuda_use(tmp_path):
     assert float((tmp_path / "after").read_text()) >= opened
     status = json.loads((out / "logs" / "status.timing1.rank0.json").read_text())
     assert status["wall"]["gate_open"] - status["wall"]["at_gate"] >= 0.5
+    # Its peak host memory: what another process of the script will hold at its gate.
+    assert status["max_rss_mb"] > 10
 
 
 CHILD = """

@@ -351,3 +351,34 @@ def test_on_two_gpus_phase_two_starts_early_too(tmp_path, monkeypatch, fake_ncu)
     assert not plan.lock_dirs  # removed with the plan
     calls = _profiling_calls(fake_ncu)
     assert sorted(gpu for gpu, _, _ in calls) == ["0", "0", "1"]  # each pinned to its GPU
+
+
+def test_phase_two_waits_for_the_timing_processes_where_the_host_memory_is_short(
+    tmp_path, monkeypatch, fake_ncu
+):
+    # A model built on the host is held there while its process waits at its gate: where the
+    # timing processes and phase 2's would not fit in the host's memory together, phase 2's
+    # start after them, and the manifest says why.
+    from kerneltriage.profile import session as session_module
+
+    session, out, manifest = _early_session(tmp_path, monkeypatch)
+    status = {"rank": 0, "status": "ok", "max_rss_mb": 30 * 1024.0}
+    (out / "logs" / "status.timeline.rank0.json").write_text(json.dumps(status))
+    early = session_module._EarlyNcu(session)
+    monkeypatch.setattr(session_module, "_available_mb", lambda: 100 * 1024.0)
+    try:
+        assert early() == []  # 2 timing + 2 ncu processes of 30 GiB: 120 GiB > 80 GiB
+        assert early.planned and early.plan is not None and not early.plan.chains
+        (note,) = [n for n in manifest.notes if "phase 2's processes started after" in n]
+        assert "4 processes of 30.0 GiB" in note and "100.0 GiB available" in note
+    finally:
+        early.close()
+    # Where they fit, phase 2's processes start at once and wait at their gates.
+    manifest.notes.clear()
+    monkeypatch.setattr(session_module, "_available_mb", lambda: 200 * 1024.0)
+    again = session_module._EarlyNcu(session)
+    try:
+        waiting = again()
+        assert len(waiting) == 2 and not manifest.notes
+    finally:
+        again.close()

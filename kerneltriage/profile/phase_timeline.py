@@ -362,8 +362,9 @@ def time_more_processes(
 ) -> None:
     """``--timing-processes`` N: N − 1 more processes of the script, each timing its warm-up
     and plain steps only, so that the report's step time and its interval span processes; then
-    one more at a time, up to ``--max-timing-processes``, while the interval a further run of
-    the script falls in (``steady.run_interval``) is wider than measurement.yaml's target. Not
+    more, started ``MORE_AT_ONCE`` at a time and timed one by one, up to
+    ``--max-timing-processes``, while the interval a further run of the script falls in
+    (``steady.run_interval``) is wider than measurement.yaml's target. Not
     for a CPU dry run, a torchrun job (its ranks time one process each) or a whole-run record."""
     options = session.options
     step = session.timeline_record.step_time
@@ -394,12 +395,15 @@ def time_more_processes(
         ],
         quiet=True,
     )
+    batches = [batch]
+    others: list[Turn] = []
     i = 0
     try:
         if start_next is not None:
             # Phase 2's processes start up while these do; timed steps wait for them to be
             # at their gates, so no start-up shares the host with a timed step.
-            batch.also_wait_for(start_next())
+            others = start_next()
+            batch.also_wait_for(others)
         while True:
             i += 1
             if i >= options.timing_processes:
@@ -424,10 +428,23 @@ def time_more_processes(
                     f"±{wide:.1%} of its step time, wider than ±{target:.0%}",
                 )
                 name = f"timing{i}"
-                # Run alone, not in turns: no gate (a gated process would wait at its first
-                # CUDA use for a turn that never comes).
-                config = session.write_config("timing", whole_run=False, name=name, gated=False)
-                seconds, code, _ = session.run(session.command.with_runner(), config, name)
+                if batch.index >= len(batch):
+                    # More processes, a few at once: their start-ups overlap, and one not
+                    # needed once the interval narrows is stopped at its gate.
+                    batch = Turns(
+                        [
+                            session.turn(
+                                session.command.with_runner(),
+                                session.write_config("timing", whole_run=False, name=f"timing{j}"),
+                                f"timing{j}",
+                            )
+                            for j in range(i, min(most, i + MORE_AT_ONCE))
+                        ],
+                        quiet=True,
+                    )
+                    batch.also_wait_for(others)
+                    batches.append(batch)
+                seconds, code, _ = batch.next()
             else:
                 session.reporter.phase(
                     "timing", f"process {i + 1} of {options.timing_processes}: warm-up and plain steps"
@@ -447,10 +464,16 @@ def time_more_processes(
             host += [float(t) for t in first.get("host_issue_ms") or []]
             session.reporter.phase_done("timing", seconds, f"{len(plain)} plain steps")
     finally:
-        batch.close()
+        for started in batches:
+            started.close()
     step.processes_plain_ms = series
     step.host_issue_ms = host
     session.timeline_record.seconds = round(runs.seconds, 2)
+
+
+#: Processes started at once when the interval is still wide: each start-up (10-15 s for a
+#: Hugging Face model on an H200) overlaps the others', and the steps are 1-6 s a process.
+MORE_AT_ONCE = 2
 
 
 def _more_processes_settings(asked: int, most: int | None) -> tuple[float, int, float]:

@@ -126,13 +126,15 @@ def test_profile_runs_the_extra_processes_and_records_their_steps(tmp_path, monk
         seconds=10.0, step_time=rundir.StepTime(plain_ms=[50.0, 50.2], plain_median_ms=50.1)
     )
     medians: list[float] = []
+    sizes: list[int] = []  # each batch's processes, started together
+    waited: list = []  # the other phase's turns each batch waits for
 
     def fake_run(cmd, config, log, **kw):
         settings = json.loads(Path(config).read_text())
         assert settings["mode"] == "timing"
-        # A process run alone (one more after the batch) has no gate to wait at: nothing
-        # would open it.
-        assert ("gate" in settings) == (kw.get("batch") is True)
+        # Every process runs in a batch's turns (its gate opened by the batch), the extra ones
+        # too.
+        assert "gate" in settings and kw.get("batch") is True
         m = medians.pop(0)
         status = {
             "rank": 0,
@@ -151,8 +153,15 @@ def test_profile_runs_the_extra_processes_and_records_their_steps(tmp_path, monk
             self.turns = turns
             # Each with a config, status file and gate of its own.
             assert len({t.gate for t in turns}) == len({t.child.config for t in turns}) == len(turns)
+            sizes.append(len(turns))
+
+        index = 0
+
+        def __len__(self):
+            return self.index + len(self.turns)
 
         def next(self):
+            self.index += 1
             return fake_run(None, self.turns.pop(0).child.config, None, batch=True)
 
         def also_wait_for(self, others):
@@ -189,8 +198,11 @@ def test_profile_runs_the_extra_processes_and_records_their_steps(tmp_path, monk
     assert manifest.phases.timeline.seconds == 16.0
     # Three 3.6% apart (a Qwen2-class LM on a shared H100: 89.0, 89.2, 92.2 ms): more, up to
     # measurement.yaml's six, which can bring a further run's interval near the target.
+    sizes.clear()
     apart = timed(Options(timing_processes=3), [50.11, 51.8, 50.5, 50.0, 50.2, 99.0])
     assert [p[0] for p in apart] == [50.0, 50.11, 51.8, 50.5, 50.0, 50.2] and medians == [99.0]
+    # The asked two, then the extra ones two at a time (their start-ups overlap), up to six.
+    assert sizes == [2, 2, 1]
     # Two that agree and one far slower (left out of the step time): the slow one shows how far
     # a run may fall, so more are timed.
     slow = timed(Options(timing_processes=3), [50.12, 58.0, 50.05, 50.1, 50.08, 99.0])
@@ -212,7 +224,7 @@ def test_profile_runs_the_extra_processes_and_records_their_steps(tmp_path, monk
         assert timed(skip, [99.0]) == []
     # Phase 2's processes, started once the timing processes have started: their timed steps
     # wait for those at their gates too.
-    waited: list = []
+    waited.clear()
     medians[:] = [50.12, 50.08]
     time_more_processes(
         session_with(Options(timing_processes=3)), runs, whole_run=False, start_next=lambda: ["ncu"]

@@ -4,9 +4,11 @@ The kernels covering ``coverage`` of GPU time in the recorded steps (capped by
 ``max_kernels`` base names), communication kernels left out: ncu serializes kernels, which can
 hang collectives. Kernels are counted as instantiations (full names): one template's
 instantiations run different ops (``vectorized_elementwise_kernel`` of a multiply, of a copy,
-of a fill…), and the cold ones need no counters; each costs ncu a launch per configuration. Kernels whose one launch configuration runs several problem sizes are listed
-apart, for a pass that profiles every launch, within a budget of launches per step; those the
-budget cannot hold are named with their launch counts, never dropped silently.
+of a fill…), and the cold ones need no counters; each costs ncu a launch per configuration.
+
+Kernels whose one launch configuration runs several problem sizes are listed apart, for a pass
+that profiles every launch, within a budget of launches per step; those the budget cannot hold
+are named with their launch counts, never dropped silently.
 """
 
 from __future__ import annotations

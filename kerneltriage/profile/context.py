@@ -234,7 +234,8 @@ def timeline_record(manifest: rundir.Manifest) -> rundir.TimelinePhase:
 def plain_bounds(options: Options, distributed: bool = False) -> tuple[int, int]:
     """The fewest and most plain steps phase 1 times (measurement.yaml's ``plain_min`` and
     ``plain_max`` unless given; never fewer than ``--timing-steps``). Ranks of one job must
-    stay in step, so a distributed job times a fixed count."""
+    stay in step, so a distributed job times a fixed count (``plain_distributed``, within
+    those bounds): a transient of up to half of it can be cut."""
     if not options.timing_steps:
         return 0, 0
     from kerneltriage.analysis.timeline.steady import settings
@@ -242,14 +243,16 @@ def plain_bounds(options: Options, distributed: bool = False) -> tuple[int, int]
     conf = settings()["steady"]
     least = max(options.timing_steps, options.plain_min or int(conf["plain_min"]))
     most = max(least, options.plain_max or int(conf["plain_max"]))
-    return (least, least) if distributed else (least, most)
+    if distributed:
+        fixed = min(most, max(least, int(conf["plain_distributed"])))
+        return fixed, fixed
+    return least, most
 
 
-def asked_plan(options: Options, whole_run: bool = False) -> StepPlan:
-    """Phase 1's plan as asked, with its fewest plain steps."""
-    return StepPlan(
-        options.warmup, options.steps, options.timing_steps, whole_run, plain=plain_bounds(options)[0] or None
-    )
+def asked_plan(options: Options, whole_run: bool = False, distributed: bool = False) -> StepPlan:
+    """Phase 1's plan as asked, with its fewest plain steps (a torchrun job's fixed count)."""
+    plain = plain_bounds(options, distributed)[0] or None
+    return StepPlan(options.warmup, options.steps, options.timing_steps, whole_run, plain=plain)
 
 
 def _driver_version() -> str | None:

@@ -84,7 +84,7 @@ def run_timeline(session: ProfileSession, start_next: StartNext | None = None) -
     for rerun_for in (_fitted_rerun, _whole_rerun):
         if runs.traces or whole_run or runs.code != 0:
             break
-        rerun = rerun_for(session.options, runs.steps_seen)
+        rerun = rerun_for(session.options, runs.steps_seen, bool(session.command.distributed))
         if rerun is not None:
             _run_again(session, runs, rerun)
     if whole_run:
@@ -124,18 +124,18 @@ def _steps_seen(statuses: list[dict[str, Any]]) -> int:
 # --- a script too short for the plan: run it again -----------------------------------------
 
 
-def fitted_timing(options: Options, steps_seen: int) -> tuple[int, int] | None:
+def fitted_timing(options: Options, steps_seen: int, distributed: bool = False) -> tuple[int, int] | None:
     """(timing steps, plain steps) that a script of ``steps_seen`` steps leaves room for, when
     it ran at least the warm-up and recorded steps but left no trace: fewer plain steps first
     (down to ``--timing-steps``), then fewer timing steps (None: no timing steps were asked, or
     the script is too short for any). A script long enough for the plan's fewest plain steps
     left no trace because its plain steps went on past its end, unsettled: again with as many
     plain steps as fit, fixed."""
-    asked = asked_plan(options)
+    asked = asked_plan(options, distributed=distributed)
     if not options.timing_steps:
         return None
     if steps_seen >= asked.stop_after:
-        most = plain_bounds(options)[1]
+        most = plain_bounds(options, distributed)[1]
         return options.timing_steps, min(most, asked.plain_count + steps_seen - asked.stop_after)
     if steps_seen < StepPlan(options.warmup, options.steps, 0).stop_after:
         return None
@@ -151,14 +151,14 @@ def fitted_timing(options: Options, steps_seen: int) -> tuple[int, int] | None:
     return (fits[0], fits[0]) if fits else (0, 0)
 
 
-def _fitted_rerun(options: Options, steps_seen: int) -> _Rerun | None:
+def _fitted_rerun(options: Options, steps_seen: int, distributed: bool) -> _Rerun | None:
     """The script ended before the recorded steps (they follow the plain, clean and shapes
     steps): again with as many timing steps as its length allows."""
-    fits = fitted_timing(options, steps_seen)
+    fits = fitted_timing(options, steps_seen, distributed)
     if fits is None:
         return None
     fitted, plain = fits
-    asked = asked_plan(options)
+    asked = asked_plan(options, distributed=distributed)
     if steps_seen >= asked.stop_after:
         message = (
             f"the script ended after {steps_seen} steps while its plain steps were still settling: "
@@ -179,7 +179,7 @@ def _fitted_rerun(options: Options, steps_seen: int) -> _Rerun | None:
     return _Rerun(options, whole_run=False, log="phase1-fit", said=message, noted=message)
 
 
-def _whole_rerun(options: Options, steps_seen: int) -> _Rerun | None:
+def _whole_rerun(options: Options, steps_seen: int, distributed: bool) -> _Rerun | None:
     """No step boundary fired often enough: again, recording the whole run as one step."""
     if steps_seen >= options.warmup + options.steps:
         return None

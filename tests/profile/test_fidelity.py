@@ -78,6 +78,33 @@ def test_the_plan_times_plain_steps_before_any_profiler():
     assert whole.shapes_step is None and whole.phase_of(3) == "recorded"
 
 
+def test_a_torchrun_job_times_enough_plain_steps_to_cut_a_transient():
+    # A torchrun job's ranks time a fixed count. FSDP2 on two H100s: the script's first 18-22
+    # steps were a slow transient, and 20 plain steps from step 4 all fell inside it. 40 leave
+    # the steady steps after it to the report's cut.
+    from kerneltriage.analysis.timeline import steady
+    from kerneltriage.profile.context import plain_bounds
+
+    assert plain_bounds(Options(), distributed=True) == (40, 40)
+    assert plain_bounds(Options(), distributed=False) == (20, 60)
+    assert plain_bounds(Options(plain_max=30), distributed=True) == (30, 30)
+    # Steps 4-43 of a job whose first 22 steps ran 15% slow (ms): the cut finds the level.
+    transient = [230.0 + 5 * (i % 3) for i in range(19)]
+    level = [200.0 + (i % 4) for i in range(21)]
+    found = steady.steady(transient + level)
+    assert found.median == pytest.approx(statistics.median(level), abs=1.0)
+    # With 20 plain steps (the count before) all of them are the transient.
+    assert steady.steady(transient + level[:1]).median > 225
+    # A torchrun script too short for 40: profiled again with what fits (3 + 36 + 1 + 5 + 1 + 1 +
+    # 3 = 50), a fixed count again.
+    options = Options(warmup=3, steps=3, timing_steps=5)
+    assert fitted_timing(options, 50, distributed=True) == (5, 36)
+    assert plain_bounds(Options(warmup=3, steps=3, timing_steps=5, plain_min=36, plain_max=36), True) == (
+        36,
+        36,
+    )
+
+
 def test_a_short_script_is_profiled_again_with_the_timing_steps_it_has_room_for():
     # On a GPU the plan asks for 20 plain steps at least (measurement.yaml): 3 + 20 + 1 + 5 +
     # 1 + 1 + 3 = 34 steps. A shorter script gets fewer plain steps first, then fewer of both.

@@ -24,6 +24,7 @@ class _LigerFile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     schema_: Literal["kerneltriage.liger/1"] = Field(alias="schema")
     liger_kernel: StrictStr
+    variants: tuple[StrictStr, ...] = ()
     architectures: tuple[_Architecture, ...]
     switches: dict[StrictStr, tuple[StrictStr, ...]]
 
@@ -42,8 +43,17 @@ def _liger() -> _LigerFile:
 
 def hf_arch(module_class: str) -> str | None:
     """The ``<arch>`` of ``apply_liger_kernel_to_<arch>`` for a Hugging Face model class
-    (``Qwen2Attention`` → ``qwen2``), or None when Liger patches no architecture it names."""
-    return next((a.arch for a in _liger().architectures if module_class.startswith(a.prefix)), None)
+    (``Qwen2Attention`` → ``qwen2``), or None when Liger patches no architecture it names
+    (``Qwen2MoeSparseMoeBlock``: a variant's class, which ``apply_liger_kernel_to_qwen2``
+    leaves as it is)."""
+    liger = _liger()
+    for a in liger.architectures:
+        if module_class.startswith(a.prefix):
+            rest = module_class[len(a.prefix) :]
+            if (rest and not rest[0].isupper()) or rest.startswith(liger.variants):
+                continue
+            return a.arch
+    return None
 
 
 def liger_switches(arch: str, kernel: str) -> str:

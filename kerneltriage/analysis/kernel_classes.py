@@ -31,6 +31,7 @@ TRAITS = (
     "fp32_template",
     "tensor_op",
     "unaligned",
+    "depthwise",
     "backward",
     "half_template",
     "float_template",

@@ -34,6 +34,7 @@ from kerneltriage.analysis.judge.host_bound import (
     loading_ms,
     step_fix,
 )
+from kerneltriage.analysis.judge.second_rung import rule_out_applied
 from kerneltriage.analysis.judge.verdict import decide, rank_in_order
 from kerneltriage.analysis.model import Candidate, Gap, Idle, Report
 from kerneltriage.analysis.rules import Rules, Thresholds
@@ -89,6 +90,7 @@ def triage(
     candidates, gpu = _candidates(timeline, attr, in_step, join, counters, gpu, rules, steps, warnings)
     env = environment(gpu, source, timeline.meta)
     decide(candidates, rules, gpu, env)
+    rule_out_applied(candidates, source.get("applied_fixes"))  # profile --apply: the second rung
     warnings += cap_to_host(candidates, steps.host)  # a kernel-only fix saves what the host leaves
     warnings += plausibility.check_rates(candidates, gpu)  # after the verdicts' own notes
     compiled = _compiled(timeline, attr, rules, steps, source)

@@ -220,6 +220,10 @@ TABLE = [
     ("tracelens-sglang-qwen3-8b-mi300x", "create_flashinfer_kv_indices_triton", "index", "Triton"),
     ("gpt-builtin-h200", "_norm_fwd_kernel", "norm", "Triton"),
     ("gpt-builtin-h200", "_sum_partials_kernel", "reduction", "Triton"),
+    # cuDNN's NHWC depthwise kernels, inside ops (eager) and replayed by a CUDA graph
+    ("convnext-t-h200", "conv2d_c1_k1_nhwc_specialized", "convolution", "cuDNN"),
+    ("convnext-t-h200", "dgrad2d_c1_k1_nhwc_specialized", "convolution", "cuDNN"),
+    ("convnext-t-cudagraphs-h200", "wgrad2d_c1_k1_nhwc", "convolution", "cuDNN"),
     # memory activities
     ("tracelens-qwen05b-h100", "Memcpy DtoH (Device -> Pinned)", "memcpy", None),
     ("hta-dlrm-2rank-a100", "Memcpy HtoD (Pinned -> Device)", "memcpy", None),
@@ -406,6 +410,13 @@ def test_table_data_is_declared_and_sourced():
         ("cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x1_tn_align2", "unaligned", True),
         ("cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x1_tn_align8", "unaligned", False),
         ("void cudnn::engines_precompiled::wgrad_alg0_engine<float>", "backward", True),
+        ("dgrad2d_c1_k1_nhwc_specialized_map_reduce", "depthwise", True),
+        (
+            "void at::native::(anonymous namespace)::conv_depthwise2d_grad_weight_kernel<float>",
+            "depthwise",
+            True,
+        ),
+        ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc", "depthwise", False),
         ("void (anonymous namespace)::softmax_warp_forward<c10::BFloat16, float>", "half_template", True),
         ("void (anonymous namespace)::softmax_warp_forward<float, float, float, 10>", "float_template", True),
     ],

@@ -116,7 +116,8 @@ def _alignment_advice(c: Candidate, rules: Rules, gpu: GPUSpec | None, total: fl
 
 def _depthwise(c: Candidate) -> tuple[int, list[int]] | None:
     """(channels, kernel size) of a depthwise convolution (groups = input channels, one input
-    channel per filter), from its recorded op."""
+    channel per filter), from its recorded op; (0, []) where no op was recorded (a CUDA graph
+    replays kernels without their ops) but its kernels are depthwise ones by name."""
     ops = verdicts().depthwise.ops
     for op in c.example:
         if not ops.match(op.get("name", "")):
@@ -127,6 +128,8 @@ def _depthwise(c: Candidate) -> tuple[int, list[int]] | None:
         x, w = dims[0], dims[1]
         if w[1] == 1 and w[0] == x[1] and x[1] > 1:
             return int(x[1]), [int(d) for d in w[2:]]
+    if not c.example and c.kernels and all(has_trait(k.full_name, "depthwise") for k in c.kernels):
+        return 0, []
     return None
 
 
@@ -140,7 +143,10 @@ def _depthwise_advice(c: Candidate, rules: Rules, gpu: GPUSpec | None, total: fl
     words = verdicts().depthwise
     bwd = sum(k.time_ms_per_step for k in c.kernels if has_trait(k.full_name, "backward") or k.phase == "bwd")
     channels, size = dw
-    what = words.what.format(size="×".join(map(str, size)), channels=channels)
+    if channels:
+        what = words.what.format(size="×".join(map(str, size)), channels=channels)
+    else:
+        what = words.what_kernels.format(kernels=", ".join(sorted({k.name for k in c.kernels})))
     if bwd < 0.5 * total:
         return [words.forward.format(what=what)]
     if (

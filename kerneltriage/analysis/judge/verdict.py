@@ -75,7 +75,16 @@ def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:
         c.conditions["headroom"].detail = ladder.estimate_unavailable.format(why=why)
     for step in ladder.steps:
         if STEPS[step.step](c, rules, gpu, rec, step):
-            return
+            break
+    if (
+        c.verdict == Verdict.COMPILE
+        and c.compiled
+        and not c.inductor
+        and "max-autotune" not in (c.builtin or "")
+    ):
+        # The graph is compiled already and Inductor left this op alone: the cheap option is spent
+        # (max-autotune is another search: its Triton templates may replace a library kernel).
+        c.verdict, c.builtin, c.note = Verdict.WRITE, None, verdicts().words.compiled_fallback
 
 
 def rank_in_order(candidates: list[Candidate]) -> None:

@@ -66,6 +66,7 @@ class Words(_Texts):
     no_gpu: StrictStr
     no_counters: StrictStr
     launch_floor: StrictStr
+    compiled_fallback: StrictStr
 
 
 # --- the ladders' steps ----------------------------------------------------------------------
@@ -178,9 +179,15 @@ class ChannelsLastWords(_Texts):
 
 
 class DepthwiseWords(_Texts):
-    TEMPLATES = {"what": ("size", "channels"), "forward": ("what",), "backward": ("what", "share")}
+    TEMPLATES = {
+        "what": ("size", "channels"),
+        "what_kernels": ("kernels",),
+        "forward": ("what",),
+        "backward": ("what", "share"),
+    }
     ops: re.Pattern[str]
     what: StrictStr
+    what_kernels: StrictStr
     forward: StrictStr
     backward: StrictStr
 
@@ -255,6 +262,17 @@ class AttentionWords(_Texts):
     math_path: MathPathWords
 
 
+class SecondRungWords(_Texts):
+    TEMPLATES = {
+        "fix": ("id", "recipe"),
+        "verified": ("id", "recipe", "realized"),
+        "ruled_out": ("fixes", "headroom"),
+    }
+    fix: StrictStr
+    verified: StrictStr
+    ruled_out: StrictStr
+
+
 class VerdictsFile(_Texts):
     schema_: Literal["kerneltriage.verdicts/1"] = Field(alias="schema")
     words: Words
@@ -265,6 +283,7 @@ class VerdictsFile(_Texts):
     depthwise: DepthwiseWords
     alignment: AlignmentWords
     attention: AttentionWords
+    second_rung: SecondRungWords
 
     @model_validator(mode="after")
     def _both_ladders(self) -> VerdictsFile:

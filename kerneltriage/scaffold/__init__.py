@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kerneltriage.analysis.gpus import resolve_gpu
-from kerneltriage.analysis.model import Report
+from kerneltriage.analysis.model import Candidate, Report
 from kerneltriage.errors import InputError
 from kerneltriage.scaffold import inductor
 from kerneltriage.scaffold.common import Origin, require_gpu
@@ -32,6 +32,7 @@ from kerneltriage.scaffold.families import (
     kinds_text,
 )
 from kerneltriage.scaffold.identifiers import comment_text, parse_dtype, parse_shape
+from kerneltriage.scaffold.parent_ops import borrowed, parent_run
 from kerneltriage.scaffold.writer import FILES, check_out, render, write
 
 __all__ = [
@@ -60,11 +61,18 @@ class ScaffoldResult:
 
 
 def plan_candidate(
-    report: Report, candidate_id: str, *, run_ref: str = "RUN", out: str = "OUT", rank: int | None = None
+    report: Report,
+    candidate_id: str,
+    *,
+    run_ref: str = "RUN",
+    out: str = "OUT",
+    rank: int | None = None,
+    candidate: Candidate | None = None,
 ) -> tuple[str, dict[str, Any], list[str]]:
     """(template, context, messages) for one candidate of a report, without writing anything.
-    ``rank``: the process rank the report is of, named in the commands (multi-rank runs)."""
-    cand = report.candidate(str(candidate_id))
+    ``rank``: the process rank the report is of, named in the commands (multi-rank runs);
+    ``candidate``: that candidate as planned instead (its ops taken from another run)."""
+    cand = candidate or report.candidate(str(candidate_id))
     of_rank = f" (rank {rank})" if rank is not None else ""
     if cand is None:
         valid = ", ".join(c.id for c in report.candidates) or "none"
@@ -152,9 +160,11 @@ def scaffold_candidate(
                 f"{run} has ranks {', '.join(map(str, profile.ranks))}: scaffolding {what}, the rank "
                 "Nsight Compute profiled; candidate ids are numbered per rank, --rank N picks another"
             )
+    candidate, borrowed_messages = _ops_from_parent(run, report, candidate_id, named_rank, rules_file, gpu)
     template, context, plan_messages = plan_candidate(
-        report, candidate_id, run_ref=str(run), out=str(out), rank=named_rank
+        report, candidate_id, run_ref=str(run), out=str(out), rank=named_rank, candidate=candidate
     )
+    plan_messages = borrowed_messages + plan_messages
     files = write(out, render(template, context), force)
     return ScaffoldResult(out, template, context["name"], files, messages + plan_messages)
 
@@ -179,6 +189,45 @@ def plan_kind(
     gpu_spec = require_gpu(resolve_gpu(None, gpu or DEFAULT_GPU, None))
     context = family.from_kind(origin, gpu_spec, kind_l, dims, dtype_name)
     return family.name, context, []
+
+
+def _ops_from_parent(
+    run: str | Path,
+    report: Report,
+    candidate_id: str,
+    rank: int | None,
+    rules_file: str | Path | None,
+    gpu: str | None,
+) -> tuple[Candidate | None, list[str]]:
+    """A candidate that no recorded op launched (a CUDA graph's kernels) in a run profiled with
+    fixes applied: its ops and shapes from the run before them (``parent_ops.py``), and what
+    was taken from where; (None, []) where it has ops or nothing can be borrowed."""
+    cand = report.candidate(str(candidate_id))
+    if cand is None or cand.example or cand.inductor:
+        return None, []
+    parent = parent_run(run, report)
+    if parent is None:
+        recorded = (report.source or {}).get("parent_run")
+        return None, [
+            f"{cand.id}: no recorded op launched its kernels (a CUDA graph replays them), and the run before "
+            f"the fixes ({recorded}), whose ops ran them, is not at hand: copy it beside {run} for its shapes"
+        ] if recorded else []
+    from kerneltriage.api import load
+
+    profile = load(parent, ranks=None if rank is None else [rank], rules_file=rules_file)
+    found = borrowed(cand, profile.report(profile.default_rank if rank is None else rank, gpu=gpu))
+    if found is None:
+        return None, [
+            f"{cand.id}: no recorded op launched its kernels, and no candidate of the run before the fixes "
+            f"({parent}) ran them either"
+        ]
+    merged, matched = found
+    ids = ", ".join(c.id for c in matched)
+    return merged, [
+        f"{cand.id}: no recorded op launched its kernels (a CUDA graph replays them); its ops and shapes are "
+        f"those of {ids} in the run before the fixes ({parent}), which ran the same kernels: "
+        f"{comment_text(matched[0].name, 80)}"
+    ]
 
 
 def scaffold_kind(

@@ -20,7 +20,7 @@ from typing import Any
 
 from kerneltriage.analysis.gpus import resolve_gpu
 from kerneltriage.analysis.model import Candidate, Report
-from kerneltriage.errors import InputError
+from kerneltriage.errors import InputError, KernelTriageError
 from kerneltriage.scaffold import inductor
 from kerneltriage.scaffold.common import Origin, require_gpu
 from kerneltriage.scaffold.families import (
@@ -214,8 +214,14 @@ def _ops_from_parent(
         ] if recorded else []
     from kerneltriage.api import load
 
-    profile = load(parent, ranks=None if rank is None else [rank], rules_file=rules_file)
-    found = borrowed(cand, profile.report(profile.default_rank if rank is None else rank, gpu=gpu))
+    try:
+        profile = load(parent, ranks=None if rank is None else [rank], rules_file=rules_file)
+        found = borrowed(cand, profile.report(profile.default_rank if rank is None else rank, gpu=gpu))
+    except KernelTriageError as exc:  # the candidate's own run is fine: its generic package still comes
+        return None, [
+            f"{cand.id}: no recorded op launched its kernels, and the run before the fixes ({parent}) "
+            f"could not be read for them: {exc}"
+        ]
     if found is None:
         return None, [
             f"{cand.id}: no recorded op launched its kernels, and no candidate of the run before the fixes "

@@ -60,3 +60,13 @@ def test_without_the_parent_run_the_scaffold_says_what_is_missing(tmp_path):
     result = scaffold_candidate(alone, "C1", tmp_path / "generic")
     assert result.template == "generic"
     assert any("is not at hand: copy it beside" in m for m in result.messages)
+
+
+def test_a_parent_run_that_cannot_be_read_leaves_the_generic_package_and_says_why(tmp_path):
+    shutil.copytree(SECOND, tmp_path / "convnext-t-cudagraphs-h200")
+    broken = tmp_path / "convnext-t-h200"
+    shutil.copytree(FIRST, broken)
+    (broken / "trace.json.gz").write_bytes(b"not a trace")
+    result = scaffold_candidate(tmp_path / "convnext-t-cudagraphs-h200", "C1", tmp_path / "out")
+    assert result.template == "generic"
+    assert any("could not be read for them" in m for m in result.messages)

@@ -70,3 +70,14 @@ def test_a_parent_run_that_cannot_be_read_leaves_the_generic_package_and_says_wh
     result = scaffold_candidate(tmp_path / "convnext-t-cudagraphs-h200", "C1", tmp_path / "out")
     assert result.template == "generic"
     assert any("could not be read for them" in m for m in result.messages)
+
+
+def test_the_cli_says_where_the_shapes_came_from(tmp_path):
+    from click.testing import CliRunner
+
+    from kerneltriage.cli import main
+
+    result = CliRunner().invoke(main, ["scaffold", str(SECOND), "C3", "--out", str(tmp_path / "c3")])
+    assert result.exit_code == 0, result.output
+    assert "C3: no recorded op launched its kernels (a CUDA graph replays them)" in result.output
+    assert "(depthwise_conv template" in result.output

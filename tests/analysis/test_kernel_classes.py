@@ -405,6 +405,21 @@ def test_table_data_is_declared_and_sourced():
     ("name", "trait", "has"),
     [
         ("ampere_sgemm_128x64_nn", "fp32_simt", True),
+        (
+            "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize64x64x8_stage3_warpsize1x4x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas",
+            "fp32_simt",
+            True,
+        ),
+        (
+            "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize64x64x8_stage3_warpsize1x4x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas",
+            "tensor_op",
+            False,
+        ),
+        (
+            "sm80_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x32_stage3_warpsize2x2x1_tensor16x8x16_execute_kernel",
+            "tensor_op",
+            True,
+        ),
         ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4>", "tensor_op", True),
         ("void cudnn::detail::dgrad_engine<float, 128, 6, 7, 3, 3, 5, true>(int)", "fp32_template", True),
         ("cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x1_tn_align2", "unaligned", True),

@@ -208,7 +208,7 @@ def tensor_precisions(timeline: Timeline, launches: pd.DataFrame) -> list[str] |
     if (types < 0).any():
         return None
     found: set[str] = set()
-    for index in set(types.tolist()):
+    for index, name in set(zip(types.tolist(), tensor["name"].tolist())):
         recorded = timeline.arg(int(index))
         if not isinstance(recorded, list):
             return None
@@ -216,7 +216,10 @@ def tensor_precisions(timeline: Timeline, launches: pd.DataFrame) -> list[str] |
         # a convolution's backward); later fp32 tensors are side outputs such as logsumexp.
         first = next((t for t in recorded if t in TENSOR_PRECISION), None)
         if first:
-            found.add(_SOURCE_OF_TYPE[TENSOR_PRECISION[first]])
+            source = _SOURCE_OF_TYPE[TENSOR_PRECISION[first]]
+            if source == "tf32" and kernel_precision(str(name)) == "fp32":
+                continue  # an fp32 op on a kernel its name calls FP32 SIMT: no tensor pipe to count
+            found.add(source)
     for name in tensor["name"].unique():
         by_name = _SOURCE.get(kernel_precision(str(name)) or "")
         if by_name:

@@ -176,3 +176,55 @@ def test_precisions_of_traces_nobody_here_made():
         ).tensor_precisions
         is None
     )
+
+
+# T5-base's attention GEMMs when its fp32 position bias keeps SDPA on the math path (an H200):
+# cuBLAS's xmma kernels on FFMA, off the tensor cores, with TF32 off.
+FFMA_GEMM = "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize64x64x8_stage3_warpsize1x4x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas"
+TF32_GEMM = "sm80_xmma_gemm_tf32f32_tf32f32_f32_nn_n_tilesize128x128x16_stage3_warpsize2x2x1_tensor16x8x8_execute_kernel__5x_cublas"
+BF16_GEMM = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"
+
+
+def _gemm_trace(tmp_path: Path, kernels: list[tuple[str, str]]) -> Path:
+    """Three 1 ms ProfilerSteps, each launching one GEMM per (kernel name, input type) from an
+    ``aten::mm`` whose inputs have that type."""
+    from tests.helpers import write_trace
+
+    def event(name, cat, ts, dur, **args):
+        gpu = cat == "kernel"
+        return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": 0 if gpu else 100,
+                "tid": 7 if gpu else 1, "args": args}  # fmt: skip
+
+    events, c = [], 0
+    for step in range(3):
+        base = step * 1000
+        events.append(event(f"ProfilerStep#{step}", "user_annotation", base, 1000))
+        for i, (name, dtype) in enumerate(kernels):
+            c += 1
+            at = base + 10 + 200 * i
+            events.append(event("aten::mm", "cpu_op", at, 20, **{"External id": c, "Input Dims": [[512, 512], [512, 512]],
+                                                                  "Input type": [dtype, dtype]}))  # fmt: skip
+            events.append(
+                event("cudaLaunchKernel", "cuda_runtime", at + 5, 5, correlation=c, **{"External id": c})
+            )
+            events.append(event(name, "kernel", at + 30, 150, correlation=c, device=0, stream=7))
+    return write_trace(tmp_path / "t.json.gz", {"traceEvents": events})
+
+
+@pytest.mark.parametrize(
+    ("kernels", "expected"),
+    [
+        ([(FFMA_GEMM, "float"), (BF16_GEMM, "c10::BFloat16")], ["bf16"]),  # FFMA: no TF32 counter
+        ([(TF32_GEMM, "float"), (BF16_GEMM, "c10::BFloat16")], ["bf16", "tf32"]),
+        (
+            [("ampere_gemm_unnamed_precision", "float")],
+            ["tf32"],
+        ),  # an fp32 op, its kernel silent: may be TF32
+    ],
+)
+def test_an_fp32_op_on_an_ffma_kernel_costs_no_tf32_replay_pass(tmp_path, kernels, expected):
+    hot = select_hot_kernels(
+        read_timeline(_gemm_trace(tmp_path, kernels)), load_rules(), coverage=1.0, max_kernels=8
+    )
+    assert sorted(hot.names) == sorted(name for name, _ in kernels)
+    assert hot.tensor_precisions == expected

@@ -266,7 +266,7 @@ def apply(
     import torch
 
     from kerneltriage.profile.fix_install import Installed, grouped
-    from kerneltriage.verify.apply import AT_FIRST_FORWARD, ApplyFailed, install
+    from kerneltriage.recipes.install import AT_FIRST_FORWARD, ApplyFailed, install
 
     fixes = fixes_of(run, _ids(only))
     handle = AppliedFixes(str(run))
@@ -314,7 +314,7 @@ def apply(
 def _refusing(hook: Any, handle: AppliedFixes, inst: Installed) -> Any:
     """The runner's first-forward hook, turning its failure into a refusal and a warning: the
     user's model then runs as it was, instead of the script stopping."""
-    from kerneltriage.verify.apply import ApplyFailed
+    from kerneltriage.recipes.install import ApplyFailed
 
     def wrapped(module: Any, args: Any) -> Any:
         try:
@@ -333,7 +333,7 @@ def _refusal(mapping: dict[str, Any], recipe_ids: list[str], torch: Any) -> str 
     ``analysis.fix_environment.unmet`` against this PyTorch and GPU), or None."""
     from kerneltriage.analysis.fixes.fix_environment import unmet
     from kerneltriage.analysis.fixes.fix_recipes import load_recipes
-    from kerneltriage.verify.apply import check
+    from kerneltriage.recipes.install import check
 
     problem = check(mapping)
     if problem:

@@ -1,5 +1,5 @@
-"""Several fixes' ``apply`` mappings installed in one process, by verify's runner
-(``kerneltriage/verify/apply.py``): ``profile --apply`` (in ``runner.py``, before the script
+"""Several fixes' ``apply`` mappings installed in one process, by the recipes' applicator
+(``kerneltriage/recipes/install.py``): ``profile --apply`` (in ``runner.py``, before the script
 runs, as verify's harness does for one fix) and ``kerneltriage.apply`` in a user's script.
 
 - Fixes whose mappings are identical are installed once (verify measures them in one run: one
@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from kerneltriage.verify.apply import AT_FIRST_FORWARD, Applied, ApplyFailed, install
+from kerneltriage.recipes.install import AT_FIRST_FORWARD, Applied, ApplyFailed, install
 
 #: The runner's exit code when a fix could not be applied (``session.py`` turns it into one line).
 EXIT_NOT_APPLIED = 87

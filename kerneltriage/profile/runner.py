@@ -20,7 +20,7 @@ from pathlib import Path
 
 from kerneltriage.profile import fix_install, gate
 from kerneltriage.profile.hooks import ProfiledProcess, StepsDone
-from kerneltriage.verify.apply import ApplyFailed
+from kerneltriage.recipes.install import ApplyFailed
 
 CONFIG_ENV = "KERNELTRIAGE_PROFILE"
 

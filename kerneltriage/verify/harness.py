@@ -5,7 +5,7 @@ in a process where no profiler ever runs:
 
 - seeds Python, NumPy and torch (the script's own seeding, if any, comes after and wins), so
   the baseline and the fixed runs see the same data and initial weights;
-- applies the fix (``apply.py``) when the config names one;
+- applies the fix (``kerneltriage.recipes``) when the config names one;
 - counts steps as ``profile`` does: ``kerneltriage.step()`` when the script uses it, else a
   global optimizer step post-hook;
 - stamps each step end (CUDA events on the GPU, no synchronization; ``perf_counter`` on CPU);
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from kerneltriage import annotate
-from kerneltriage.verify.apply import Applied, ApplyFailed, install
+from kerneltriage.recipes.install import Applied, ApplyFailed, install
 
 CONFIG_ENV = "KERNELTRIAGE_VERIFY"
 MODULE = "kerneltriage.verify.harness"

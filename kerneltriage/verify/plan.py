@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from kerneltriage.analysis.vocabulary import Verdict
 from kerneltriage.errors import InputError
-from kerneltriage.verify.apply import check
+from kerneltriage.recipes.install import check
 
 if TYPE_CHECKING:  # pragma: no cover
     from kerneltriage.rundir import Manifest

@@ -137,7 +137,7 @@ def test_the_ddp_fix_sets_every_ddps_settings(tmp_path):
     import torch
     import torch.distributed as dist
 
-    from kerneltriage.verify.apply import check, install
+    from kerneltriage.recipes.install import check, install
 
     assert (
         check({"kind": "ddp", "gradient_as_bucket_view": True, "static_graph": True, "bucket_cap_mb": None})

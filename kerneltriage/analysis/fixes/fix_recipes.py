@@ -38,7 +38,7 @@ PARAMS = (
     "label-smoothing",
     "residual-add",
 )
-#: Apply kind -> its fields (what verify/apply.py installs for each).
+#: Apply kind -> its fields (what recipes/install.py installs for each).
 APPLY_KINDS: dict[str, tuple[str, ...]] = {
     "norm-swap": ("classes",),
     "liger": ("arch", "kernel"),

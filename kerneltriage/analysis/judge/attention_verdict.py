@@ -243,7 +243,7 @@ def _first_principles_attention(c: Candidate, rules: Rules, gpu: GPUSpec, lib: L
         c.verdict = Verdict.WRITE
         c.reason = Reason.BELOW_FIRST_PRINCIPLES.text(achieved=lib.achieved, ceiling=rate / 1e12)
         c.expected_saving_share = c.time_share * (1.0 - 1.0 / (c.headroom or 1.0))
-        c.note = verdicts().attention.try_backends
+        c.note = verdicts().attention.backends_to_try(gpu.vendor)
         return
     c.verdict = Verdict.SKIP
     if skip_unstable(c):

@@ -258,7 +258,18 @@ class AttentionWords(_Texts):
     TEMPLATES = {"faster_backend": ("gpu",)}
     faster_backend: StrictStr
     check_shapes: StrictStr
-    try_backends: StrictStr
+    #: By GPU vendor (gpus.yaml's ``vendor``); ``nvidia`` stands for a vendor not listed.
+    try_backends: dict[str, StrictStr]
+
+    @model_validator(mode="after")
+    def _every_vendor_falls_back(self) -> AttentionWords:
+        if "nvidia" not in self.try_backends:
+            raise ValueError("attention.try_backends needs an 'nvidia' entry, the fallback for other vendors")
+        return self
+
+    def backends_to_try(self, vendor: str) -> str:
+        return self.try_backends.get(vendor, self.try_backends["nvidia"])
+
     math_path: MathPathWords
 
 

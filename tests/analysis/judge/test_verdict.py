@@ -442,6 +442,20 @@ def test_attention_outside_the_table_is_judged_from_first_principles():
     assert near.verdict == Verdict.SKIP and near.reason == Reason.LIBRARY_AT_ROOF
 
 
+def test_the_backends_to_try_first_are_the_vendors_own():
+    """Below the first-principles ceiling with no backend rate measured on the GPU: the note names
+    the attention kernels that GPU's vendor ships, never cuDNN on an AMD GPU."""
+    d96 = {**SDPA_512, "dims": [[32, 16, 512, 96]] * 3 + [[], [], []]}
+    nvidia = judge(replace(short_library_attention(90.0), example=[d96]), H100)
+    assert (nvidia.verdict, Reason.of(nvidia.reason)) == (Verdict.WRITE, Reason.BELOW_FIRST_PRINCIPLES)
+    assert "cuDNN" in nvidia.note and "preferred_rocm_fa_library" not in nvidia.note
+    mi300x = spec_for("MI300X", "test", "test")
+    aotriton = replace(short_library_attention(60.0), kernels=(kernel("attn_fwd"),))
+    amd = judge(aotriton, mi300x)
+    assert (amd.verdict, Reason.of(amd.reason)) == (Verdict.WRITE, Reason.BELOW_FIRST_PRINCIPLES)
+    assert 'preferred_rocm_fa_library("ck")' in amd.note and "aiter" in amd.note and "cuDNN" not in amd.note
+
+
 def test_sdpa_math_path_is_a_finding_with_its_cause_and_an_edit():
     """T5: fp32 GEMMs and softmax<float> under SDPA, an fp32 position bias beside bf16 q."""
     c = judge(t5_attention(), H100)

@@ -17,7 +17,7 @@ import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
 from kerneltriage.analysis.fixes.fix_recipes import load_recipes  # noqa: E402
-from kerneltriage.verify.apply import ApplyFailed, check, install  # noqa: E402
+from kerneltriage.recipes.install import ApplyFailed, check, install  # noqa: E402
 
 RECIPES = {r.id: r for r in load_recipes()}
 PREFETCH = RECIPES["fsdp-explicit-prefetch"].apply

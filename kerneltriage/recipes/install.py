@@ -8,7 +8,7 @@ The kinds and what each does are the contract's table (``design``: fix recipes).
   as the root, changes ``root.modules()`` and removes itself. Children run after the root's
   pre-hook, so they already take the new forward (``norm-swap``, ``compile-module``,
   ``compile-model``, ``hf-attention``, ``autocast``, ``channels-last``; ``fsdp-prefetch`` and
-  ``fsdp-reshard`` set FSDP2's layers, ``verify/fsdp.py``).
+  ``fsdp-reshard`` set FSDP2's layers, ``recipes/fsdp.py``).
 
 ``install`` returns an ``Applied`` that says what was done (``details``), whether it happened at
 all (``problem``), and undoes it (``remove``, for tests that apply fixes in-process).
@@ -123,7 +123,7 @@ def check(apply: Any) -> str | None:
     if kind == "ddp":
         return _check_ddp(apply)
     if kind in ("fsdp-prefetch", "fsdp-reshard"):
-        from kerneltriage.verify import fsdp
+        from kerneltriage.recipes import fsdp
 
         return fsdp.check(apply)
     return None
@@ -164,8 +164,8 @@ def _ddp(torch, applied: Applied, fields: dict[str, Any]) -> None:
 
 def _fsdp(torch, applied: Applied, fields: dict[str, Any]) -> None:
     """FSDP2's prefetch or reshard settings on the layers of the first module that runs
-    (``verify/fsdp.py``), which must be sharded with ``fully_shard``."""
-    from kerneltriage.verify import fsdp
+    (``recipes/fsdp.py``), which must be sharded with ``fully_shard``."""
+    from kerneltriage.recipes import fsdp
 
     action = fsdp.prefetch if applied.kind == "fsdp-prefetch" else fsdp.keep_last
 

@@ -2,7 +2,7 @@
 the next layers in forward and of the previous layer in backward) and ``fsdp-reshard`` (the last
 layers' parameters kept gathered from their forward to their backward).
 
-Both act at the first forward (``apply._at_first_forward``): by then the script has called
+Both act at the first forward (``install._at_first_forward``): by then the script has called
 ``fully_shard`` on its layers and its root. The layers are the ``FSDPModule`` instances inside
 the outermost one, in the order ``modules()`` lists them, which is the forward order of the
 usual ``for layer in model.layers: fully_shard(layer)``. Neither setting changes what is

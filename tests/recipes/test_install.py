@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from kerneltriage.verify.apply import KINDS, ApplyFailed, check, install  # noqa: E402
+from kerneltriage.recipes.install import KINDS, ApplyFailed, check, install  # noqa: E402
 from tests.helpers import tiny_llama  # noqa: E402
 
 

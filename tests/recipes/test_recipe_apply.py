@@ -1,6 +1,6 @@
 """The recipes added for model families the shipped runs did not cover, end to end on CPU: the
 report's candidate gets the recipe (``verdict.decide`` with the shipped rules and fixes), its
-``apply`` mapping goes through verify's runner (``kerneltriage.verify.apply.install``) into a
+``apply`` mapping goes through verify's runner (``kerneltriage.recipes.install.install``) into a
 tiny model, and the model's loss and gradients stay those of eager."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from kerneltriage.analysis.judge.verdict import decide  # noqa: E402
 from kerneltriage.analysis.model import Candidate, KernelInfo, Roofline, Shapes  # noqa: E402
 from kerneltriage.analysis.rules import load_rules  # noqa: E402
 from kerneltriage.analysis.vocabulary import Verdict  # noqa: E402
-from kerneltriage.verify.apply import install  # noqa: E402
+from kerneltriage.recipes.install import install  # noqa: E402
 
 RULES = load_rules()
 H100 = spec_for("H100-SXM", "test", "test")

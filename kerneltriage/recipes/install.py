@@ -3,7 +3,8 @@
 The kinds and what each does are the contract's table (``design``: fix recipes). Two moments:
 
 - *before the script runs*: ``liger``, ``compile-mode``, ``sdpa-backend``, ``sdpa-mask``,
-  ``tf32``, ``cudnn-benchmark``, ``fused-optimizer`` change a library or torch's global state;
+  ``tf32``, ``cudnn-benchmark``, ``inductor-config``, ``fused-optimizer`` change a library or
+  torch's global state;
 - *at the first forward*: a global module forward pre-hook treats the first module that runs
   as the root, changes ``root.modules()`` and removes itself. Children run after the root's
   pre-hook, so they already take the new forward (``norm-swap``, ``compile-module``,
@@ -36,6 +37,7 @@ KINDS = (
     "tf32",
     "channels-last",
     "cudnn-benchmark",
+    "inductor-config",
     "fused-optimizer",
     "ddp",
     "fsdp-prefetch",
@@ -61,6 +63,7 @@ _FIELDS: dict[str, tuple[str, ...]] = {
     "compile-module": ("classes",),
     "sdpa-backend": ("backend",),
     "autocast": ("dtype",),
+    "inductor-config": ("settings",),
 }
 _OPTIMIZERS = ("Adam", "AdamW", "SGD")
 
@@ -122,6 +125,12 @@ def check(apply: Any) -> str | None:
         return f"autocast dtype {apply['dtype']!r} is neither bfloat16 nor float16"
     if kind == "ddp":
         return _check_ddp(apply)
+    if kind == "inductor-config" and not (
+        isinstance(apply["settings"], dict) and all(isinstance(k, str) for k in apply["settings"])
+    ):
+        return (
+            "apply kind 'inductor-config' takes settings, a mapping of torch._inductor.config names to values"
+        )
     if kind in ("fsdp-prefetch", "fsdp-reshard"):
         from kerneltriage.recipes import fsdp
 
@@ -486,6 +495,30 @@ def _cudnn_benchmark(torch, applied: Applied, fields: dict[str, Any]) -> None:
     applied._undo.append(undo)
 
 
+def _inductor_config(torch, applied: Applied, fields: dict[str, Any]) -> None:
+    """``torch._inductor.config`` settings for every compile the script makes, in whatever mode
+    (``force_shape_pad``: Inductor's pad_mm pass pads each GEMM's operands to aligned sizes,
+    where by default it pads only what its own benchmark finds faster)."""
+    config = importlib.import_module("torch._inductor.config")
+    settings = dict(fields["settings"])
+    unknown = [name for name in settings if not hasattr(config, name)]
+    if unknown:
+        raise ApplyFailed(
+            f"torch {torch.__version__}'s Inductor has no config {', '.join(map(repr, unknown))}"
+        )
+    before = {name: getattr(config, name) for name in settings}
+    for name, value in settings.items():
+        setattr(config, name, value)
+    applied.details["settings"] = settings
+    applied.done = True
+
+    def undo() -> None:
+        for name, value in before.items():
+            setattr(config, name, value)
+
+    applied._undo.append(undo)
+
+
 def _fused_optimizer(torch, applied: Applied, fields: dict[str, Any]) -> None:
     applied.details["optimizers"] = []
     for name in _OPTIMIZERS:
@@ -520,5 +553,6 @@ _INSTALLERS: dict[str, Callable[[Any, Applied, dict[str, Any]], None]] = {
     "tf32": _tf32,
     "channels-last": _channels_last,
     "cudnn-benchmark": _cudnn_benchmark,
+    "inductor-config": _inductor_config,
     "fused-optimizer": _fused_optimizer,
 }

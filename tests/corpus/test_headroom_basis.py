@@ -376,3 +376,21 @@ def test_tensor_op_sgemm_is_placed_against_tf32():
     assert c["roofline"]["precision"] == "tf32"
     # and its 1024×96 output is 32 tiles of 64×64: it cannot fill the A100's 108 SMs
     assert c["roofline"]["fill"] == pytest.approx(32 / 108, rel=1e-3)
+
+
+def test_unaligned_gemms_name_the_dimension_to_pad():
+    # recsys on an A100: aten::linear(98304x647, 30x647) in fp32 (TF32 kernels), K=647 and N=30
+    # off the multiple of 4: the padding is its fix, by hand, with the edit.
+    (rep,) = _reports(_trace("hta-recsys-8rank-a100"))
+    c = next(c for c in rep["candidates"] if c["name"].startswith("aten::linear(98304x647, 30x647"))
+    assert c["verdict"] == "use-builtin" and c["builtin"] == "pad K=647 → 648, N=30 → 32"
+    assert c["recipe"]["id"] == "gemm-pad" and c["recipe"]["apply"] is None
+    assert "x = torch.nn.functional.pad(x, (0, 1))  # K 647 → 648" in c["fix"]
+    assert c["expected_saving_share"] > 0
+    # A DLRM compiled on an A100: 8% of the step in CUTLASS's align1 TF32 GEMMs that CUDA graphs
+    # replay (no op, no shape, no counters): no headroom to act on, and the note says why the
+    # kernels are the unaligned ones.
+    (dlrm,) = _reports(_trace("hta-dlrm-compiled-a100-80g"))
+    c = next(c for c in dlrm["candidates"] if "align1" in c["name"])
+    assert c["headroom"] is None and c["attrs"]["compiled"] and not c["ops"]
+    assert "100% of its time runs CUTLASS's unaligned (align1/align2) kernels" in c["note"]

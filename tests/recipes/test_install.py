@@ -213,6 +213,23 @@ def test_tf32_flags_set_and_restored(applied):
     assert torch.backends.cuda.matmul.allow_tf32 == before
 
 
+def test_inductor_config_set_for_every_compile_and_restored(applied):
+    import torch._inductor.config as inductor_config
+
+    before = inductor_config.force_shape_pad
+    a = applied({"kind": "inductor-config", "settings": {"force_shape_pad": True}})
+    assert inductor_config.force_shape_pad is True and a.problem is None
+    assert a.details["settings"] == {"force_shape_pad": True}
+    a.remove()
+    assert inductor_config.force_shape_pad == before
+    # A name this torch's Inductor does not have is refused, and nothing is set.
+    with pytest.raises(ApplyFailed, match="has no config 'pad_everything'"):
+        applied({"kind": "inductor-config", "settings": {"force_shape_pad": True, "pad_everything": 1}})
+    assert inductor_config.force_shape_pad == before
+    assert "takes settings" in check({"kind": "inductor-config", "settings": ["force_shape_pad"]})
+    assert check({"kind": "inductor-config"}) == "apply kind 'inductor-config' lacks settings"
+
+
 def test_channels_last_converts_the_model(applied):
     applied({"kind": "channels-last"})
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())

@@ -286,3 +286,47 @@ def test_t5_position_bias_is_cast_by_the_runner_and_keeps_its_gradient():
     torch.testing.assert_close(fixed_loss, loss, rtol=1e-2, atol=1e-3)
     assert grad.abs().max() > 0 and fixed_grad is not None
     torch.testing.assert_close(fixed_grad, grad, rtol=5e-2, atol=1e-3)
+
+
+def test_a_compiled_programs_unaligned_gemms_get_inductors_shape_padding_and_keep_the_loss():
+    """A GEMM a CUDA graph replays on CUTLASS's align1 kernels, below its roof by its counters:
+    the recipe sets Inductor's force_shape_pad for every compile the script makes. On CPU the
+    pad_mm pass itself does not run (it pads CUDA GEMMs); what is checked here is that the
+    runner's setting reaches the script's compile and leaves the compiled model's loss and
+    gradients those of eager."""
+    align1 = "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_256x128_32x3_tn_align1>(cutlass_80_tensorop_s1688gemm_256x128_32x3_tn_align1::Params)"
+    c = _candidate("gemm", [(align1, 8.0)], ops=())
+    c.level, c.compiled, c.headroom = "kernel", True, 3.0
+    c = _judged(c)
+    assert c.verdict == Verdict.USE_BUILTIN and c.recipe["id"] == "inductor-shape-pad"
+    import torch._inductor.config as inductor_config
+
+    class Odd(nn.Module):  # K = 647 and N = 30, off every aligned multiple
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(647, 30)
+            self.head = nn.Linear(30, 2)
+
+        def forward(self, x):
+            return self.head(torch.relu(self.fc(x)))
+
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 647), torch.randint(0, 2, (8,))
+    model = Odd()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    eager = _loss_and_grads(model, x, y)
+    before = inductor_config.force_shape_pad
+    applied = install(c.recipe["apply"])
+    try:
+        assert applied.done and inductor_config.force_shape_pad is True
+        fixed_model = Odd()
+        fixed_model.load_state_dict(state)
+        torch._dynamo.reset()
+        fixed = _loss_and_grads(torch.compile(fixed_model), x, y)
+    finally:
+        applied.remove()
+        torch._dynamo.reset()
+    assert inductor_config.force_shape_pad == before
+    torch.testing.assert_close(fixed[0], eager[0], rtol=1e-5, atol=1e-6)
+    for name, g in eager[1].items():
+        torch.testing.assert_close(fixed[1][f"_orig_mod.{name}"], g, rtol=1e-4, atol=1e-5)

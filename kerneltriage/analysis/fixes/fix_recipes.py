@@ -52,6 +52,7 @@ APPLY_KINDS: dict[str, tuple[str, ...]] = {
     "tf32": (),
     "channels-last": (),
     "cudnn-benchmark": (),
+    "inductor-config": ("settings",),
     "fused-optimizer": (),
     "ddp": ("gradient_as_bucket_view", "static_graph", "bucket_cap_mb"),
     "fsdp-prefetch": ("forward", "backward"),

@@ -79,9 +79,19 @@ def _alignment_advice(c: Candidate, rules: Rules, gpu: GPUSpec | None, total: fl
     unaligned = sum(k.time_ms_per_step for k in c.kernels if has_trait(k.full_name, "unaligned"))
     d = gemm_dims(c)
     if d is None:
-        if unaligned >= 0.5 * total:
-            return [words.unaligned_kernels.format(share=unaligned / total)]
-        return []
+        if unaligned < 0.5 * total:
+            return []
+        if _autotune_below_roof(c):
+            # No recorded shape (a CUDA graph replays these GEMMs): the unaligned kernels say a
+            # dimension is off; a compiled program's Inductor can pad it, else it is found by hand.
+            multiple = 4 if c.roofline.precision in ("fp32", "tf32") else 8
+            if c.compiled:
+                c.builtin = words.shape_pad_builtin
+            else:
+                c.builtin = words.builtin.format(what=words.unknown_dims.format(multiple=multiple))
+                c.attrs["pad_edit"] = words.pad_unknown.format(multiple=multiple)
+            c.verdict, c.note = Verdict.USE_BUILTIN, words.verdict_note
+        return [words.unaligned_kernels.format(share=unaligned / total)]
     m, n, k, dtype = d
     # The unit it runs on (under autocast an fp32 op's GEMM runs bf16): 16 bytes of operands.
     unit = c.roofline.precision or ("bf16" if dtype_bytes(dtype) == 2 else "fp32")
@@ -103,15 +113,21 @@ def _alignment_advice(c: Candidate, rules: Rules, gpu: GPUSpec | None, total: fl
                 edits.append(words.pad_vocabulary)
     c.attrs["pad_edit"] = "\n".join(edits)
     note = words.note.format(what=what, multiple=multiple)
-    if (
+    if _autotune_below_roof(c):
+        c.verdict, c.builtin = Verdict.USE_BUILTIN, words.builtin.format(what=what)
+        c.note = words.verdict_note
+    return [note]
+
+
+def _autotune_below_roof(c: Candidate) -> bool:
+    """The verdict the three conditions gave a library GEMM below its roof: max-autotune, which
+    padding comes before (the aligned kernels are the library's own)."""
+    return bool(
         c.verdict == Verdict.COMPILE
         and "max-autotune" in (c.builtin or "")
         and c.headroom
         and c.headroom > 1.0
-    ):
-        c.verdict, c.builtin = Verdict.USE_BUILTIN, words.builtin.format(what=what)
-        c.note = words.verdict_note
-    return [note]
+    )
 
 
 def _depthwise(c: Candidate) -> tuple[int, list[int]] | None:

@@ -200,6 +200,8 @@ class AlignmentWords(_Texts):
         "builtin": ("what",),
         "pad_k": ("pad", "dim", "padded"),
         "pad_n": ("dim", "padded"),
+        "unknown_dims": ("multiple",),
+        "pad_unknown": ("multiple",),
     }
     unaligned_kernels: StrictStr
     unaligned_at: StrictStr
@@ -210,6 +212,9 @@ class AlignmentWords(_Texts):
     pad_n: StrictStr
     vocabulary_modules: re.Pattern[str]
     pad_vocabulary: StrictStr
+    shape_pad_builtin: StrictStr
+    unknown_dims: StrictStr
+    pad_unknown: StrictStr
 
 
 # --- library attention -----------------------------------------------------------------------

@@ -1,0 +1,48 @@
+"""The traces the profiled process writes (``hooks._write_trace``): Kineto's JSON gzipped at a
+fast level, written atomically, nothing left behind when the export fails."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from kerneltriage.profile import hooks
+
+TRACE = {"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1.0, "dur": 2.0}] * 50}
+
+
+class _Profiler:
+    """What ``_write_trace`` calls of a torch profiler: Kineto's JSON export to a path."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.paths: list[str] = []
+
+    def export_chrome_trace(self, path: str) -> None:
+        self.paths.append(path)
+        Path(path).write_text(json.dumps(TRACE, indent=1))
+        if self.fail:
+            raise OSError("disk full")
+
+
+def test_a_trace_is_kinetos_json_gzipped_at_the_fast_level(tmp_path):
+    prof = _Profiler()
+    path = hooks._write_trace(prof, tmp_path / "trace.json.gz")
+    assert path == tmp_path / "trace.json.gz"
+    # Kineto writes plain JSON (its C++ writer), not torch's level-9 ``.gz`` export.
+    assert [Path(p).name for p in prof.paths] == ["trace.tmp.json"]
+    raw = path.read_bytes()
+    assert raw[:2] == b"\x1f\x8b" and raw[8] == 4  # gzip's XFL byte: 4 = the fastest level
+    assert json.loads(gzip.decompress(raw)) == TRACE
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json.gz"]
+
+
+def test_a_failed_export_leaves_no_partial_file(tmp_path):
+    (tmp_path / "trace.json.gz").write_bytes(b"earlier")
+    with pytest.raises(OSError, match="disk full"):
+        hooks._write_trace(_Profiler(fail=True), tmp_path / "trace.json.gz")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json.gz"]
+    assert (tmp_path / "trace.json.gz").read_bytes() == b"earlier"

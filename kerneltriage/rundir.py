@@ -345,7 +345,9 @@ def open_run(path: str | os.PathLike[str]) -> RunDir:
     if not root.exists():
         raise RunDirError("no such file or directory", path=str(root))
     if not root.is_dir():
-        raise RunDirError("not a directory", path=str(root))
+        raise RunDirError(
+            "not a directory: a run is the folder `kerneltriage profile --out` wrote", path=str(root)
+        )
     manifest = read_manifest(root)
     traces: dict[int, Path] = {}
     for file in sorted(root.glob(TRACE_RANK_GLOB)):

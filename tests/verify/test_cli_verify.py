@@ -40,6 +40,13 @@ def test_bad_run_directory_is_one_line(tmp_path):
     result = CliRunner().invoke(main, ["verify", str(tmp_path / "empty")])
     assert result.exit_code == 2 and "not a kerneltriage run directory" in result.output
     assert len(result.output.splitlines()) == 1
+    # A trace given where a run goes: what a run is, in the same line.
+    (tmp_path / "trace.json").write_text('{"traceEvents": []}')
+    result = CliRunner().invoke(main, ["verify", str(tmp_path / "trace.json")])
+    assert result.exit_code == 2 and result.output == (
+        f"kerneltriage: error: {tmp_path / 'trace.json'}: not a directory: a run is the folder "
+        "`kerneltriage profile --out` wrote\n"
+    )
 
 
 def test_by_hand_needs_a_command_and_a_command_needs_by_hand():

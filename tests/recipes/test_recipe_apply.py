@@ -81,22 +81,28 @@ class ConvNet(nn.Module):
 def _loss_and_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor):
     loss = nn.functional.cross_entropy(model(x), y)
     loss.backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    # A compiled module names its parameters under ``_orig_mod.``: the same parameters.
+    grads = {n.removeprefix("_orig_mod."): p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
     return loss.detach(), grads
 
 
-def _eager_then_fixed(apply: dict):
+def _eager_then_fixed(apply: dict, make=None, x=None, y=None, run=None):
+    """The loss and gradients of a model (``make()``, a ``ConvNet`` by default) in eager, then
+    of a copy of it with ``apply`` installed (``run`` wraps the copy, e.g. in a compile, while
+    the fix is in place)."""
+    make = make or ConvNet
     torch.manual_seed(0)
-    x, y = torch.randn(4, 3, 12, 12), torch.randint(0, 2, (4,))
-    model = ConvNet()
+    if x is None:
+        x, y = torch.randn(4, 3, 12, 12), torch.randint(0, 2, (4,))
+    model = make()
     state = {k: v.clone() for k, v in model.state_dict().items()}
     eager = _loss_and_grads(model, x, y)
     applied = install(apply)
     try:
-        fixed_model = ConvNet()
+        fixed_model = make()
         fixed_model.load_state_dict(state)
-        fixed = _loss_and_grads(fixed_model, x, y)
+        fixed = _loss_and_grads(run(fixed_model) if run else fixed_model, x, y)
         return applied, fixed_model, eager, fixed
     finally:
         applied.remove()
@@ -186,20 +192,15 @@ def test_t5_layer_norm_candidate_is_swapped_by_the_runner_and_keeps_the_loss():
         def forward(self, x):
             return self.head(self.layer_norm(self.fc(x)))
 
+    def make() -> Tiny:
+        model = Tiny()
+        with torch.no_grad():
+            model.layer_norm.weight.normal_(1.0, 0.3)
+        return model
+
     torch.manual_seed(0)
     x, y = torch.randn(6, 32), torch.randint(0, 3, (6,))
-    model = Tiny()
-    with torch.no_grad():
-        model.layer_norm.weight.normal_(1.0, 0.3)
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    eager = _loss_and_grads(model, x, y)
-    applied = install(c.recipe["apply"])
-    try:
-        fixed_model = Tiny()
-        fixed_model.load_state_dict(state)
-        fixed = _loss_and_grads(fixed_model, x, y)
-    finally:
-        applied.remove()
+    applied, fixed_model, eager, fixed = _eager_then_fixed(c.recipe["apply"], make, x, y)
     assert applied.done and applied.details["swapped"] == 1
     assert type(fixed_model.layer_norm) is T5RMSNorm
     _same(eager, fixed)
@@ -310,23 +311,17 @@ def test_a_compiled_programs_unaligned_gemms_get_inductors_shape_padding_and_kee
         def forward(self, x):
             return self.head(torch.relu(self.fc(x)))
 
+    def compiled(model: nn.Module) -> nn.Module:
+        assert inductor_config.force_shape_pad is True  # set for the script's compile
+        torch._dynamo.reset()
+        return torch.compile(model)
+
+    before = inductor_config.force_shape_pad
     torch.manual_seed(0)
     x, y = torch.randn(8, 647), torch.randint(0, 2, (8,))
-    model = Odd()
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    eager = _loss_and_grads(model, x, y)
-    before = inductor_config.force_shape_pad
-    applied = install(c.recipe["apply"])
     try:
-        assert applied.done and inductor_config.force_shape_pad is True
-        fixed_model = Odd()
-        fixed_model.load_state_dict(state)
-        torch._dynamo.reset()
-        fixed = _loss_and_grads(torch.compile(fixed_model), x, y)
+        applied, _, eager, fixed = _eager_then_fixed(c.recipe["apply"], Odd, x, y, run=compiled)
     finally:
-        applied.remove()
         torch._dynamo.reset()
-    assert inductor_config.force_shape_pad == before
-    torch.testing.assert_close(fixed[0], eager[0], rtol=1e-5, atol=1e-6)
-    for name, g in eager[1].items():
-        torch.testing.assert_close(fixed[1][f"_orig_mod.{name}"], g, rtol=1e-4, atol=1e-5)
+    assert applied.done and inductor_config.force_shape_pad == before
+    _same(eager, fixed)

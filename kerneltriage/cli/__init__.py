@@ -33,11 +33,18 @@ def main() -> None:
     far below its roofline ceiling), HOTNESS (it is a large share of step time) and SHAPE
     STABILITY (it runs on one or a few shapes). kerneltriage measures all three.
 
+    The cheap fixes come first: a library op, a built-in or torch.compile, each measured by
+    `verify` before the report counts on it. Profile again with the verified fixes applied, and
+    a `write` verdict is what is left below its roof.
+
     \b
     Typical session:
-      kerneltriage profile -- python train.py --lr 3e-4     # writes runs/<name>/
-      kerneltriage report runs/<name>                       # ranked write-or-skip verdicts
-      kerneltriage scaffold runs/<name> C1 --out kernels/c1 # a Triton kernel package to start from
+      kerneltriage profile --out runs/exp1 -- python train.py --lr 3e-4
+      kerneltriage report runs/exp1                # ranked verdicts, fixes and savings
+      kerneltriage verify runs/exp1                # each fix applied and measured
+      kerneltriage profile --apply runs/exp1       # again with the verified fixes: runs/exp1-applied
+      kerneltriage diff runs/exp1 runs/exp1-applied
+      kerneltriage scaffold runs/exp1-applied C1 --out kernels/c1  # a Triton package for a write
     """
 
 

@@ -69,9 +69,7 @@ def test_help_teaches():
     top = run("--help")
     assert "HEADROOM" in top.output and "HOTNESS" in top.output
     # The ladder in order: profile, report, verify, profile --apply, diff, scaffold.
-    session = [
-        line.split()[1] for line in top.output.splitlines() if line.strip().startswith("kerneltriage ")
-    ]
+    session = [line.split()[1] for line in top.output.splitlines() if line.startswith("    kerneltriage ")]
     assert session == ["profile", "report", "verify", "profile", "diff", "scaffold"]
     assert "kerneltriage profile --apply runs/exp1" in top.output
 

@@ -22,6 +22,7 @@ class Environment:
     torch_below: str | None = None  # an upper bound known without the version ("1.10")
     capability: tuple[int, int] | None = None
     bf16: bool | None = None  # bf16 tensor cores
+    tf32: bool | None = None  # TF32 tensor cores (none on V100 or AMD's CDNA2)
     gpu: str | None = None
     vendor: str | None = None
     sms: int | None = None
@@ -46,12 +47,14 @@ def environment(gpu: Any, source: dict[str, Any] | None, meta: dict[str, Any] | 
         if p in gpu.peak_tflops or p in gpu.measured_tflops:
             rates[p] = gpu.ceiling_tflop(p) * 1e12
     bf16 = "bf16" in gpu.peak_tflops and "bf16" not in gpu.emulated
+    tf32 = "tf32" in gpu.peak_tflops and "tf32" not in gpu.emulated
     return Environment(
         torch=torch,
         torch_source=how,
         torch_below=below,
         capability=gpu.compute,
         bf16=bf16,
+        tf32=tf32,
         gpu=gpu.name,
         vendor=gpu.vendor,
         sms=gpu.sms,
@@ -101,6 +104,8 @@ def unmet(recipe: Recipe, env: Environment, params: dict[str, Any]) -> str | Non
             return f"{env.gpu or 'the GPU'} is compute capability {major}.{minor} (needs {req.capability})"
     if req.bf16 and env.bf16 is False:
         return f"{env.gpu or 'the GPU'} has no bf16 tensor cores"
+    if req.tf32 and env.tf32 is False:
+        return f"{env.gpu or 'the GPU'} has no TF32 tensor cores"
     if req.fused_linear_ce_gain:
         judged = params.get("fused_linear_ce")
         if not judged:

@@ -118,6 +118,7 @@ class Requires(BaseModel):
     capability: StrictStr | None = None
     packages: list[StrictStr] = []
     bf16: StrictBool | None = None
+    tf32: StrictBool | None = None  # TF32 matrix units (gpus.yaml: a tf32 rate)
     # A fused linear cross-entropy is offered only where its model predicts a gain.
     fused_linear_ce_gain: StrictBool | None = None
 

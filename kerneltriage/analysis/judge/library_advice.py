@@ -205,8 +205,11 @@ def _fp32_advice(c: Candidate, rules: Rules, gpu: GPUSpec | None, share: float) 
     """FP32 SIMT kernels take ``share`` of its time: the tensor-core setting to try, and on a
     hot skip `use-builtin (fp32-off-tensor-cores)`, the cheapest win on the table."""
     words = verdicts().fp32_simt
+    # The tensor unit an fp32 GEMM can move to: TF32 where the GPU has it, else bf16 matrix
+    # units of its own (not V100's emulated bf16), else fp16 with a loss scaler.
     tf32 = gpu is not None and "tf32" in gpu.peak_tflops
-    fix = words.fix_tf32 if tf32 else words.fix_fp16
+    bf16 = gpu is not None and "bf16" in gpu.peak_tflops and "bf16" not in gpu.emulated
+    fix = words.fix_tf32 if tf32 else words.fix_bf16 if bf16 else words.fix_fp16
     advice = [words.note.format(share=share, fix=fix)]
     if (
         gpu is None
@@ -215,7 +218,7 @@ def _fp32_advice(c: Candidate, rules: Rules, gpu: GPUSpec | None, share: float) 
         or c.reason == Reason.COMMUNICATION
     ):
         return advice
-    tensor = "tf32" if tf32 else "fp16_tensor"
+    tensor = "tf32" if tf32 else "bf16" if bf16 else "fp16_tensor"
     ratio = gpu.peak(tensor) / gpu.peak("fp32")
     if ratio >= rules.cutoffs.fp32_min_speedup:
         gain, why = _tensor_core_gain(c, gpu, tensor, ratio)

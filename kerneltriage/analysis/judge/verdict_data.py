@@ -166,6 +166,7 @@ class Ladder(_Texts):
 class Fp32SimtWords(_Texts):
     TEMPLATES = {"note": ("share", "fix"), "saving": ("gain",)}
     fix_tf32: StrictStr
+    fix_bf16: StrictStr
     fix_fp16: StrictStr
     note: StrictStr
     saving: StrictStr

@@ -482,3 +482,21 @@ def test_compile_in_a_serving_engine_is_applied_at_the_module_by_hand():
     r = choose(c, recipes(), H100, {})
     assert r["id"] == "compile-in-server" and r["apply"] is None
     assert "torch.compile(model" not in r["text"] and "sglang_profiler::utils_apply_qk_norm_487" in r["text"]
+
+
+def test_fp32_gemms_on_a_gpu_without_tf32_get_bf16_autocast():
+    """AMD's CDNA2 (MI250, MI210) has bf16 matrix units and no TF32: `allow_tf32` would change
+    nothing there, so the fix is bf16 autocast; an A100 keeps TF32, a V100 fp16 with a scaler."""
+    from kerneltriage.analysis.fixes.fix_environment import environment
+    from kerneltriage.analysis.gpus import spec_for
+
+    c = cand("gemm", reason="fp32-off-tensor-cores", builtin="bf16 autocast")
+    mi250 = environment(spec_for("MI250", "test", "test"), {"versions": {"torch": "2.4.0"}}, None)
+    assert mi250.tf32 is False and mi250.bf16 is True
+    r = choose(c, recipes(), mi250, {})
+    assert r["id"] == "autocast-bf16" and r["apply"] == {"kind": "autocast", "dtype": "bfloat16"}
+    assert r["declined"] == {"tf32": "AMD Instinct MI250 (one GCD) has no TF32 tensor cores"}
+    a100 = environment(spec_for("A100-80GB", "test", "test"), {"versions": {"torch": "2.4.0"}}, None)
+    assert choose(c, recipes(), a100, {})["id"] == "tf32"
+    v100 = environment(spec_for("V100-SXM2", "test", "test"), {"versions": {"torch": "2.4.0"}}, None)
+    assert choose(c, recipes(), v100, {})["id"] == "autocast-fp16"

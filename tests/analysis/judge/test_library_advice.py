@@ -81,3 +81,18 @@ def test_a_recorded_k_off_the_multiple_is_padded_to_it():
     assert recipe["id"] == "gemm-pad" and recipe["apply"] is None
     assert "x = torch.nn.functional.pad(x, (0, 1))  # K 647 → 648" in recipe["text"]
     assert "out_features 30 → 32" in recipe["text"]
+
+
+def test_fp32_simt_gemms_name_the_tensor_unit_the_gpu_has():
+    """A hot FP32 SIMT GEMM: TF32 where the GPU has it, bf16 autocast on AMD's CDNA2 (bf16 matrix
+    units, no TF32), fp16 with a loss scaler on a V100 (its bf16 is emulated)."""
+    wanted = {
+        "A100-80GB": "TF32 or bf16 autocast",
+        "MI250": "bf16 autocast",
+        "V100-SXM2": "fp16 autocast with a GradScaler",
+    }
+    for key, fix in wanted.items():
+        c = cand("gemm", headroom=1.02, kernels=(kernel("ampere_sgemm_128x64_nn"),), library_op="aten::mm")
+        judge(c, spec_for(key, "test", "test"))
+        assert (c.verdict, c.builtin) == (Verdict.USE_BUILTIN, fix), key
+        assert c.expected_saving_share > 0

@@ -351,10 +351,9 @@ def _refusal(mapping: dict[str, Any], recipe_ids: list[str], torch: Any) -> str 
         if recipe is None:
             continue
         req = recipe.requires
-        if not cuda and (req.capability or req.bf16):
-            return (
-                f"recipe {rid} needs a CUDA GPU ({req.capability or 'bf16'}); none is visible to this process"
-            )
+        if not cuda and (req.capability or req.bf16 or req.tf32):
+            what = req.capability or ("bf16" if req.bf16 else "TF32")
+            return f"recipe {rid} needs a CUDA GPU ({what}); none is visible to this process"
         # The fused linear CE's gain was judged from the trace, when the report offered it.
         judged = dataclasses.replace(recipe, requires=req.model_copy(update={"fused_linear_ce_gain": None}))
         why = unmet(judged, env, {})
@@ -373,13 +372,20 @@ def _live_environment(torch: Any) -> Any:
     if not torch.cuda.is_available():
         return Environment(torch=torch.__version__, torch_source="this process")
     index = torch.cuda.current_device()
+    nvidia = bool(torch.version.cuda)
+    tf32 = None
+    if not nvidia:
+        # CDNA3 (gfx942: MI300X, MI325X) has TF32 (xf32) matrix units; CDNA2 (gfx90a) has none.
+        arch = str(getattr(torch.cuda.get_device_properties(index), "gcnArchName", "")).split(":")[0]
+        tf32 = {"gfx90a": False, "gfx942": True}.get(arch)
     return Environment(
         torch=torch.__version__,
         torch_source="this process",
         capability=tuple(torch.cuda.get_device_capability(index)),
         bf16=bool(torch.cuda.is_bf16_supported()),
+        tf32=tf32,  # NVIDIA's follows from the capability the recipes require
         gpu=torch.cuda.get_device_name(index),
-        vendor="nvidia" if torch.version.cuda else "amd",
+        vendor="nvidia" if nvidia else "amd",
     )
 
 

@@ -191,3 +191,32 @@ def test_identical_fixes_install_once_swaps_before_compiles_and_flags_first():
     order = grouped(fixes)
     assert [ids for ids, _ in order] == [["C9"], ["C2", "C4"], ["C6"]]
     assert label(*order[1]) == "C2+C4 (norm-swap)"
+
+
+def test_tf32_is_refused_on_an_amd_gpu_without_tf32_units(tmp_path, handles, monkeypatch):
+    """An MI250 (gfx90a) has bf16 matrix units and no TF32: the TF32 fix verified elsewhere is
+    refused here with the reason; an MI300X (gfx942) takes it."""
+    from types import SimpleNamespace
+
+    for name, value in {
+        "is_available": lambda: True,
+        "current_device": lambda: 0,
+        "get_device_capability": lambda i=0: (9, 0),
+        "is_bf16_supported": lambda: True,
+        "get_device_name": lambda i=0: "AMD Instinct MI250X / MI250",
+        "get_device_properties": lambda i=0: SimpleNamespace(gcnArchName="gfx90a:sramecc+:xnack-"),
+    }.items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    env = ladder._live_environment(torch)
+    assert (env.vendor, env.tf32, env.bf16) == ("amd", False, True)
+    run = make_run(tmp_path, [entry("C1", "verified", "tf32", {"kind": "tf32"})])
+    h = kerneltriage.apply(run=run)
+    handles.append(h)
+    assert h.applied == [] and h.refused == [
+        ("C1", "recipe tf32: AMD Instinct MI250X / MI250 has no TF32 tensor cores")
+    ]
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda i=0: SimpleNamespace(gcnArchName="gfx942")
+    )
+    assert ladder._live_environment(torch).tf32 is True

@@ -252,7 +252,6 @@ SLOW = (
     "tests/verify/test_plan.py::test_diff_shows_what_verify_measured_on_the_run_before",
     "tests/test_apply.py::test_apply_swaps_the_verified_norms_at_the_first_forward_and_refuses_what_cannot_hold",
     "tests/recipes/test_install.py::test_compile_module_compiles_every_instance_of_the_class",
-    "tests/recipes/test_recipe_apply.py::test_a_compiled_programs_unaligned_gemms_get_inductors_shape_padding_and_keep_the_loss",
     "tests/test_hostile3.py::test_input_dims_no_gpu_could_hold_are_warned_and_ignored",
     "tests/test_hostile3.py::test_a_writable_output_is_still_replaced",
     "tests/test_hostile3.py::test_counters_that_imply_impossible_rates_are_left_unmeasured",

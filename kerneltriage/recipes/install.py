@@ -497,8 +497,7 @@ def _cudnn_benchmark(torch, applied: Applied, fields: dict[str, Any]) -> None:
 
 def _inductor_config(torch, applied: Applied, fields: dict[str, Any]) -> None:
     """``torch._inductor.config`` settings for every compile the script makes, in whatever mode
-    (``force_shape_pad``: Inductor's pad_mm pass pads each GEMM's operands to aligned sizes,
-    where by default it pads only what its own benchmark finds faster)."""
+    (a recipe's ``settings``: names of ``torch._inductor.config`` and their values), undone after."""
     config = importlib.import_module("torch._inductor.config")
     settings = dict(fields["settings"])
     unknown = [name for name in settings if not hasattr(config, name)]

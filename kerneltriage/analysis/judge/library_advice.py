@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kerneltriage.analysis.candidates.estimate import dtype_bytes
+from kerneltriage.analysis.candidates.estimate import dtype_bytes, kernel_precision
 from kerneltriage.analysis.fixes.gemm_shapes import gemm_dims
 from kerneltriage.analysis.gpus import GPUSpec
+from kerneltriage.analysis.judge.gemm_alignment import alignment_data, padding_gain, shape_pad_gains
 from kerneltriage.analysis.judge.verdict_data import verdicts
 from kerneltriage.analysis.kernel_classes import has_trait
 from kerneltriage.analysis.model import Candidate, Condition, KernelInfo
@@ -74,24 +75,17 @@ def _alignment_advice(c: Candidate, rules: Rules, gpu: GPUSpec | None, total: fl
     8 (16-bit operands, 16 bytes) or 4 (fp32 / TF32), or kernels named ``align1`` / ``align2``
     (CUTLASS's unaligned variants). A library GEMM below its roof with such a dim gets
     `use-builtin` with the padding as its fix (apply by hand), predicted as the aligned GEMM at
-    its ceiling."""
+    its ceiling; without counters or a shape, as what padding measured at its precision."""
     words = verdicts().alignment
     unaligned = sum(k.time_ms_per_step for k in c.kernels if has_trait(k.full_name, "unaligned"))
     d = gemm_dims(c)
     if d is None:
         if unaligned < 0.5 * total:
             return []
-        if _autotune_below_roof(c):
-            # No recorded shape (a CUDA graph replays these GEMMs): the unaligned kernels say a
-            # dimension is off; a compiled program's Inductor can pad it, else it is found by hand.
-            multiple = 4 if c.roofline.precision in ("fp32", "tf32") else 8
-            if c.compiled:
-                c.builtin = words.shape_pad_builtin
-            else:
-                c.builtin = words.builtin.format(what=words.unknown_dims.format(multiple=multiple))
-                c.attrs["pad_edit"] = words.pad_unknown.format(multiple=multiple)
-            c.verdict, c.note = Verdict.USE_BUILTIN, words.verdict_note
-        return [words.unaligned_kernels.format(share=unaligned / total)]
+        return [
+            words.unaligned_kernels.format(share=unaligned / total),
+            *_replayed_unaligned(c, rules, unaligned / total),
+        ]
     m, n, k, dtype = d
     # The unit it runs on (under autocast an fp32 op's GEMM runs bf16): 16 bytes of operands.
     unit = c.roofline.precision or ("bf16" if dtype_bytes(dtype) == 2 else "fp32")
@@ -117,6 +111,56 @@ def _alignment_advice(c: Candidate, rules: Rules, gpu: GPUSpec | None, total: fl
         c.verdict, c.builtin = Verdict.USE_BUILTIN, words.builtin.format(what=what)
         c.note = words.verdict_note
     return [note]
+
+
+def _replayed_unaligned(c: Candidate, rules: Rules, unaligned: float) -> list[str]:
+    """Unaligned GEMMs with no recorded shape (a CUDA graph replays them): the dimension is
+    found and padded by hand, compiled program or not (Inductor's ``force_shape_pad`` measured
+    next to nothing at unaligned shapes, ``gemm_alignment.yaml``). Below the roof by counters,
+    their headroom is the prediction; without counters, the least padding gained at their
+    precision, where that passes the rules' headroom and the GEMMs are hot."""
+    words = verdicts().alignment
+    unit = c.roofline.precision or _kernels_unit(c)
+    multiple = 4 if unit in ("fp32", "tf32") else 8
+    notes: list[str] = []
+    if c.compiled:
+        pad = shape_pad_gains(unit)
+        if pad is not None:
+            notes.append(words.shape_pad.format(low=pad[0], high=pad[1], gpu=alignment_data().measured_on))
+    measured = padding_gain(unit) if c.headroom is None else None
+    by_counters = _autotune_below_roof(c)
+    by_measure = bool(
+        measured
+        and c.verdict == Verdict.SKIP
+        and measured.gain >= rules.thresholds.min_headroom
+        and c.conditions["hotness"].passed
+    )
+    if by_counters or by_measure:
+        c.builtin = words.builtin.format(what=words.unknown_dims.format(multiple=multiple))
+        c.attrs["pad_edit"] = words.pad_unknown.format(multiple=multiple)
+        c.verdict, c.note = Verdict.USE_BUILTIN, words.verdict_note
+    if measured is None or not c.conditions["hotness"].passed:
+        return notes  # a cold GEMM's padding is not worth a line
+    saving = c.time_share * unaligned * (1.0 - 1.0 / measured.gain)
+    fields = {"gain": measured.gain, "case": measured.case, "precision": measured.precision}
+    if by_measure:
+        head = c.conditions["headroom"]
+        head.value, head.passed = measured.gain, True
+        head.detail = words.condition.format(**fields, gpu=measured.measured_on)
+        c.reason = Reason.ALL_CONDITIONS
+        c.expected_saving_share = saving
+        c.attrs["saving_basis"] = words.saving_basis.format(**fields, gpu=measured.measured_on)
+        return notes
+    return [*notes, words.measured.format(**fields, gpu=measured.measured_on, saving=saving)]
+
+
+def _kernels_unit(c: Candidate) -> str | None:
+    """The unit the candidate's kernels name (``kernel_classes.yaml``'s precisions)."""
+    for k in sorted(c.kernels, key=lambda k: -k.time_ms_per_step):
+        unit = kernel_precision(k.full_name) or kernel_precision(k.name)
+        if unit:
+            return unit
+    return None
 
 
 def _autotune_below_roof(c: Candidate) -> bool:

@@ -203,6 +203,10 @@ class AlignmentWords(_Texts):
         "pad_n": ("dim", "padded"),
         "unknown_dims": ("multiple",),
         "pad_unknown": ("multiple",),
+        "measured": ("gain", "case", "precision", "gpu", "saving"),
+        "saving_basis": ("gain", "case", "precision", "gpu"),
+        "condition": ("gain", "case", "precision", "gpu"),
+        "shape_pad": ("low", "high", "gpu"),
     }
     unaligned_kernels: StrictStr
     unaligned_at: StrictStr
@@ -213,7 +217,10 @@ class AlignmentWords(_Texts):
     pad_n: StrictStr
     vocabulary_modules: re.Pattern[str]
     pad_vocabulary: StrictStr
-    shape_pad_builtin: StrictStr
+    measured: StrictStr
+    condition: StrictStr
+    saving_basis: StrictStr
+    shape_pad: StrictStr
     unknown_dims: StrictStr
     pad_unknown: StrictStr
 

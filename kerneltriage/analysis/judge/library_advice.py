@@ -118,7 +118,7 @@ def _replayed_unaligned(c: Candidate, rules: Rules, unaligned: float) -> list[st
     found and padded by hand, compiled program or not (Inductor's ``force_shape_pad`` measured
     next to nothing at unaligned shapes, ``gemm_alignment.yaml``). Below the roof by counters,
     their headroom is the prediction; without counters, the least padding gained at their
-    precision, where that passes the rules' headroom and the GEMMs are hot."""
+    precision, where that passes the rules' headroom and the GEMMs are hot and stable."""
     words = verdicts().alignment
     unit = c.roofline.precision or _kernels_unit(c)
     multiple = 4 if unit in ("fp32", "tf32") else 8
@@ -134,6 +134,7 @@ def _replayed_unaligned(c: Candidate, rules: Rules, unaligned: float) -> list[st
         and c.verdict == Verdict.SKIP
         and measured.gain >= rules.thresholds.min_headroom
         and c.conditions["hotness"].passed
+        and c.conditions["stability"].passed is not False
     )
     if by_counters or by_measure:
         c.builtin = words.builtin.format(what=words.unknown_dims.format(multiple=multiple))

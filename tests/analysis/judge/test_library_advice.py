@@ -102,6 +102,14 @@ def test_without_counters_bf16_padding_is_a_fix_with_the_measured_prediction():
     judge(cold, A100)
     assert cold.verdict == Verdict.SKIP and "unaligned (align1/align2)" in cold.note
     assert "padding measured" not in cold.note
+    # Hot, but on twenty shapes: no verdict; the note says what padding would take.
+    unstable = cand(
+        "gemm", headroom=None, share=0.08, distinct=20, ops=(), kernels=(kernel(ALIGN1_BF16),), compiled=False
+    )
+    unstable.level = "kernel"
+    judge(unstable, A100)
+    assert unstable.conditions["stability"].passed is False
+    assert unstable.verdict == Verdict.SKIP and "padding measured 2.73×" in unstable.note
 
 
 def test_a_recorded_k_off_the_multiple_is_padded_to_it():

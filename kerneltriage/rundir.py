@@ -161,6 +161,11 @@ class NcuPhase(_Part):
     # Hot kernels of which only some instantiations were profiled -> those (full names, as the
     # trace spells them); the others lie outside the coverage (hot_kernels.py).
     kernel_instances: dict[StrictStr, list[StrictStr]] | None = None
+    # Elementwise instantiations (as the trace spells them) profiled at one configuration per
+    # L2 regime, whose other configurations (``scaled_configs`` of them) the join scales by
+    # threads (``analysis/timeline/one_size.py``); None: every configuration profiled.
+    scaled_kernels: list[StrictStr] | None = None
+    scaled_configs: StrictInt | None = None
     seconds: Seconds | None = None
     profiled_launches: StrictInt | None = None
     hot_without_counters: dict[StrictStr, StrictStr] | None = None

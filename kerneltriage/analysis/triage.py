@@ -143,7 +143,14 @@ def _join(
     # Sizes only where a capture holds the first launch of each size: they cost a pass over
     # the launching ops, which a 1 GB trace's report need not pay.
     sizes = launch_sizes(timeline, kernels) if counters.first_of_size else None
-    join = join_counters(kernels, counters, rules.thresholds.join_max_duration_ratio, hot_kernels, sizes)
+    join = join_counters(
+        kernels,
+        counters,
+        rules.thresholds.join_max_duration_ratio,
+        hot_kernels,
+        sizes,
+        counters.scaled_kernels,
+    )
     warnings += counters.warnings + join.warnings
     if join.time_joined_share < rules.thresholds.join_warn:
         warnings.append(
@@ -323,7 +330,9 @@ def _candidates(
     # Shares are of the step without its single stalls: a one-off must not dilute them all.
     share_step_ms = steps.idle.share_step_ms
     groups = group_candidates(timeline, attr, rules)
-    raised = raised_roofs(attr.kernels.take(in_step), join.row, counters, gpu) if join is not None else []
+    raised = (
+        raised_roofs(attr.kernels.take(in_step), join.measured_row, counters, gpu) if join is not None else []
+    )
     if raised:
         # A kernel measured above its roof: the roof was wrong. Raise it before placing anything.
         assert gpu is not None  # roofs to raise are a GPU's

@@ -132,6 +132,13 @@ _SESSION_OPTIONS = (
         help="Launches per step Nsight Compute profiles one by one, for kernels that run several sizes "
         "under one launch configuration (about 0.3 s each).",
     ),
+    click.option(
+        "--ncu-every-size",
+        is_flag=True,
+        help="Profile every launch configuration of the hot elementwise kernels. By default each "
+        "instantiation gets one below L2 and one above it, and the other sizes get those counters "
+        "scaled by threads (about 0.5 s saved a configuration).",
+    ),
     click.option("--no-ncu", "no_ncu", is_flag=True, help="Timeline only: skip the Nsight Compute phase."),
     click.option(
         "--max-kernels",

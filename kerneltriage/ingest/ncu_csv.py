@@ -114,6 +114,9 @@ class Counters:
     # Hot kernels (base names) of which ``profile`` took only some instantiations -> those
     # (full names): the join measures the hot kernels' coverage on those only.
     hot_instances: dict[str, list[str]] = field(default_factory=dict)
+    # Elementwise instantiations (as the trace spells them) profiled at one configuration per
+    # L2 regime: the join scales those counters to their other configurations.
+    scaled_kernels: frozenset[str] = frozenset()
 
     @property
     def has_tensor_flops(self) -> bool:

@@ -189,6 +189,8 @@ def _load_run_dir(
         counters = merge_counters(parts)
         if not ncu and ncu_phase is not None and ncu_phase.kernel_instances:
             counters.hot_instances = dict(ncu_phase.kernel_instances)
+        if not ncu and ncu_phase is not None and ncu_phase.scaled_kernels:
+            counters.scaled_kernels = frozenset(ncu_phase.scaled_kernels)
     profile = LoadedProfile(timelines, counters, run.manifest, path)
     profile.trace_files = {r: run.traces[r] for r in wanted}
     # What profile measured about itself (overhead above 5%, counters it could not take).

@@ -65,6 +65,9 @@ class Options:
     # Launches per step the every-launch ncu pass may profile (about 0.32 s each on an H200
     # with the roofline metric set: 256 launches ≈ 80 s).
     max_variable_launches: int = 256
+    # Every launch configuration of the hot elementwise kernels (else one per instantiation
+    # and L2 regime, the rest scaled by threads: ``analysis/timeline/one_size.py``).
+    ncu_every_size: bool = False
     # profile --apply (kerneltriage/ladder.py): the fixes installed before the script runs, as
     # the manifest's ``applied_fixes`` entries ({id, recipe_id, apply, …}), and the run they
     # came from.
@@ -126,13 +129,15 @@ class ProfileSession:
         name: str | None = None,
         ncu_take: str | None = None,
         gated: bool = True,
+        ncu_skip: list[tuple[str, tuple]] | None = None,
     ) -> Path:
         """The runner's settings for a ``mode`` process (``logs/config.<mode>.json``), from the
         session's options unless given; that mode's old status files go. ``name``: one of
         several processes of the mode started at once (``turn``), with a config, status file
         and gate of its own (``gated=False``: no gate, for a process that runs alone under its
         own name). ``ncu_take="first-of-size"``: an ncu process marks the first call of each op
-        signature of its step (``first_of_size.py``)."""
+        signature of its step (``first_of_size.py``); ``ncu_skip``: the op keys whose calls it
+        runs inside the range ncu excludes."""
         if options is None:
             options = self.options
         config: dict[str, Any] = {
@@ -155,6 +160,8 @@ class ProfileSession:
             config["apply"] = [{"id": f["id"], "apply": f["apply"]} for f in options.applied_fixes]
         if ncu_take:
             config["ncu_take"] = ncu_take
+        if ncu_skip:  # op calls whose launches ncu excludes (first_of_size.py)
+            config["ncu_skip"] = [[name, [list(s) for s in shapes]] for name, shapes in ncu_skip]
         if mode == "ncu" and not self.command.distributed:
             # Kernel replay saves and restores the process's GPU memory, cached blocks included:
             # the profiled step hands its free blocks back before each op (first_of_size.py).

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kerneltriage.profile.process_facts import dynamo_graphs
-from kerneltriage.profile.step_plan import TAKE_RANGE
+from kerneltriage.profile.step_plan import SKIP_RANGE, TAKE_RANGE
 
 #: Non-tensor arguments that are part of a signature by value; any other object by its type.
 _VALUE_TYPES = (int, float, bool, str, type(None))
@@ -38,7 +38,9 @@ _VALUE_TYPES = (int, float, bool, str, type(None))
 
 class FirstOfSize:
     """``start()`` at the profiled step's beginning, ``stop()`` at its end. ``take``: the range
-    around the first call of each op signature; ``trim``: the cache emptied before each op."""
+    around the first call of each op signature; ``trim``: the cache emptied before each op;
+    ``skip``: op keys (name, tensor shapes: ``analysis/timeline/one_size.py``) whose calls run
+    inside a range ncu excludes."""
 
     def __init__(
         self,
@@ -48,9 +50,12 @@ class FirstOfSize:
         *,
         take: bool = True,
         trim: bool = False,
+        skip: set[tuple] | None = None,
     ) -> None:
         self.torch = torch
         self.take, self.trim = take, trim
+        self.skip = skip or set()
+        self.skipped = 0  # calls run inside the excluded range
         self._start = range_start or torch.cuda.nvtx.range_start
         self._end = range_end or torch.cuda.nvtx.range_end
         self.seen: set[tuple] = set()
@@ -86,7 +91,10 @@ class FirstOfSize:
     def status(self) -> dict[str, Any] | None:
         if self.mode is None:
             return None
-        return {"mode": self.mode, "ops": self.calls, "taken": self.taken, "trim": self.trim}
+        data = {"mode": self.mode, "ops": self.calls, "taken": self.taken, "trim": self.trim}
+        if self.skip:
+            data["skipped"] = self.skipped
+        return data
 
     def call(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """Run one op, inside the range when its signature is new."""
@@ -95,6 +103,13 @@ class FirstOfSize:
         # (a CUDA graph being captured may not free memory)
         if self.trim and cuda.is_initialized() and not cuda.is_current_stream_capturing():
             cuda.empty_cache()
+        if self.skip and _op_key(func, args, kwargs) in self.skip:
+            self.skipped += 1
+            handle = self._start(SKIP_RANGE)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                self._end(handle)
         if not self.take:
             return func(*args, **kwargs)
         try:
@@ -115,6 +130,27 @@ class FirstOfSize:
             return func(*args, **kwargs)
         finally:
             self._end(handle)
+
+
+def _op_key(func: Any, args: tuple, kwargs: dict) -> tuple | None:
+    """The op call's name and the shapes of its tensor arguments in schema order, as the
+    trace's ``Input Dims`` give them (``one_size.op_key``); None where the op has no schema."""
+    try:
+        schema = func._schema
+        values = [args[i] if i < len(args) else kwargs.get(a.name) for i, a in enumerate(schema.arguments)]
+        return schema.name, tuple(_shapes(values))
+    except Exception:  # an op we cannot describe is profiled
+        return None
+
+
+def _shapes(values: Any) -> list[tuple[int, ...]]:
+    out: list[tuple[int, ...]] = []
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            out += _shapes(v)
+        elif hasattr(v, "shape") and hasattr(v, "dim") and v.dim() > 0:
+            out.append(tuple(int(d) for d in v.shape))
+    return out
 
 
 def _signature(value: Any, torch: Any) -> Any:

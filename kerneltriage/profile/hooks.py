@@ -435,10 +435,14 @@ class ProfiledProcess:
                 self.torch.cuda.profiler.start()
             take = self.config.get("ncu_take") == "first-of-size"
             trim = bool(self.config.get("ncu_trim"))
-            if take or trim:
+            skip = {
+                (str(name), tuple(tuple(int(d) for d in shape) for shape in shapes))
+                for name, shapes in self.config.get("ncu_skip") or []
+            }
+            if take or trim or skip:
                 from kerneltriage.profile.first_of_size import FirstOfSize
 
-                self.first_of_size = FirstOfSize(self.torch, take=take, trim=trim)
+                self.first_of_size = FirstOfSize(self.torch, take=take, trim=trim, skip=skip)
                 self.first_of_size.start()
 
     def _close_ncu_range(self) -> None:

@@ -19,8 +19,9 @@ if TYPE_CHECKING:  # pragma: no cover
 class NcuPass(NamedTuple):
     """One ncu run: its file stem, its CSV export, the kernels it profiles, the launches it
     takes of each (None: one per launch configuration; else at most that many a step), the
-    launches expected, whether it takes the first launch of each problem size only, and the
-    kernels of which it takes some instantiations only (``HotKernels.instances``)."""
+    launches expected, whether it takes the first launch of each problem size only, the
+    kernels of which it takes some instantiations only (``HotKernels.instances``), and the op
+    keys whose calls it leaves out (``analysis/timeline/one_size.py``)."""
 
     stem: str
     csv_name: str
@@ -29,6 +30,7 @@ class NcuPass(NamedTuple):
     expected: int
     first_of_size: bool = False
     instances: dict[str, list[str]] | None = None
+    skip: list[tuple[str, tuple]] | None = None
 
 
 class PassRun(NamedTuple):

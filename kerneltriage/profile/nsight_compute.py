@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from kerneltriage.profile.step_plan import NCU_RANGE, TAKE_RANGE
+from kerneltriage.profile.step_plan import NCU_RANGE, SKIP_RANGE, TAKE_RANGE
 
 #: Tensor-pipe FLOPs by source precision. Each costs a replay pass of every profiled launch
 #: (five of the full set's six on an H200: BENCHMARKS.md), so only the precisions the hot
@@ -136,6 +136,7 @@ def ncu_command(
     from_start: bool = True,
     first_of_size: bool = False,
     instances: dict[str, list[str]] | None = None,
+    skip: bool = False,
 ) -> list[str]:
     """The ncu command line for phase 2 (``report`` without the .ncu-rep suffix).
 
@@ -161,6 +162,8 @@ def ncu_command(
     if nvtx:
         # A start/end range (no trailing slash): process-wide, so backward kernels count.
         cmd += ["--nvtx", "--nvtx-include", TAKE_RANGE if first_of_size else NCU_RANGE]
+        if skip:  # calls of sizes whose counters are scaled from another (one_size.py)
+            cmd += ["--nvtx-exclude", SKIP_RANGE]
     if kernels:
         # Mangled names tell template instantiations apart, so per-launch-config profiles
         # each instantiation (with base names, one bf16 copy would stand for every functor).

@@ -35,6 +35,7 @@ from kerneltriage.profile.turns import Turn, Turns
 
 if TYPE_CHECKING:  # pragma: no cover
     from kerneltriage.analysis.timeline.hot_kernels import HotKernels
+    from kerneltriage.analysis.timeline.one_size import OneSize
     from kerneltriage.ingest.tables import Timeline
 
 
@@ -51,6 +52,8 @@ class NcuPlan:
     config: Path
     shares: list[ncu_gpus.Share]
     order: list[tuple]
+    # The elementwise sizes the per-configuration pass leaves to scaling (None: every size).
+    one_size: OneSize | None = None
     # Each GPU's chain of passes (one chain where phase 2 runs on one GPU), once prepared.
     chains: list[_Chain] = field(default_factory=list)
     lock_dirs: list[str] = field(default_factory=list)
@@ -66,7 +69,7 @@ class NcuPlan:
         session = self.session
         lane = GpuLane(session)
         whole_run = bool(session.manifest.schedule.whole_run)
-        passes = _ncu_passes(self.hot, whole_run, session.options.max_variable_launches)
+        passes = _ncu_passes(self.hot, whole_run, session.options.max_variable_launches, self.one_size)
         watches, turns = _prepare_passes(session, self.ncu, passes, self.metrics, lane, early=early)
         self.chains = [_Chain(lane, watches, turns)]
 
@@ -74,7 +77,9 @@ class NcuPlan:
         """How many ncu processes phase 2 will run: its passes on every GPU."""
         budget = self.session.options.max_variable_launches
         if not self.shares:
-            return len(_ncu_passes(self.hot, bool(self.session.manifest.schedule.whole_run), budget))
+            return len(
+                _ncu_passes(self.hot, bool(self.session.manifest.schedule.whole_run), budget, self.one_size)
+            )
         return sum(len(_share_passes(share, str(i), self.hot, budget)) for i, share in enumerate(self.shares))
 
     def start(self) -> list[Turn]:
@@ -118,7 +123,8 @@ def plan_ncu(session: ProfileSession, ncu: str, *, early: bool = False) -> NcuPl
     precisions = None if session.options.ncu_set == "full" else hot.tensor_precisions
     metrics = ncu_tools.metric_list(ncu_tools.available_metrics(ncu), precisions)
     whole_run = bool(manifest.schedule.whole_run)
-    config = session.write_config("ncu", whole_run=whole_run)
+    one = _one_size(session, hot, timeline)
+    config = session.write_config("ncu", whole_run=whole_run, ncu_skip=one.skip if one else None)
     manifest.phases.ncu = rundir.NcuPhase(
         kernels=hot.names,
         expected_configs=hot.configs,
@@ -131,10 +137,41 @@ def plan_ncu(session: ProfileSession, ncu: str, *, early: bool = False) -> NcuPl
         variable_over_budget=hot.over_budget,
         variable_selection="first-of-size" if hot.variable_first_of_size else None,
         kernel_instances=hot.instances or None,
+        scaled_kernels=one.scaled if one and one.skip else None,
+        scaled_configs=one.skipped if one and one.skip else None,
     )
     start_cost = ncu_gpus.START_COST_GATED if early else ncu_gpus.START_COST_LAUNCHES
     shares, order = _shares(session, hot, timeline, whole_run, start_cost)
-    return NcuPlan(session, ncu, hot, metrics, config, shares, order)
+    return NcuPlan(session, ncu, hot, metrics, config, shares, order, one if one and one.skip else None)
+
+
+#: Where the GPU is not in the table: a launch this long moves more than L2 holds (an H100's
+#: 50 MB at 3.35 TB/s take 15 us).
+_LARGE_NS = 15_000.0
+
+
+def _one_size(session: ProfileSession, hot: HotKernels, timeline: Timeline) -> OneSize | None:
+    """The elementwise sizes phase 2 may leave to scaling (``one_size.py``): in an eager
+    single-process step, unless ``--ncu-every-size``; None where every size is profiled."""
+    options, manifest = session.options, session.manifest
+    phase1 = manifest.phases.timeline
+    if (
+        options.ncu_every_size
+        or session.command.distributed
+        or manifest.schedule.whole_run
+        or (phase1 is not None and phase1.dynamo)
+    ):
+        return None
+    from kerneltriage.analysis.gpus import gpu_table, match_gpu
+    from kerneltriage.analysis.timeline.one_size import one_size_per_instantiation
+
+    large_ns = _LARGE_NS
+    key = match_gpu(str(manifest.gpu.get("name") or ""))
+    if key is not None:
+        spec = gpu_table()[key]
+        # GB/s is bytes a nanosecond.
+        large_ns = float(spec["l2_mb"]) * 1e6 / float(spec["hbm_gbs"])
+    return one_size_per_instantiation(timeline, hot, large_ns)
 
 
 def run_ncu(session: ProfileSession, ncu: str, plan: NcuPlan | None = None) -> None:
@@ -253,9 +290,20 @@ def _shares(
     return shares, step.order
 
 
-def _ncu_passes(hot: HotKernels, whole_run: bool, budget: int) -> list[NcuPass]:
+def _ncu_passes(hot: HotKernels, whole_run: bool, budget: int, one: OneSize | None = None) -> list[NcuPass]:
+    skip, skipped = (one.skip, one.skipped) if one is not None else (None, 0)
     if not hot.variable or whole_run:
-        return [NcuPass("ncu", rundir.NCU_CSV, hot.names, None, hot.configs, instances=_of(hot, hot.names))]
+        return [
+            NcuPass(
+                "ncu",
+                rundir.NCU_CSV,
+                hot.names,
+                None,
+                hot.configs - skipped,
+                instances=_of(hot, hot.names),
+                skip=skip,
+            )
+        ]
     # Kernels that run several problem sizes under one configuration: every launch, in a first
     # pass; the per-configuration pass then leaves them out (it runs only if the first went well).
     rest = [n for n in hot.names if n not in hot.variable]
@@ -276,8 +324,9 @@ def _ncu_passes(hot: HotKernels, whole_run: bool, budget: int) -> list[NcuPass]:
                 rundir.NCU_CSV,
                 rest,
                 None,
-                hot.configs - hot.variable_configs,
+                hot.configs - hot.variable_configs - skipped,
                 instances=_of(hot, rest),
+                skip=skip,
             )
         )
     return passes
@@ -309,7 +358,9 @@ def _merge(session: ProfileSession, passes: list[NcuPass], order: list[tuple]) -
                 f.write(ncu_gpus.merge_exports(parts, order))
 
 
-def _share_passes(share: ncu_gpus.Share, label: str, hot: HotKernels, budget: int) -> list[NcuPass]:
+def _share_passes(
+    share: ncu_gpus.Share, label: str, hot: HotKernels, budget: int, one: OneSize | None = None
+) -> list[NcuPass]:
     """One GPU's passes, as ``_ncu_passes`` orders them; their exports go to ``logs/`` until
     they are merged."""
     passes = []
@@ -336,6 +387,7 @@ def _share_passes(share: ncu_gpus.Share, label: str, hot: HotKernels, budget: in
                 None,
                 share.config_count,
                 instances=_of(hot, share.configs),
+                skip=one.skip if one is not None else None,
             )
         )
     return passes
@@ -354,7 +406,7 @@ def _share_chains(plan: NcuPlan, *, early: bool) -> list[_Chain]:
         lock_dir = tempfile.mkdtemp(prefix=f"kerneltriage-ncu{label}-")
         plan.lock_dirs.append(lock_dir)
         lane = GpuLane(session, share.gpu, board, ncu_gpus.apart_env(lock_dir))
-        passes = _share_passes(share, label, hot, session.options.max_variable_launches)
+        passes = _share_passes(share, label, hot, session.options.max_variable_launches, plan.one_size)
         lane.total = sum(one.expected for one in passes)
         board.lanes.append(lane)
         watches, turns = _prepare_passes(session, plan.ncu, passes, plan.metrics, lane, early=early)
@@ -438,6 +490,7 @@ def _prepare_passes(
                 every_launch=one.every_launch,
                 first_of_size=one.first_of_size,
                 instances=one.instances,
+                skip=bool(one.skip),
             )
         )
         (session.logs / f"{one.stem}_command.txt").write_text(" ".join(cmd) + "\n")
@@ -448,7 +501,9 @@ def _prepare_passes(
         [
             lane.turn(
                 w.cmd,
-                session.write_config("ncu", whole_run=whole_run, name=w.one.stem, ncu_take=_take(w.one)),
+                session.write_config(
+                    "ncu", whole_run=whole_run, name=w.one.stem, ncu_take=_take(w.one), ncu_skip=w.one.skip
+                ),
                 w.log_name,
                 w.on_line,
                 session.options.ncu_timeout,

@@ -15,6 +15,9 @@ NCU_RANGE = "kerneltriage.ncu"
 #: Around the first call of each op signature in the ncu step (``first_of_size.py``): the
 #: every-launch pass profiles the launches inside it only.
 TAKE_RANGE = "kerneltriage.ncu.take"
+#: Around the calls of ops whose elementwise launches the per-configuration pass leaves out
+#: (``analysis/timeline/one_size.py``): ncu excludes the launches inside it.
+SKIP_RANGE = "kerneltriage.ncu.skip"
 #: The recorded steps under Nsight Systems (``--capture-range=nvtx``).
 CAPTURE_RANGE = "kerneltriage.capture"
 

@@ -26,6 +26,9 @@ def counters_text(join: dict) -> str:
         f"{join['rows_joined']}/{join['rows']} ncu rows joined, covering "
         f"{pct(join['kernel_time_joined_share'])} of kernel time"
     )
+    if join.get("kernel_time_scaled_share"):
+        # Part of the joined time: elementwise sizes whose counters are another size's, scaled.
+        text += f" ({pct(join['kernel_time_scaled_share'])} scaled from another size by threads)"
     if "hot_time_joined_share" in join:
         text += (
             f"; hot kernels: {join['hot_kernels_joined']}/{join['hot_kernels']} with counters, "

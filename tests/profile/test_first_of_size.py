@@ -162,3 +162,37 @@ def test_trim_leaves_a_cuda_graph_capture_alone(monkeypatch):
     finally:
         trim.stop()
     assert trim.calls > 0 and not emptied
+
+
+def test_skipped_ops_are_named_as_the_trace_names_them(tmp_path):
+    # The per-configuration pass leaves out the calls of op keys chosen from phase 1's trace
+    # (one_size.py): the process must name an op call as the trace's Input Dims do.
+    from kerneltriage.analysis.timeline.one_size import op_key
+    from kerneltriage.profile.step_plan import SKIP_RANGE
+
+    model = _model()
+    plain = _step(model)
+    trace = tmp_path / "trace.json"
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        _step(model)
+    prof.export_chrome_trace(str(trace))
+    events = json.loads(trace.read_text())["traceEvents"]
+    keys = {
+        op_key(e["name"], e["args"]["Input Dims"])
+        for e in events
+        if e.get("cat") == "cpu_op" and "Input Dims" in e.get("args", {})
+    }
+    skip = {k for k in keys if k[0] in ("aten::addmm", "aten::threshold_backward")}
+    # Two sizes of addmm (the 16 -> 16 layers', the head's), one of threshold_backward.
+    assert len(skip) == 3, sorted(skip)
+    ranges = _Ranges()
+    leave = fos.FirstOfSize(torch, ranges.start, ranges.end, take=False, skip=skip)
+    leave.start()
+    try:
+        left_out = _step(model)
+    finally:
+        leave.stop()
+    assert all(torch.equal(a, b) for a, b in zip(plain, left_out))
+    # Four linear layers forward (addmm), three ReLUs backward: each call in a range of its own.
+    assert leave.skipped == 7 == len(ranges.names) and set(ranges.names) == {SKIP_RANGE}
+    assert not ranges.open and leave.status()["skipped"] == 7

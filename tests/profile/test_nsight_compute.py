@@ -308,6 +308,15 @@ def test_phase_two_end_to_end_with_a_stand_in_ncu(tmp_path, monkeypatch, fake_nc
     config_cmd = (out / "logs" / "ncu_command.txt").read_text()
     assert "coopA_NNT" not in config_cmd and "elementwise_kernel" in config_cmd
     assert "coopA_NNT" in " ".join(launches_cmd)
+    # The elementwise sizes left to scaling (one_size.py): their calls are named in the
+    # per-configuration pass's config, and ncu excludes the range the runner opens around them.
+    skip = per_config["ncu_skip"]
+    assert skip and all(name.startswith("aten::") for name, _ in skip)
+    assert {"aten::_to_copy", "aten::clone"} <= {name for name, _ in skip}  # what the process sees
+    assert "--nvtx-exclude kerneltriage.ncu.skip" in config_cmd
+    assert "ncu_skip" not in config and "--nvtx-exclude" not in launches_cmd
+    assert phase["scaled_configs"] >= 1 and phase["scaled_kernels"]
+    assert all("elementwise_kernel" in name for name in phase["scaled_kernels"])
     assert phase["ncu.launches_seconds"] >= 0 and phase["ncu_seconds"] >= 0
     # Each process, in order: one at a time, on the script's own GPU.
     (first, second) = phase["passes"]

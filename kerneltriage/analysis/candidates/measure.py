@@ -42,7 +42,8 @@ def build_candidate(
     rows = join.row.loc[k.index] if join is not None else pd.Series(-1, index=k.index)
     kernels_info = _kernel_info(k, attr, rows, n_steps)
     module = module_label(k["module"].dropna().tolist())
-    roof = place_on_roofline(g, k, rows, counters, gpu, n_steps)
+    scale = join.scale_of(k.index) if join is not None else None
+    roof = place_on_roofline(g, k, rows, counters, gpu, n_steps, scale)
     headroom = (total_ns / n_steps / 1e6) / roof.ceiling_ms if roof.ceiling_ms else None
     shapes = candidate_shapes(g, k)
     instances = len(g.segments) / n_steps if g.segments else float(len(k)) / n_steps

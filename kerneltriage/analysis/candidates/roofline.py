@@ -127,10 +127,17 @@ def _floor_ns(k: pd.DataFrame, per_launch_ns: float) -> float:
 
 
 def place_on_roofline(
-    g: Group, k: pd.DataFrame, rows: pd.Series, counters: Counters | None, gpu: GPUSpec | None, n_steps: int
+    g: Group,
+    k: pd.DataFrame,
+    rows: pd.Series,
+    counters: Counters | None,
+    gpu: GPUSpec | None,
+    n_steps: int,
+    lent: np.ndarray | None = None,
 ) -> Roofline:
     """``g``'s bytes, FLOPs and ceiling per step. ``k``: its kernels; ``rows``: their ncu rows
-    (-1 where not joined)."""
+    (-1 where not joined); ``lent``: per kernel, the factor on its row's counts (a row lent
+    by another size of the same instantiation: ``join.py``'s scaled joins)."""
     total_ns = float(k["dur"].sum())
     if gpu is None:
         joined = float(k.loc[(rows >= 0).to_numpy(), "dur"].sum()) / total_ns if total_ns else 0.0
@@ -144,15 +151,16 @@ def place_on_roofline(
     measured_bytes = None
     if counters is not None and joined.any():
         c = counters.rows.iloc[rows[joined].to_numpy()]
-        by = c["dram_bytes"].to_numpy(dtype=float)
+        factor = lent[joined.to_numpy()] if lent is not None else 1.0
+        by = c["dram_bytes"].to_numpy(dtype=float) * factor
         parts = {
-            "fp32": c["flops_fp32"].to_numpy(dtype=float),
-            "fp64": c["flops_fp64"].to_numpy(dtype=float),
-            "fp16": c["flops_fp16"].to_numpy(dtype=float),
+            "fp32": c["flops_fp32"].to_numpy(dtype=float) * factor,
+            "fp64": c["flops_fp64"].to_numpy(dtype=float) * factor,
+            "fp16": c["flops_fp16"].to_numpy(dtype=float) * factor,
         }
         # Tensor FLOPs run at the peak of the precision the counter saw (else the op's dtype).
         fallback = _tensor_precision(g)
-        tensor = c["flops_tensor"].to_numpy(dtype=float)
+        tensor = c["flops_tensor"].to_numpy(dtype=float) * factor
         tensor_peak = np.array([gpu.peak(p or fallback) for p in c["tensor_precision"]], dtype=float)
         if np.isfinite(by).any():
             per_kernel = np.nan_to_num(by) / gpu.bandwidth

@@ -17,7 +17,13 @@ methods, tried in this order for each row:
 
 A join is then checked: a row whose duration differs from the trace kernel's by more than
 ``join_max_duration_ratio`` is rejected as a wrong join (ncu replays each kernel with cold
-caches, so durations differ somewhat, never by integer factors). Nothing joins silently:
+caches, so durations differ somewhat, never by integer factors).
+
+3. **scaled**: an elementwise instantiation that phase 2 profiled at one configuration per
+   L2 regime (``one_size.py``; the manifest's ``scaled_kernels``) lends the counters of its
+   joined launch nearest in threads to its launches of other configurations, times their
+   ratio of threads (``JoinResult.scale``). They are estimates: no roof moves on them
+   (``measured_row``), and the result counts their time apart. Nothing joins silently:
 the result counts rows and kernel time joined, by method, and the rejects, and names each hot
 kernel left with counters on less than half of its time, and why.
 """
@@ -57,6 +63,21 @@ class JoinResult:
     hot_time_joined_share: float | None = None
     # Hot kernels with counters on less than half of their time (none, most often), and why.
     hot_without_counters: dict[str, str] = field(default_factory=dict)
+    # Per kernel: the factor its row's counts are multiplied by (1 but for ``scaled`` joins),
+    # and the share of the kernel time (of the targeted kernels' time) joined that way.
+    scale: pd.Series | None = None
+    time_scaled_share: float = 0.0
+    hot_time_scaled_share: float | None = None
+
+    @property
+    def measured_row(self) -> pd.Series:
+        """``row`` with the scaled joins left out: counters measured on the launch's own size."""
+        return self.row.where(self.method != "scaled", -1)
+
+    def scale_of(self, index: pd.Index) -> np.ndarray:
+        if self.scale is None:
+            return np.ones(len(index))
+        return self.scale.reindex(index).fillna(1.0).to_numpy(dtype=float)
 
     def to_json(self) -> dict:
         data = {
@@ -66,11 +87,15 @@ class JoinResult:
             "kernel_time_joined_share": round(self.time_joined_share, 4),
             "methods": self.method[self.row >= 0].value_counts().to_dict(),
         }
+        if self.time_scaled_share:
+            data["kernel_time_scaled_share"] = round(self.time_scaled_share, 4)
         if self.hot_time_joined_share is not None:
             data["hot_kernels"] = self.hot_kernels
             data["hot_kernels_joined"] = self.hot_kernels_joined
             data["hot_time_joined_share"] = round(self.hot_time_joined_share, 4)
             data["hot_kernels_without_counters"] = dict(self.hot_without_counters)
+            if self.hot_time_scaled_share:
+                data["hot_time_scaled_share"] = round(self.hot_time_scaled_share, 4)
         return data
 
 
@@ -84,12 +109,14 @@ def join_counters(
     max_ratio: float,
     hot_kernels: list[str] | None = None,
     sizes: np.ndarray | None = None,
+    scaled_kernels: frozenset[str] = frozenset(),
 ) -> JoinResult:
     """Join ``counters`` rows onto the in-step kernels of ``kernels`` (the attribution table).
 
     ``hot_kernels``: the base names phase 2 targeted; the result then measures them apart.
     ``sizes``: each kernel row's problem size (``sizes.launch_sizes``), for the captures of
-    the first launch of each size.
+    the first launch of each size. ``scaled_kernels``: instantiations whose unprofiled
+    configurations take a profiled one's counters scaled by threads.
     """
     row = pd.Series(-1, index=kernels.index, dtype="int64")
     method = pd.Series("", index=kernels.index, dtype=object)
@@ -105,6 +132,7 @@ def join_counters(
     ncu_keys = _keys(ncu, "kernel_name")
     _join_captures(in_step, ncu, ncu_keys, row, method, counters.first_of_size, max_ratio)
     rejected_rows, bad = _reject_by_duration(kernels, ncu, row, method, max_ratio, warnings)
+    scale = _join_scaled(in_step, ncu, row, method, scaled_kernels) if scaled_kernels else None
     rows_joined = int(row[row >= 0].nunique())
     total_time = float(in_step["dur"].sum())
     time_joined = float(kernels.loc[row[row >= 0].index, "dur"].sum())
@@ -115,9 +143,51 @@ def join_counters(
     result = JoinResult(
         row, method, len(ncu), rows_joined, len(rejected_rows - set(row.tolist())), share, warnings
     )
+    if scale is not None:
+        result.scale = scale
+        scaled_time = float(kernels.loc[method[method == "scaled"].index, "dur"].sum())
+        result.time_scaled_share = scaled_time / total_time if total_time else 0.0
     if hot_kernels:
         _measure_hot(result, in_step, ncu, ncu_keys, bad, hot_kernels, counters.hot_instances)
     return result
+
+
+def _threads(frame: pd.DataFrame) -> np.ndarray:
+    dims = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
+    return np.prod(frame[dims].to_numpy(dtype=float), axis=1)
+
+
+def _join_scaled(
+    in_step: pd.DataFrame, ncu: pd.DataFrame, row: pd.Series, method: pd.Series, scaled: frozenset[str]
+) -> pd.Series:
+    """Join each unjoined launch of a ``scaled`` instantiation to the counter row of a joined
+    launch of the same instantiation nearest in threads; returns the factor per kernel (its
+    threads over the row's)."""
+    scale = pd.Series(1.0, index=row.index)
+    of = in_step[in_step["name"].isin(scaled)]
+    if of.empty:
+        return scale
+    ncu_threads = _threads(ncu)
+    joined = of[row[of.index] >= 0]
+    sources: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for name, launches in joined.groupby("name", sort=False):
+        rows = np.unique(row[launches.index].to_numpy())
+        rows = rows[ncu_threads[rows] > 0]
+        if len(rows):
+            sources[str(name)] = (rows, np.log(ncu_threads[rows]))
+    left = of[row[of.index] < 0]
+    if left.empty or not sources:
+        return scale
+    threads = _threads(left)
+    for index, name, n in zip(left.index, left["name"], threads):
+        source = sources.get(str(name))
+        if source is None or n <= 0:
+            continue
+        rows, logs = source
+        best = int(rows[np.argmin(np.abs(logs - np.log(n)))])
+        row[index], method[index] = best, "scaled"
+        scale[index] = n / ncu_threads[best]
+    return scale
 
 
 def _keys(frame: pd.DataFrame, name_column: str) -> list[tuple]:
@@ -284,6 +354,9 @@ def _measure_hot(
     hot = in_step[targeted]
     hot_joined = row[hot.index] >= 0
     hot_time = float(hot["dur"].sum())
+    if result.scale is not None:
+        scaled = hot_joined & (result.method[hot.index] == "scaled")
+        result.hot_time_scaled_share = float(hot.loc[scaled, "dur"].sum()) / hot_time if hot_time else 0.0
     result.hot_kernels = len(set(hot_kernels))
     result.hot_kernels_joined = int(bases[hot.index][hot_joined].nunique())
     result.hot_time_joined_share = float(hot.loc[hot_joined, "dur"].sum()) / hot_time if hot_time else 0.0

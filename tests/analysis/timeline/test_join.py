@@ -140,3 +140,39 @@ def test_hot_kernels_without_counters_are_named_with_the_reason(kernels):
     assert "had counters of another duration, rejected" in j.hot_without_counters["softmax_warp_forward"]
     # All joined: nothing to name.
     assert join_counters(kernels, read_counters(NCU_ALL), 4.0, hot).hot_without_counters == {}
+
+
+def test_a_scaled_instantiation_lends_its_counters_to_its_other_sizes(kernels):
+    # The per-configuration capture holds three sizes of one bf16 copy; keep the largest only.
+    from kerneltriage.ingest.ncu_csv import Counters
+
+    c = read_counters(NCU_PER_CONFIG)
+    full = join_counters(kernels, c, 4.0)
+    copies = c.rows[c.rows["kernel_name"].str.contains("bfloat16_copy_kernel_cuda")]
+    threads = copies["grid_x"] * copies["block_x"]
+    keep = int(threads.idxmax())
+    dropped = [i for i in copies.index if i != keep]
+    names = frozenset(kernels.loc[full.row[full.row.isin(copies.index)].index, "name"])
+    rows = c.rows.drop(index=dropped).reset_index(drop=True)
+    fewer = Counters(c.source, rows, c.metrics)
+    plain = join_counters(kernels, fewer, 4.0)
+    scaled = join_counters(kernels, fewer, 4.0, scaled_kernels=names)
+    kept_row = int(
+        np.flatnonzero(
+            rows["kernel_name"].eq(c.rows.loc[keep, "kernel_name"])
+            & rows["grid_x"].eq(c.rows.loc[keep, "grid_x"])
+        )[0]
+    )
+    for d in dropped:
+        launches = full.row[full.row == d].index
+        assert (plain.row[launches] == -1).all()  # without the manifest's word: unjoined
+        assert set(scaled.method[launches]) == {"scaled"} and set(scaled.row[launches]) == {kept_row}
+        factor = float(threads[d] / threads[keep])
+        assert np.allclose(scaled.scale[launches], factor)
+        # Same regime (all below L2): the scaled bytes are within 1% of those measured.
+        assert rows.loc[kept_row, "dram_bytes"] * factor == pytest.approx(
+            c.rows.loc[d, "dram_bytes"], rel=0.01
+        )
+    # (and the launches of its configurations the capture missed: its backward ones)
+    assert scaled.time_scaled_share > 0 and scaled.to_json()["methods"]["scaled"] >= 16
+    assert (scaled.measured_row[scaled.method == "scaled"] == -1).all()

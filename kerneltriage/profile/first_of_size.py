@@ -105,11 +105,7 @@ class FirstOfSize:
             cuda.empty_cache()
         if self.skip and _op_key(func, args, kwargs) in self.skip:
             self.skipped += 1
-            handle = self._start(SKIP_RANGE)
-            try:
-                return func(*args, **kwargs)
-            finally:
-                self._end(handle)
+            return self._in_range(SKIP_RANGE, func, args, kwargs)
         if not self.take:
             return func(*args, **kwargs)
         try:
@@ -125,7 +121,10 @@ class FirstOfSize:
         if key is not None:
             self.seen.add(key)
         self.taken += 1
-        handle = self._start(TAKE_RANGE)
+        return self._in_range(TAKE_RANGE, func, args, kwargs)
+
+    def _in_range(self, name: str, func: Any, args: tuple, kwargs: dict) -> Any:
+        handle = self._start(name)
         try:
             return func(*args, **kwargs)
         finally:

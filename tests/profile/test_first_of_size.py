@@ -34,6 +34,15 @@ def _step(model: torch.nn.Module) -> list[torch.Tensor]:
     return [p.grad.clone() for p in model.parameters()]
 
 
+def _step_under(mode: fos.FirstOfSize, model: torch.nn.Module) -> list[torch.Tensor]:
+    """One step with ``mode`` on; its gradients."""
+    mode.start()
+    try:
+        return _step(model)
+    finally:
+        mode.stop()
+
+
 class _Ranges:
     def __init__(self) -> None:
         self.open: list[int] = []
@@ -53,11 +62,7 @@ def test_identical_layers_are_taken_once_forward_and_backward():
     plain = _step(model)
     ranges = _Ranges()
     take = fos.FirstOfSize(torch, ranges.start, ranges.end)
-    take.start()
-    try:
-        marked = _step(model)
-    finally:
-        take.stop()
+    marked = _step_under(take, model)
     # The math is the model's own.
     assert all(torch.equal(a, b) for a, b in zip(plain, marked))
     assert take.status()["mode"] == "first-of-size"
@@ -132,11 +137,7 @@ def test_trim_empties_the_cache_before_every_op_and_takes_no_range(monkeypatch):
     plain = _step(model)
     ranges = _Ranges()
     trim = fos.FirstOfSize(torch, ranges.start, ranges.end, take=False, trim=True)
-    trim.start()
-    try:
-        trimmed = _step(model)
-    finally:
-        trim.stop()
+    trimmed = _step_under(trim, model)
     assert all(torch.equal(a, b) for a, b in zip(plain, trimmed))
     assert trim.status() == {"mode": "trim", "ops": trim.calls, "taken": 0, "trim": True}
     assert len(emptied) == trim.calls > 0 and not ranges.names
@@ -187,11 +188,7 @@ def test_skipped_ops_are_named_as_the_trace_names_them(tmp_path):
     assert len(skip) == 3, sorted(skip)
     ranges = _Ranges()
     leave = fos.FirstOfSize(torch, ranges.start, ranges.end, take=False, skip=skip)
-    leave.start()
-    try:
-        left_out = _step(model)
-    finally:
-        leave.stop()
+    left_out = _step_under(leave, model)
     assert all(torch.equal(a, b) for a, b in zip(plain, left_out))
     # Four linear layers forward (addmm), three ReLUs backward: each call in a range of its own.
     assert leave.skipped == 7 == len(ranges.names) and set(ranges.names) == {SKIP_RANGE}

@@ -13,6 +13,7 @@ their exports are merged into the same files. A process that fails loses only it
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import shutil
@@ -141,7 +142,7 @@ def plan_ncu(session: ProfileSession, ncu: str, *, early: bool = False) -> NcuPl
         scaled_configs=one.skipped if one and one.skip else None,
     )
     start_cost = ncu_gpus.START_COST_GATED if early else ncu_gpus.START_COST_LAUNCHES
-    shares, order = _shares(session, hot, timeline, whole_run, start_cost)
+    shares, order = _shares(session, hot, timeline, whole_run, start_cost, one)
     return NcuPlan(session, ncu, hot, metrics, config, shares, order, one if one and one.skip else None)
 
 
@@ -259,7 +260,12 @@ def _hot_kernels(session: ProfileSession) -> tuple[HotKernels, Timeline]:
 
 
 def _shares(
-    session: ProfileSession, hot: HotKernels, timeline: Timeline, whole_run: bool, start_cost: float
+    session: ProfileSession,
+    hot: HotKernels,
+    timeline: Timeline,
+    whole_run: bool,
+    start_cost: float,
+    one: OneSize | None = None,
 ) -> tuple[list[ncu_gpus.Share], list[tuple]]:
     """Each GPU's share of the hot kernels when phase 2 is split over several (at least two
     shares; none: one ncu process at a time), and the step's launch order their exports are
@@ -283,6 +289,10 @@ def _shares(
     if choice.reason:
         session.ncu_record.single_gpu_reason = choice.reason
         return [], []
+    if one is not None and one.skipped_by_base:
+        # Configurations left to scaling cost no launch: the split balances what is profiled.
+        configs = {n: max(1, c - one.skipped_by_base.get(n, 0)) for n, c in step.configs.items()}
+        step = dataclasses.replace(step, configs=configs)
     shares = ncu_gpus.plan_shares(hot, step, choice.gpus, whole_run, start_cost)
     if len(shares) < 2:
         return [], []

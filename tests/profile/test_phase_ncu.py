@@ -97,6 +97,12 @@ def test_two_gpus_share_the_hot_kernels(tmp_path, monkeypatch, fake_ncu):
     # The every-launch process takes the first launch of each of the GEMMs' 11 problem sizes
     # (the stand-in prints its recorded 30-launch log whatever it is asked).
     assert records["ncu.launches.gpu0"]["expected"] == 11
+    # The configurations left to scaling (one_size.py) cost no launch: the split counts the
+    # others only, as one GPU's per-configuration pass does.
+    assert phase["scaled_configs"] >= 1
+    one_gpu = _split(tmp_path / "one", monkeypatch, "0")[1]
+    (alone,) = [r for r in one_gpu["passes"] if r["stem"] == "ncu"]
+    assert records["ncu.gpu1"]["expected"] == alone["expected"]
     # That process, alone on its GPU, has a config of its own (the other GPU's reads
     # config.ncu.json), with no gate to wait at.
     own = json.loads((out / "logs" / "config.ncu.launches.gpu0.json").read_text())

@@ -46,11 +46,13 @@ _CONFIG = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
 class OneSize:
     """What phase 2 skips: ``skip`` the op keys whose calls ncu excludes; ``scaled`` the
     instantiations (as the trace spells them) left with configurations to scale; ``skipped``
-    the configurations of the hot kernels no longer profiled."""
+    the configurations of the hot kernels no longer profiled, ``skipped_by_base`` by base name
+    (what a split over several GPUs balances)."""
 
     skip: list[tuple[str, tuple[tuple[int, ...], ...]]] = field(default_factory=list)
     scaled: list[str] = field(default_factory=list)
     skipped: int = 0
+    skipped_by_base: dict[str, int] = field(default_factory=dict)
 
 
 def op_key(name: str, dims: Any) -> tuple[str, tuple[tuple[int, ...], ...]]:
@@ -129,4 +131,7 @@ def one_size_per_instantiation(timeline: Timeline, hot: HotKernels, large_ns: fl
             profiled.add(key)
     left = {key for key in config_keys if key not in profiled}
     scaled = sorted({key[0] for key in left})
-    return OneSize(skip=skip, scaled=scaled, skipped=len(left))
+    by_base: dict[str, int] = {}
+    for key in left:
+        by_base[base_name(key[0])] = by_base.get(base_name(key[0]), 0) + 1
+    return OneSize(skip=skip, scaled=scaled, skipped=len(left), skipped_by_base=by_base)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from kerneltriage import rundir
 from kerneltriage.analysis.rules import load_rules
 from kerneltriage.errors import ToolError
-from kerneltriage.profile import ncu_gpus
+from kerneltriage.profile import ncu_gpus, ncu_passes
 from kerneltriage.profile import nsight_compute as ncu_tools
 from kerneltriage.profile.context import ProfileSession
 from kerneltriage.profile.ncu_lanes import GpuLane, LaneBoard, interrupt
@@ -70,7 +70,7 @@ class NcuPlan:
         session = self.session
         lane = GpuLane(session)
         whole_run = bool(session.manifest.schedule.whole_run)
-        passes = _ncu_passes(self.hot, whole_run, session.options.max_variable_launches, self.one_size)
+        passes = ncu_passes.single(self.hot, whole_run, session.options.max_variable_launches, self.one_size)
         watches, turns = _prepare_passes(session, self.ncu, passes, self.metrics, lane, early=early)
         self.chains = [_Chain(lane, watches, turns)]
 
@@ -79,9 +79,13 @@ class NcuPlan:
         budget = self.session.options.max_variable_launches
         if not self.shares:
             return len(
-                _ncu_passes(self.hot, bool(self.session.manifest.schedule.whole_run), budget, self.one_size)
+                ncu_passes.single(
+                    self.hot, bool(self.session.manifest.schedule.whole_run), budget, self.one_size
+                )
             )
-        return sum(len(_share_passes(share, str(i), self.hot, budget)) for i, share in enumerate(self.shares))
+        return sum(
+            len(ncu_passes.share(share, str(i), self.hot, budget)) for i, share in enumerate(self.shares)
+        )
 
     def start(self) -> list[Turn]:
         """Start every pass's process of a single-process script, held at its gate; the turns
@@ -124,7 +128,7 @@ def plan_ncu(session: ProfileSession, ncu: str, *, early: bool = False) -> NcuPl
     precisions = None if session.options.ncu_set == "full" else hot.tensor_precisions
     metrics = ncu_tools.metric_list(ncu_tools.available_metrics(ncu), precisions)
     whole_run = bool(manifest.schedule.whole_run)
-    one = _one_size(session, hot, timeline)
+    one = ncu_passes.one_size(session, hot, timeline)
     config = session.write_config("ncu", whole_run=whole_run, ncu_skip=one.skip if one else None)
     manifest.phases.ncu = rundir.NcuPhase(
         kernels=hot.names,
@@ -144,35 +148,6 @@ def plan_ncu(session: ProfileSession, ncu: str, *, early: bool = False) -> NcuPl
     start_cost = ncu_gpus.START_COST_GATED if early else ncu_gpus.START_COST_LAUNCHES
     shares, order = _shares(session, hot, timeline, whole_run, start_cost, one)
     return NcuPlan(session, ncu, hot, metrics, config, shares, order, one if one and one.skip else None)
-
-
-#: Where the GPU is not in the table: a launch this long moves more than L2 holds (an H100's
-#: 50 MB at 3.35 TB/s take 15 us).
-_LARGE_NS = 15_000.0
-
-
-def _one_size(session: ProfileSession, hot: HotKernels, timeline: Timeline) -> OneSize | None:
-    """The elementwise sizes phase 2 may leave to scaling (``one_size.py``): in an eager
-    single-process step, unless ``--ncu-every-size``; None where every size is profiled."""
-    options, manifest = session.options, session.manifest
-    phase1 = manifest.phases.timeline
-    if (
-        options.ncu_every_size
-        or session.command.distributed
-        or manifest.schedule.whole_run
-        or (phase1 is not None and phase1.dynamo)
-    ):
-        return None
-    from kerneltriage.analysis.gpus import gpu_table, match_gpu
-    from kerneltriage.analysis.timeline.one_size import one_size_per_instantiation
-
-    large_ns = _LARGE_NS
-    key = match_gpu(str(manifest.gpu.get("name") or ""))
-    if key is not None:
-        spec = gpu_table()[key]
-        # GB/s is bytes a nanosecond.
-        large_ns = float(spec["l2_mb"]) * 1e6 / float(spec["hbm_gbs"])
-    return one_size_per_instantiation(timeline, hot, large_ns)
 
 
 def run_ncu(session: ProfileSession, ncu: str, plan: NcuPlan | None = None) -> None:
@@ -300,63 +275,6 @@ def _shares(
     return shares, step.order
 
 
-def _ncu_passes(hot: HotKernels, whole_run: bool, budget: int, one: OneSize | None = None) -> list[NcuPass]:
-    skip, skipped = (one.skip, one.skipped) if one is not None else (None, 0)
-    if not hot.variable or whole_run:
-        return [
-            NcuPass(
-                "ncu",
-                rundir.NCU_CSV,
-                hot.names,
-                None,
-                hot.configs - skipped,
-                instances=_of(hot, hot.names),
-                skip=skip,
-            )
-        ]
-    # Kernels that run several problem sizes under one configuration: every launch, in a first
-    # pass; the per-configuration pass then leaves them out (it runs only if the first went well).
-    rest = [n for n in hot.names if n not in hot.variable]
-    passes = [
-        NcuPass(
-            "ncu.launches",
-            rundir.NCU_LAUNCHES_CSV,
-            hot.variable,
-            _launch_cap(hot, budget),
-            hot.variable_launches,
-            hot.variable_first_of_size,
-        )
-    ]
-    if rest:
-        passes.append(
-            NcuPass(
-                "ncu",
-                rundir.NCU_CSV,
-                rest,
-                None,
-                hot.configs - hot.variable_configs - skipped,
-                instances=_of(hot, rest),
-                skip=skip,
-            )
-        )
-    return passes
-
-
-def _of(hot: HotKernels, kernels: list[str]) -> dict[str, list[str]] | None:
-    """The instantiations wanted of ``kernels`` that are wanted in part."""
-    return {n: hot.instances[n] for n in kernels if n in hot.instances} or None
-
-
-def _launch_cap(hot: HotKernels, budget: int) -> int:
-    """The every-launch pass's ``--launch-count``. Taking the first launch of each problem size,
-    the runner's range decides which launches are profiled; the cap is every launch of the
-    step, within the budget, in case the process takes its whole step instead (a compiled
-    program: ``first_of_size.py``)."""
-    if not hot.variable_first_of_size:
-        return hot.variable_launches
-    return max(hot.variable_launches, min(hot.variable_every, budget))
-
-
 def _merge(session: ProfileSession, passes: list[NcuPass], order: list[tuple]) -> None:
     """Each policy's exports merged into its file (``ncu.launches.csv.gz``, ``ncu.csv.gz``) in
     the step's launch order. A pass writes its export only when it went well."""
@@ -366,41 +284,6 @@ def _merge(session: ProfileSession, passes: list[NcuPass], order: list[tuple]) -
         if parts:
             with gzip.open(session.out / target, "wt") as f:
                 f.write(ncu_gpus.merge_exports(parts, order))
-
-
-def _share_passes(
-    share: ncu_gpus.Share, label: str, hot: HotKernels, budget: int, one: OneSize | None = None
-) -> list[NcuPass]:
-    """One GPU's passes, as ``_ncu_passes`` orders them; their exports go to ``logs/`` until
-    they are merged."""
-    passes = []
-    if share.variable:
-        stem = f"ncu.launches.gpu{label}"
-        v = share.variable_launches
-        passes.append(
-            NcuPass(
-                stem,
-                f"{rundir.LOGS}/{stem}.csv.gz",
-                share.variable,
-                _launch_cap(hot, budget),
-                v,
-                hot.variable_first_of_size,
-            )
-        )
-    if share.configs:
-        stem = f"ncu.gpu{label}"
-        passes.append(
-            NcuPass(
-                stem,
-                f"{rundir.LOGS}/{stem}.csv.gz",
-                share.configs,
-                None,
-                share.config_count,
-                instances=_of(hot, share.configs),
-                skip=one.skip if one is not None else None,
-            )
-        )
-    return passes
 
 
 def _share_chains(plan: NcuPlan, *, early: bool) -> list[_Chain]:
@@ -416,7 +299,7 @@ def _share_chains(plan: NcuPlan, *, early: bool) -> list[_Chain]:
         lock_dir = tempfile.mkdtemp(prefix=f"kerneltriage-ncu{label}-")
         plan.lock_dirs.append(lock_dir)
         lane = GpuLane(session, share.gpu, board, ncu_gpus.apart_env(lock_dir))
-        passes = _share_passes(share, label, hot, session.options.max_variable_launches, plan.one_size)
+        passes = ncu_passes.share(share, label, hot, session.options.max_variable_launches, plan.one_size)
         lane.total = sum(one.expected for one in passes)
         board.lanes.append(lane)
         watches, turns = _prepare_passes(session, plan.ncu, passes, plan.metrics, lane, early=early)

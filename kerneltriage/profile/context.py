@@ -277,3 +277,33 @@ def _driver_version() -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.splitlines()[0] if out else None
+
+
+#: The share of the host's available memory the processes of the script may take at once.
+HOST_MEMORY_SHARE = 0.8
+
+
+def too_many_for_host_memory(session: ProfileSession, processes: int) -> str | None:
+    """Why ``processes`` of the script, each as large as phase 1's peak, would not fit in the
+    host's available memory (a model built on the host before it moves to the GPU is held
+    there while its process waits at its gate); None where they fit or nothing says."""
+    peaks = [s.get("max_rss_mb") for s in session.statuses("timeline")]
+    peak = max((float(p) for p in peaks if p), default=0.0)
+    available = _available_mb()
+    if not peak or available is None or processes * peak <= HOST_MEMORY_SHARE * available:
+        return None
+    return (
+        f"{processes} processes of {peak / 1024:.1f} GiB each (phase 1's peak) would not fit in "
+        f"{HOST_MEMORY_SHARE:.0%} of the host's {available / 1024:.1f} GiB available"
+    )
+
+
+def _available_mb() -> float | None:
+    """The host's available memory (``MemAvailable``), in MiB; None where /proc says nothing."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

@@ -24,7 +24,13 @@ from typing import TYPE_CHECKING, Any
 from kerneltriage import rundir
 from kerneltriage.errors import ToolError
 from kerneltriage.profile.command import Command
-from kerneltriage.profile.context import Options, ProfileSession, asked_plan, plain_bounds
+from kerneltriage.profile.context import (
+    Options,
+    ProfileSession,
+    asked_plan,
+    plain_bounds,
+    too_many_for_host_memory,
+)
 from kerneltriage.profile.fix_install import EXIT_NOT_APPLIED
 from kerneltriage.profile.step_plan import CAPTURE_RANGE, EXIT_NO_GPU, EXIT_NO_TORCH, StepPlan
 from kerneltriage.profile.step_time import clean_summary, other_ranks_step_time, record_step_time
@@ -383,7 +389,10 @@ def time_more_processes(
         options.timing_processes, options.max_timing_processes
     )
     # The asked processes start together, each held at its first CUDA use, and get the GPU in
-    # turn (``turns.py``): their start-ups overlap, their timed steps never do.
+    # turn (``turns.py``): their start-ups overlap, their timed steps never do. The first
+    # processes one more batch would start come with them, held at their gates until the
+    # interval says whether they are needed (a process stopped at its gate cost no wall time;
+    # one started later pays its 10-17 s start-up alone).
     batch = Turns(
         [
             session.turn(
@@ -391,7 +400,7 @@ def time_more_processes(
                 session.write_config("timing", whole_run=False, name=f"timing{i}"),
                 f"timing{i}",
             )
-            for i in range(1, options.timing_processes)
+            for i in range(1, options.timing_processes + spare_processes(session))
         ],
         quiet=True,
     )
@@ -474,6 +483,25 @@ def time_more_processes(
 #: Processes started at once when the interval is still wide: each start-up (10-15 s for a
 #: Hugging Face model on an H200) overlaps the others', and the steps are 1-6 s a process.
 MORE_AT_ONCE = 2
+
+
+#: Phase 2's processes (its two passes on one GPU) that spare timing processes leave room for.
+SPARE_ROOM_FOR = 2
+
+
+def spare_processes(session: ProfileSession) -> int:
+    """Timing processes started with the asked ones in case the interval needs them (the first
+    ``MORE_AT_ONCE``, within ``--max-timing-processes``); 0 where none more may be timed, or
+    where they would not fit in the host's memory beside the asked ones and phase 2's
+    (``SPARE_ROOM_FOR``: its processes start while these wait, and come first)."""
+    options = session.options
+    if options.timing_processes <= 1 or options.cpu or session.command.distributed:
+        return 0
+    _, most, _ = _more_processes_settings(options.timing_processes, options.max_timing_processes)
+    spare = max(0, min(MORE_AT_ONCE, most - options.timing_processes))
+    if spare and too_many_for_host_memory(session, options.timing_processes - 1 + spare + SPARE_ROOM_FOR):
+        return 0
+    return spare
 
 
 def _more_processes_settings(asked: int, most: int | None) -> tuple[float, int, float]:

@@ -26,9 +26,9 @@ from kerneltriage.analysis.rules import load_rules
 from kerneltriage.errors import InputError, Terminated, ToolError
 from kerneltriage.profile import nsight_compute as ncu_tools
 from kerneltriage.profile.command import Command, parse_command
-from kerneltriage.profile.context import Options, ProfileSession, Reporter
+from kerneltriage.profile.context import Options, ProfileSession, Reporter, too_many_for_host_memory
 from kerneltriage.profile.phase_ncu import NcuPlan, plan_ncu, run_ncu
-from kerneltriage.profile.phase_timeline import run_timeline, run_timeline_nsys
+from kerneltriage.profile.phase_timeline import run_timeline, run_timeline_nsys, spare_processes
 from kerneltriage.profile.processes import terminate_as_interrupt
 from kerneltriage.profile.turns import Turn
 
@@ -154,8 +154,9 @@ class _EarlyNcu:
         self.planned = True
         if self.plan is None:
             return []
-        crowded = _too_many_for_host_memory(
-            session, session.options.timing_processes - 1 + self.plan.processes()
+        crowded = too_many_for_host_memory(
+            session,
+            session.options.timing_processes - 1 + spare_processes(session) + self.plan.processes(),
         )
         if crowded:
             session.manifest.notes.append(
@@ -169,36 +170,6 @@ class _EarlyNcu:
     def close(self) -> None:
         if self.plan is not None:
             self.plan.close()
-
-
-#: The share of the host's available memory the processes of the script may take at once.
-HOST_MEMORY_SHARE = 0.8
-
-
-def _too_many_for_host_memory(session: ProfileSession, processes: int) -> str | None:
-    """Why ``processes`` of the script, each as large as phase 1's peak, would not fit in the
-    host's available memory (a model built on the host before it moves to the GPU is held
-    there while its process waits at its gate); None where they fit or nothing says."""
-    peaks = [s.get("max_rss_mb") for s in session.statuses("timeline")]
-    peak = max((float(p) for p in peaks if p), default=0.0)
-    available = _available_mb()
-    if not peak or available is None or processes * peak <= HOST_MEMORY_SHARE * available:
-        return None
-    return (
-        f"{processes} processes of {peak / 1024:.1f} GiB each (phase 1's peak) would not fit in "
-        f"{HOST_MEMORY_SHARE:.0%} of the host's {available / 1024:.1f} GiB available"
-    )
-
-
-def _available_mb() -> float | None:
-    """The host's available memory (``MemAvailable``), in MiB; None where /proc says nothing."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return float(line.split()[1]) / 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def _counters(session: ProfileSession, early: _EarlyNcu) -> None:

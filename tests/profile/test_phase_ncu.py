@@ -368,13 +368,14 @@ def test_phase_two_waits_for_the_timing_processes_where_the_host_memory_is_short
     # A model built on the host is held there while its process waits at its gate: where the
     # timing processes and phase 2's would not fit in the host's memory together, phase 2's
     # start after them, and the manifest says why.
+    from kerneltriage.profile import context
     from kerneltriage.profile import session as session_module
 
     session, out, manifest = _early_session(tmp_path, monkeypatch)
     status = {"rank": 0, "status": "ok", "max_rss_mb": 30 * 1024.0}
     (out / "logs" / "status.timeline.rank0.json").write_text(json.dumps(status))
     early = session_module._EarlyNcu(session)
-    monkeypatch.setattr(session_module, "_available_mb", lambda: 100 * 1024.0)
+    monkeypatch.setattr(context, "_available_mb", lambda: 100 * 1024.0)
     try:
         assert early() == []  # 2 timing + 2 ncu processes of 30 GiB: 120 GiB > 80 GiB
         assert early.planned and early.plan is not None and not early.plan.chains
@@ -384,7 +385,7 @@ def test_phase_two_waits_for_the_timing_processes_where_the_host_memory_is_short
         early.close()
     # Where they fit, phase 2's processes start at once and wait at their gates.
     manifest.notes.clear()
-    monkeypatch.setattr(session_module, "_available_mb", lambda: 200 * 1024.0)
+    monkeypatch.setattr(context, "_available_mb", lambda: 200 * 1024.0)
     again = session_module._EarlyNcu(session)
     try:
         waiting = again()

@@ -190,9 +190,12 @@ def test_profile_runs_the_extra_processes_and_records_their_steps(tmp_path, monk
         assert not session.warnings
         return manifest.phases.timeline.step_time.processes_plain_ms
 
-    # Three processes that agree (within ±3% for a further run): none more.
+    # Three processes that agree (within ±3% for a further run): none more. The two a further
+    # batch would start came with the asked ones and stay at their gates, unused.
+    sizes.clear()
     agree = timed(Options(timing_processes=3), [50.12, 50.08, 99.0])
     assert agree == [[50.0, 50.2], [50.12, 50.22], [50.08, 50.18]] and medians == [99.0]
+    assert sizes == [4]
     # Each timing process's steps issued from an idle GPU, gathered for the report.
     assert manifest.phases.timeline.step_time.host_issue_ms == [25.06, 26.06, 25.04, 26.04]
     assert manifest.phases.timeline.seconds == 16.0
@@ -201,8 +204,9 @@ def test_profile_runs_the_extra_processes_and_records_their_steps(tmp_path, monk
     sizes.clear()
     apart = timed(Options(timing_processes=3), [50.11, 51.8, 50.5, 50.0, 50.2, 99.0])
     assert [p[0] for p in apart] == [50.0, 50.11, 51.8, 50.5, 50.0, 50.2] and medians == [99.0]
-    # The asked two, then the extra ones two at a time (their start-ups overlap), up to six.
-    assert sizes == [2, 2, 1]
+    # The asked two with the first two extra ones (their start-ups overlap), then the last
+    # extra one, up to six.
+    assert sizes == [4, 1]
     # Two that agree and one far slower (left out of the step time): the slow one shows how far
     # a run may fall, so more are timed.
     slow = timed(Options(timing_processes=3), [50.12, 58.0, 50.05, 50.1, 50.08, 99.0])
@@ -216,9 +220,10 @@ def test_profile_runs_the_extra_processes_and_records_their_steps(tmp_path, monk
     assert len(manifest.phases.timeline.step_time.processes_plain_ms) == 3 and medians == [50.5, 99.0]
     (said,) = session.warnings
     assert "even at 6 processes" in said and "±8." in said and "differ from process to process" in said
-    # --max-timing-processes equal to --timing-processes: exactly that many.
+    # --max-timing-processes equal to --timing-processes: exactly that many, none spare.
+    sizes.clear()
     exact = timed(Options(timing_processes=3, max_timing_processes=3), [52.0, 49.0, 99.0])
-    assert len(exact) == 3 and medians == [99.0]
+    assert len(exact) == 3 and medians == [99.0] and sizes == [2]
     # A CPU dry run and --timing-processes 1 run none.
     for skip in (Options(timing_processes=3, cpu=True), Options(timing_processes=1)):
         assert timed(skip, [99.0]) == []
@@ -277,3 +282,27 @@ def test_fewer_most_than_least_timing_processes_is_a_usage_error(tmp_path):
         and "--max-timing-processes 2 is fewer than --timing-processes 3" in result.output
     )
     assert not (tmp_path / "run").exists()
+
+
+def test_spare_timing_processes_start_with_the_asked_ones_where_the_host_has_room(tmp_path, monkeypatch):
+    # The first two processes a wide interval would add start with the asked ones, held at their
+    # gates: an extra process then costs its steps, not its start-up. Each holds a model built
+    # on the host, so they come only where they fit beside the asked ones and phase 2's two.
+    from kerneltriage.profile import context
+
+    out = tmp_path / "run"
+    (out / rundir.LOGS).mkdir(parents=True)
+    status = {"rank": 0, "status": "ok", "max_rss_mb": 10 * 1024.0}  # phase 1's peak: 10 GiB
+    (out / rundir.LOGS / "status.timeline.rank0.json").write_text(json.dumps(status))
+    (tmp_path / "train.py").write_text("pass\n")
+    command = parse_command([sys.executable, str(tmp_path / "train.py")])
+    manifest = rundir.Manifest(command=["python", "train.py"])
+
+    def spare(available_gib: float, **options) -> int:
+        monkeypatch.setattr(context, "_available_mb", lambda: available_gib * 1024.0)
+        return phase_timeline.spare_processes(ProfileSession(command, Options(**options), out, manifest))
+
+    assert spare(100) == 2  # 2 asked + 2 spare + 2 ncu = 60 GiB <= 80 GiB
+    assert spare(70) == 0  # 60 GiB > 56 GiB: the asked ones only
+    assert spare(100, max_timing_processes=4) == 1 and spare(100, max_timing_processes=3) == 0
+    assert spare(100, timing_processes=1) == 0 and spare(100, cpu=True) == 0

@@ -7,15 +7,13 @@ shapes step), a failed script stops the run with what was kept, the step time is
 (``step_time.py``), and with ``--timing-processes`` N, N − 1 more processes of the script
 time their plain steps.
 
-With ``--timeline nsys`` phase 1 runs under Nsight Systems instead (``run_timeline_nsys``), and
-the PyTorch profiler takes over when nsys cannot give a timeline.
+With ``--timeline nsys`` phase 1 runs under Nsight Systems instead (``phase_timeline_nsys.py``),
+and the PyTorch profiler takes over when nsys cannot give a timeline.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import shutil
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +30,7 @@ from kerneltriage.profile.context import (
     too_many_for_host_memory,
 )
 from kerneltriage.profile.fix_install import EXIT_NOT_APPLIED
-from kerneltriage.profile.step_plan import CAPTURE_RANGE, EXIT_NO_GPU, EXIT_NO_TORCH, StepPlan
+from kerneltriage.profile.step_plan import EXIT_NO_GPU, EXIT_NO_TORCH, StepPlan
 from kerneltriage.profile.step_time import clean_summary, other_ranks_step_time, record_step_time
 from kerneltriage.profile.turns import Turn, Turns
 
@@ -540,86 +538,3 @@ def _wide_interval(over: Processes | None, target: float) -> float | None:
     run = over.run  # a process left out as an outlier widens it too: a reason to time another
     half = max(run.high - run.value, run.value - run.low) / run.value
     return half if half > target else None
-
-
-# --- phase 1 under Nsight Systems ----------------------------------------------------------
-
-
-def find_nsys() -> str | None:
-    found = shutil.which("nsys")
-    if found:
-        return found
-    for candidate in sorted(Path("/opt/nvidia").glob("nsight-*/*/host*/*/nsys")):
-        if candidate.is_file():
-            return str(candidate)
-    return None
-
-
-def run_timeline_nsys(session: ProfileSession) -> bool:
-    """Phase 1 under Nsight Systems. False when it cannot give a timeline (the caller then
-    falls back to the PyTorch profiler): nsys missing, or recording without a report."""
-    out, manifest, reporter, warnings = session.out, session.manifest, session.reporter, session.warnings
-    nsys = find_nsys()
-    if nsys is None:
-        reporter.warn("Nsight Systems (nsys) is not on PATH: using the PyTorch profiler for the timeline")
-        warnings.append("--timeline nsys: nsys not found; the PyTorch profiler made the timeline")
-        return False
-    config = session.write_config("nsys", whole_run=False)
-    report = out / "timeline"
-    cmd = [
-        nsys,
-        "profile",
-        "-t",
-        "cuda,nvtx",
-        "--pytorch=autograd-nvtx",
-        "--capture-range=nvtx",
-        f"--nvtx-capture={CAPTURE_RANGE}",
-        "--capture-range-end=stop",
-        "--force-overwrite=true",
-        "-o",
-        str(report),
-        *session.command.with_runner(),
-    ]
-    (session.logs / "nsys_command.txt").write_text(" ".join(cmd) + "\n")
-    reporter.phase("timeline", "Nsight Systems")
-    seconds, code, _ = session.run(cmd, config, "phase1-nsys", timeout=session.options.ncu_timeout)
-    manifest.phases.timeline = rundir.TimelinePhase(seconds=round(seconds, 2), exit_code=code, tool="nsys")
-    rep = report.with_suffix(".nsys-rep")
-    if not rep.is_file():
-        left = sorted(p.name for p in out.glob("timeline*"))
-        reporter.warn(
-            "nsys recorded but produced no report"
-            + (f" (left: {', '.join(left)})" if left else "")
-            + "; falling back to the PyTorch profiler"
-        )
-        warnings.append(
-            "--timeline nsys: nsys produced no report (no importer on this machine?); "
-            "the PyTorch profiler made the timeline"
-        )
-        return False
-    export = subprocess.run(
-        [
-            nsys,
-            "export",
-            "--type",
-            "sqlite",
-            "--force-overwrite=true",
-            "-o",
-            str(out / rundir.TRACE_NSYS),
-            str(rep),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if export.returncode != 0 or not (out / rundir.TRACE_NSYS).is_file():
-        reporter.warn("nsys could not export its report to SQLite; falling back to the PyTorch profiler")
-        warnings.append(
-            f"--timeline nsys: export failed ({export.stderr.strip()[-200:]}); "
-            "the PyTorch profiler made the timeline"
-        )
-        return False
-    session.record_environment(session.statuses("nsys"))
-    manifest.ranks = [0]
-    reporter.phase_done("timeline", seconds, "Nsight Systems export: timeline.sqlite")
-    return True

@@ -28,7 +28,8 @@ from kerneltriage.profile import nsight_compute as ncu_tools
 from kerneltriage.profile.command import Command, parse_command
 from kerneltriage.profile.context import Options, ProfileSession, Reporter, too_many_for_host_memory
 from kerneltriage.profile.phase_ncu import NcuPlan, plan_ncu, run_ncu
-from kerneltriage.profile.phase_timeline import run_timeline, run_timeline_nsys, spare_processes
+from kerneltriage.profile.phase_timeline import run_timeline, spare_processes
+from kerneltriage.profile.phase_timeline_nsys import run_timeline_nsys
 from kerneltriage.profile.processes import terminate_as_interrupt
 from kerneltriage.profile.turns import Turn
 

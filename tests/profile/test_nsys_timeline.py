@@ -12,7 +12,7 @@ import pytest
 
 from kerneltriage import rundir
 from kerneltriage.api import build_reports
-from kerneltriage.profile import phase_timeline
+from kerneltriage.profile import phase_timeline_nsys
 from kerneltriage.profile.command import parse_command
 from kerneltriage.profile.context import Options, ProfileSession
 from tests.helpers import DATA
@@ -53,7 +53,7 @@ def _run(tmp_path, monkeypatch):
     (out / rundir.LOGS).mkdir(parents=True)
     manifest = rundir.Manifest(command=["python", "train.py"])
     session = ProfileSession(parse_command(["python", "train.py"]), Options(), out, manifest)
-    ok = phase_timeline.run_timeline_nsys(session)
+    ok = phase_timeline_nsys.run_timeline_nsys(session)
     return ok, out, manifest, session.warnings
 
 
@@ -83,6 +83,6 @@ def test_recording_without_a_report_falls_back(tmp_path, monkeypatch, fake_nsys)
 
 
 def test_without_nsys_the_pytorch_profiler_is_used(tmp_path, monkeypatch):
-    monkeypatch.setattr(phase_timeline, "find_nsys", lambda: None)
+    monkeypatch.setattr(phase_timeline_nsys, "find_nsys", lambda: None)
     ok, _, _, warnings = _run(tmp_path, monkeypatch)
     assert not ok and any("nsys not found" in w for w in warnings)

@@ -43,6 +43,7 @@ def describe(run: Path) -> list[str]:
     lines.append(
         f"timeline {timeline.get('seconds', '—')} s, ncu {ncu.get('seconds', '—')} s "
         f"(sum {total:.1f} s; the profile's wall adds the hot-kernel choice and the exports)"
+        + (f"; phase 2's plan {ncu['plan_seconds']} s" if ncu.get("plan_seconds") is not None else "")
     )
     for p in ncu.get("passes") or []:
         lines.append(

@@ -167,6 +167,9 @@ class NcuPhase(_Part):
     scaled_kernels: list[StrictStr] | None = None
     scaled_configs: StrictInt | None = None
     seconds: Seconds | None = None
+    # The plan's own time after phase 1: the trace read, the hot kernels chosen, ncu asked for
+    # its metrics (on the path to phase 2's processes, which start once it is known).
+    plan_seconds: Seconds | None = None
     profiled_launches: StrictInt | None = None
     hot_without_counters: dict[StrictStr, StrictStr] | None = None
     ncu_seconds: Seconds | None = None

@@ -8,6 +8,10 @@
 # file. This probe launches a small torch script (3 s of host work before its first CUDA
 # call), attaches 8 s later with phase 2's kind of options, and exports the report.
 #
+# Seen on an H100 (2026-11-28, BENCHMARKS.md): ncu holds the process at its first CUDA call of
+# any kind (torch.cuda.is_available() is one), and an attach made before the process is held
+# there fails at once ("No attachable process found"); it does not wait.
+#
 #   bash benchmarks/probes/ncu_attach.sh OUT_DIR
 #
 # Needs: one CUDA GPU, torch, Nsight Compute's ncu on PATH. OUT_DIR gets ncu_attach.txt.

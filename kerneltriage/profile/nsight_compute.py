@@ -11,8 +11,10 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kerneltriage.profile.step_plan import NCU_RANGE, SKIP_RANGE, TAKE_RANGE
 
@@ -57,8 +59,30 @@ _PROGRESS = re.compile(
 )
 
 
+#: (ncu, what) -> its answer being asked for in the background (``prefetch``).
+_ASKED: dict[tuple[str, str], Future[Any]] = {}
+
+
+def prefetch(ncu: str) -> None:
+    """Ask ncu for its version and the GPU's metrics now, in the background: phase 2's plan
+    needs them only after phase 1, and each is a process of ncu's own (``--query-metrics``
+    takes seconds). ``ncu_version`` and ``available_metrics`` then wait for these answers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ncu-query")
+    for what, ask in (("version", _ncu_version), ("metrics", _available_metrics)):
+        if (ncu, what) not in _ASKED:
+            _ASKED[(ncu, what)] = pool.submit(ask, ncu)
+    pool.shutdown(wait=False)  # its threads end with their queries
+
+
 def available_metrics(ncu: str) -> set[str] | None:
     """Metric names the attached GPU supports (None when ncu cannot tell)."""
+    asked = _ASKED.get((ncu, "metrics"))
+    return asked.result() if asked is not None else _available_metrics(ncu)
+
+
+def _available_metrics(ncu: str) -> set[str] | None:
     try:
         proc = subprocess.run(
             [ncu, "--query-metrics"], capture_output=True, text=True, timeout=120, check=False
@@ -211,6 +235,11 @@ def find_ncu() -> str | None:
 
 
 def ncu_version(ncu: str) -> str | None:
+    asked = _ASKED.get((ncu, "version"))
+    return asked.result() if asked is not None else _ncu_version(ncu)
+
+
+def _ncu_version(ncu: str) -> str | None:
     try:
         out = subprocess.run(
             [ncu, "--version"], capture_output=True, text=True, timeout=60, check=False

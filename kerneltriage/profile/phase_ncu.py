@@ -119,6 +119,7 @@ def plan_ncu(session: ProfileSession, ncu: str, *, early: bool = False) -> NcuPl
     """Phase 2's plan (the manifest's ``phases.ncu`` as planned); None when phase 1 recorded
     no kernel to profile (said in the warnings). ``early``: its processes will be started
     before phase 2 runs, so a process start costs only its warm-up steps."""
+    planned_from = time.perf_counter()
     manifest = session.manifest
     manifest.versions["ncu"] = ncu_tools.ncu_version(ncu) or "unknown"
     hot, timeline = _hot_kernels(session)
@@ -147,6 +148,7 @@ def plan_ncu(session: ProfileSession, ncu: str, *, early: bool = False) -> NcuPl
     )
     start_cost = ncu_gpus.START_COST_GATED if early else ncu_gpus.START_COST_LAUNCHES
     shares, order = _shares(session, hot, timeline, whole_run, start_cost, one)
+    session.ncu_record.plan_seconds = round(time.perf_counter() - planned_from, 2)
     return NcuPlan(session, ncu, hot, metrics, config, shares, order, one if one and one.skip else None)
 
 

@@ -77,6 +77,8 @@ def _run_phases(session: ProfileSession, target: Path) -> None:
     """The phases, the manifest written whatever happens (Ctrl-C and SIGTERM included)."""
     options, out, manifest = session.options, session.out, session.manifest
     early = _EarlyNcu(session)
+    if early.ncu is not None:
+        ncu_tools.prefetch(early.ncu)  # while phase 1 runs: its answers are phase 2's plan's
     try:
         if options.calibrate and not options.cpu:
             _calibrate(session)

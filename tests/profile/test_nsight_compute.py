@@ -172,6 +172,26 @@ def test_command_line():
     assert "--filter-mode" not in every and every[every.index("--launch-count") + 1] == "12"
 
 
+def test_ncu_is_asked_its_version_and_metrics_in_the_background(tmp_path):
+    # Each is an ncu process of its own (--query-metrics takes seconds on a GPU): asked while
+    # phase 1 runs, they are waited for only when phase 2's plan needs them.
+    import time
+
+    slow = tmp_path / "ncu"
+    slow.write_text(
+        f"#!{sys.executable}\nimport sys, time\ntime.sleep(1.0)\n"
+        "if sys.argv[1] == '--version': print('Version 2025.3.1.0 (build 1)')\n"
+        "else: print('dram__bytes_read  Counter  # of bytes')\n"
+    )
+    slow.chmod(slow.stat().st_mode | stat.S_IEXEC)
+    started = time.perf_counter()
+    ncu_tools.prefetch(str(slow))
+    assert time.perf_counter() - started < 0.5
+    assert ncu_tools.ncu_version(str(slow)) == "2025.3.1.0"
+    assert ncu_tools.available_metrics(str(slow)) == {"dram__bytes_read"}
+    assert time.perf_counter() - started < 2.0  # both at once, not one after the other
+
+
 def test_kernel_filter_tells_instantiations_and_names_apart():
     import re
 
@@ -318,6 +338,7 @@ def test_phase_two_end_to_end_with_a_stand_in_ncu(tmp_path, monkeypatch, fake_nc
     assert phase["scaled_configs"] >= 1 and phase["scaled_kernels"]
     assert all("elementwise_kernel" in name for name in phase["scaled_kernels"])
     assert phase["ncu.launches_seconds"] >= 0 and phase["ncu_seconds"] >= 0
+    assert 0 <= phase["plan_seconds"] < 60  # the plan's own time, on the path to phase 2
     # Each process, in order: one at a time, on the script's own GPU.
     (first, second) = phase["passes"]
     assert (first["stem"], first["gpu"], first["expected"], first["launches"]) == (

@@ -77,11 +77,11 @@ def _run_phases(session: ProfileSession, target: Path) -> None:
     """The phases, the manifest written whatever happens (Ctrl-C and SIGTERM included)."""
     options, out, manifest = session.options, session.out, session.manifest
     early = _EarlyNcu(session)
-    if early.ncu is not None:
-        ncu_tools.prefetch(early.ncu)  # while phase 1 runs: its answers are phase 2's plan's
     try:
         if options.calibrate and not options.cpu:
             _calibrate(session)
+        if early.ncu is not None:
+            ncu_tools.prefetch(early.ncu)  # while phase 1 runs (after the calibration's timings)
         if options.timeline == "nsys" and not options.cpu:
             if not run_timeline_nsys(session):
                 run_timeline(session, start_next=early)

@@ -35,6 +35,10 @@ KERNEL_COLUMNS: dict[str, str] = {
     "pid": "int64",
 }
 
+#: A kernel's launch configuration: its grid and block, the columns of ``KERNEL_COLUMNS``
+#: that say it (a kernel row, a counter row, a launch are told apart by name and these).
+LAUNCH_CONFIG: list[str] = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
+
 #: CUDA runtime/driver calls. ``ext_id`` links to the cpu op that made the call (-1: none).
 RUNTIME_COLUMNS: dict[str, str] = {
     "name": "object",

@@ -189,6 +189,7 @@ def step_launches(timeline: Timeline, hot: HotKernels) -> StepLaunches:
     with compute kernels): each one's launches and configurations, and the step's launch order."""
     from kerneltriage.analysis.timeline.attribution import attribute
     from kerneltriage.ingest.kernel_names import base_name
+    from kerneltriage.ingest.tables import LAUNCH_CONFIG
 
     k = attribute(timeline).kernels
     k = k[(k["step"] >= 0) & (k["kind"] == "kernel")]
@@ -198,7 +199,7 @@ def step_launches(timeline: Timeline, hot: HotKernels) -> StepLaunches:
     if compute.empty:
         return StepLaunches({}, {}, [], devices)
     one_step = compute[compute["step"] == compute["step"].min()].sort_values("correlation")
-    key = ["name", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
+    key = ["name", *LAUNCH_CONFIG]
     mine = one_step[hot.chosen(one_step)]
     launches = mine.groupby("base").size()
     configs = mine.drop_duplicates(key).groupby("base").size()

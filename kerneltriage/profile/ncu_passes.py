@@ -35,15 +35,12 @@ def one_size(session: ProfileSession, hot: HotKernels, timeline: Timeline) -> On
         or (phase1 is not None and phase1.dynamo)
     ):
         return None
-    from kerneltriage.analysis.gpus import gpu_table, match_gpu
+    from kerneltriage.analysis.gpus import resolve_gpu
     from kerneltriage.analysis.timeline.one_size import one_size_per_instantiation
 
-    large_ns = _LARGE_NS
-    key = match_gpu(str(manifest.gpu.get("name") or ""))
-    if key is not None:
-        spec = gpu_table()[key]
-        # GB/s is bytes a nanosecond.
-        large_ns = float(spec["l2_mb"]) * 1e6 / float(spec["hbm_gbs"])
+    spec = resolve_gpu(str(manifest.gpu.get("name") or "") or None)
+    # GB/s is bytes a nanosecond.
+    large_ns = spec.l2_mb * 1e6 / spec.peak_bandwidth_gbs if spec is not None else _LARGE_NS
     return one_size_per_instantiation(timeline, hot, large_ns)
 
 

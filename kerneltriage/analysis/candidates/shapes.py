@@ -16,6 +16,7 @@ from kerneltriage.analysis.candidates.estimate import tensor_inputs
 from kerneltriage.analysis.candidates.grouping import Group
 from kerneltriage.analysis.model import Shapes
 from kerneltriage.analysis.timeline.regions import Segment
+from kerneltriage.ingest.tables import LAUNCH_CONFIG
 
 _ROW_WISE = {"norm", "softmax", "elementwise", "reduction", "cross-entropy", "embedding"}
 
@@ -46,9 +47,7 @@ def candidate_shapes(g: Group, k: pd.DataFrame) -> Shapes:
             by_time[sig] += t
             counts[sig] += 1
     else:
-        for (gx, gy, gz, bx, by, bz), frame in k.groupby(
-            ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
-        ):
+        for (gx, gy, gz, bx, by, bz), frame in k.groupby(LAUNCH_CONFIG):
             sig = (("grid", (gx, gy, gz)), ("block", (bx, by, bz)))
             by_time[sig] += float(frame["dur"].sum())
             counts[sig] += len(frame)
@@ -75,7 +74,7 @@ def _launch_configs(
 ) -> dict[tuple[int, int], list[tuple[int, ...]]]:
     """Each instance's launch configurations (grid and block), in launch order."""
     launches: dict[tuple[int, int], list[tuple[int, ...]]] = defaultdict(list)
-    columns = [k[c].tolist() for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")]
+    columns = [k[c].tolist() for c in LAUNCH_CONFIG]
     for step, anchor, *cfg in zip(steps.tolist(), anchors.tolist(), *columns):
         if cfg[0] >= 0:
             launches[(step, anchor)].append(tuple(cfg))

@@ -25,7 +25,7 @@ from kerneltriage.analysis.timeline.attribution import attribute
 from kerneltriage.analysis.timeline.sizes import first_of_size as first_of_size_mask
 from kerneltriage.analysis.timeline.sizes import launch_sizes
 from kerneltriage.ingest.kernel_names import base_name
-from kerneltriage.ingest.tables import Timeline
+from kerneltriage.ingest.tables import LAUNCH_CONFIG, Timeline
 
 
 @dataclass
@@ -121,7 +121,7 @@ def select_hot_kernels(
     instances = {b: names for b, names in picked.items() if len(names) < int(every[b])}
     step_rows = compute[compute["step"] == compute["step"].min()]
     one_step = step_rows[HotKernels(chosen, 0, 0.0, [], instances=instances).chosen(step_rows)]
-    key = ["name", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
+    key = ["name", *LAUNCH_CONFIG]
     # Kernels whose one configuration runs several sizes, if they matter: heaviest first, as
     # long as profiling every launch of their base name stays within the launch budget.
     groups = one_step.groupby(key)["dur"]

@@ -39,6 +39,7 @@ from kerneltriage.analysis.timeline.hot_kernels import short_name, without_count
 from kerneltriage.analysis.timeline.sizes import first_of_size
 from kerneltriage.ingest.kernel_names import base_name, name_similarity
 from kerneltriage.ingest.ncu_csv import Counters
+from kerneltriage.ingest.tables import LAUNCH_CONFIG
 
 _MIN_SIMILARITY = 0.5
 _MIN_MARGIN = 0.02
@@ -153,8 +154,7 @@ def join_counters(
 
 
 def _threads(frame: pd.DataFrame) -> np.ndarray:
-    dims = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
-    return np.prod(frame[dims].to_numpy(dtype=float), axis=1)
+    return np.prod(frame[LAUNCH_CONFIG].to_numpy(dtype=float), axis=1)
 
 
 def _join_scaled(

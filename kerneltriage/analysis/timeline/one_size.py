@@ -31,15 +31,13 @@ import numpy as np
 from kerneltriage.analysis.timeline.attribution import attribute
 from kerneltriage.analysis.timeline.hot_kernels import HotKernels
 from kerneltriage.ingest.kernel_names import base_name
-from kerneltriage.ingest.tables import Timeline
+from kerneltriage.ingest.tables import LAUNCH_CONFIG, Timeline
 
 #: ATen kernels that give every thread the same number of elements (not grid-stride loops):
 #: their counters scale with their threads.
 ELEMENTWISE_BASES = frozenset(
     {"vectorized_elementwise_kernel", "unrolled_elementwise_kernel", "elementwise_kernel"}
 )
-
-_CONFIG = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
 
 
 @dataclass
@@ -86,11 +84,11 @@ def one_size_per_instantiation(timeline: Timeline, hot: HotKernels, large_ns: fl
     if not elementwise.any():
         return OneSize()
     ew = k[elementwise]
-    per_config = ew.groupby(["name", *_CONFIG])["dur"].agg(["sum", "mean"]).reset_index()
+    per_config = ew.groupby(["name", *LAUNCH_CONFIG])["dur"].agg(["sum", "mean"]).reset_index()
     per_config["large"] = per_config["mean"] >= large_ns
     kept = per_config.loc[per_config.groupby(["name", "large"])["sum"].idxmax()]
-    kept_keys = set(map(tuple, kept[["name", *_CONFIG]].itertuples(index=False, name=None)))
-    config_keys = list(map(tuple, ew[["name", *_CONFIG]].itertuples(index=False, name=None)))
+    kept_keys = set(map(tuple, kept[["name", *LAUNCH_CONFIG]].itertuples(index=False, name=None)))
+    config_keys = list(map(tuple, ew[["name", *LAUNCH_CONFIG]].itertuples(index=False, name=None)))
     droppable = np.zeros(len(k), dtype=bool)
     droppable[np.flatnonzero(elementwise.to_numpy())] = [key not in kept_keys for key in config_keys]
 

@@ -4,6 +4,8 @@ Reads run directories (no GPU needed; the runs come from ``kerneltriage profile`
 e.g. ``STAGES=profile bash benchmarks/gpu_ladder.sh OUT -- CMD``) and prints, as Markdown:
 
 - each phase's seconds (timeline: phase 1 and the timing processes; ncu: its passes, launches);
+- the parent's own work on the path between them: phase 1's traces finished and its step time
+  recorded (before the timing processes start), phase 2's plan;
 - each process of the script with its milestones, in seconds since its runner started: torch
   imported, at its gate (started with others, held at its first CUDA use), gate opened, first
   step ended, warm-up done, the ncu range, finished. "start-up" is what ran before the GPU
@@ -45,6 +47,16 @@ def describe(run: Path) -> list[str]:
         f"(sum {total:.1f} s; the profile's wall adds the hot-kernel choice and the exports)"
         + (f"; phase 2's plan {ncu['plan_seconds']} s" if ncu.get("plan_seconds") is not None else "")
     )
+    if timeline.get("finish_seconds") is not None:
+        fixups = ", ".join(
+            f"{name} {stats['seconds']} s"
+            for name, stats in (timeline.get("trace_fixup") or {}).items()
+            if "seconds" in stats
+        )
+        lines.append(
+            f"- after phase 1, before the later processes: {timeline['finish_seconds']} s in the parent"
+            + (f" (traces finished: {fixups})" if fixups else "")
+        )
     for p in ncu.get("passes") or []:
         lines.append(
             f"- ncu pass `{p['stem']}`: {p.get('launches')} launches in {p.get('seconds')} s "

@@ -120,7 +120,10 @@ class TimelinePhase(_Part):
     module_calls_per_step: float | None = None  # module ranges per recorded step
     traces: list[StrictStr] | None = None
     dynamo: dict[StrictStr, Any] | None = None  # Dynamo's counts after the plain steps, at the end
-    trace_fixup: dict[StrictStr, Any] | None = None
+    trace_fixup: dict[StrictStr, Any] | None = None  # per trace: its counts and seconds
+    # The parent's own time on phase 1's output, before any later process starts: the traces
+    # finished (``trace_fixup``) and the step time recorded.
+    finish_seconds: Seconds | None = None
     step_time: StepTime | None = None
     plain_extended: StrictInt | None = None  # plain steps added until the step times settled
 

@@ -62,7 +62,7 @@ fi
 # from this checkout already.
 if ! "$PYTHON" - <<'PY' >/dev/null 2>&1
 import importlib.util, pathlib
-for name in ("dask", "distributed", "fsspec", "hypothesis", "mkdocs", "mypy", "ninja", "pyarrow", "pydantic", "pytest", "ruff", "scipy", "torch", "transformers", "triton"):
+for name in ("dask", "distributed", "fsspec", "hypothesis", "mkdocs", "mypy", "ninja", "pyarrow", "pydantic", "pytest", "pytest_timeout", "ruff", "scipy", "torch", "transformers", "triton"):
     assert importlib.util.find_spec(name) is not None, name
 here = importlib.util.find_spec("kerneltriage")
 assert here and pathlib.Path(here.origin).resolve().parents[1] == pathlib.Path.cwd().resolve()

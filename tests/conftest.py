@@ -101,10 +101,22 @@ def _needs_corpus(item) -> bool:
 
 
 def pytest_terminal_summary(terminalreporter):
-    """One line saying how many tests the absent corpus skipped (and how to run them)."""
+    """One line saying how many tests the absent corpus skipped (and how to run them); one
+    naming the worker processes the tests left running, which are stopped here: the
+    interpreter's exit would wait for them, and a hung one would hold the run forever."""
     skipped = [r for r in terminalreporter.stats.get("skipped", []) if CORPUS_SKIP in str(r.longrepr)]
     if skipped:
         terminalreporter.write_sep("-", f"{len(skipped)} skipped: {CORPUS_SKIP}", yellow=True)
+    import multiprocessing
+
+    left = multiprocessing.active_children()
+    for process in left:
+        process.terminate()
+    if left:
+        names = ", ".join(f"{p.name} (pid {p.pid})" for p in left)
+        terminalreporter.write_sep(
+            "-", f"stopped {len(left)} process(es) the tests left running: {names}", red=True
+        )
 
 
 # --- the quick subset: `pytest -m "not slow"` (README; CI runs everything) ----------------------

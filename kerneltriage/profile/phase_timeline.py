@@ -14,6 +14,7 @@ and the PyTorch profiler takes over when nsys cannot give a timeline.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,8 +94,10 @@ def run_timeline(session: ProfileSession, start_next: StartNext | None = None) -
             _run_again(session, runs, rerun)
     if whole_run:
         manifest.schedule.whole_run = True
+    finished_from = time.perf_counter()
     _stop_on_failure(session, runs)
     _record_timeline(session, runs)
+    session.timeline_record.finish_seconds = round(time.perf_counter() - finished_from, 2)
     time_more_processes(session, runs, whole_run=whole_run, start_next=start_next)
     session.reporter.phase_done(
         "timeline",
@@ -276,11 +279,13 @@ def _finish_traces(session: ProfileSession, statuses: list[dict[str, Any]]) -> N
         if not status.get("trace") or not (out / status["trace"]).is_file():
             continue
         shapes = session.logs / status["shapes_trace"] if status.get("shapes_trace") else None
+        started = time.perf_counter()
         try:
             stats = finish_trace(out / status["trace"], shapes if shapes and shapes.is_file() else None)
         except Exception as exc:  # the trace as recorded is still worth a report
             session.warnings.append(f"could not finish {status['trace']} (module ranges, shapes): {exc}")
             continue
+        stats["seconds"] = round(time.perf_counter() - started, 2)
         done[status["trace"]] = stats
         if stats.get("ops") and stats["ops_with_shapes"] < 0.99 * stats["ops"]:
             lacking = ", ".join(f"{name} ×{n}" for name, n in (stats.get("missing") or {}).items())

@@ -174,6 +174,8 @@ def test_an_eager_model_gets_module_ranges_and_shapes_in_its_timed_steps(tmp_pat
     assert any("Input Dims" in e.get("args", {}) for e in raw["traceEvents"])
     fixup = phase["trace_fixup"]["trace.json.gz"]
     assert fixup["steps"] == 2 and fixup["ops"] > 1000 and fixup["ops_with_shapes"] == fixup["ops"]
+    # The parent's time on phase 1's output (on the path to the later processes), and its part.
+    assert 0 < fixup["seconds"] <= phase["finish_seconds"] < 60
     tl = read_trace(out / rundir.TRACE)
     mm = tl.cpu[tl.cpu["name"] == "aten::mm"]
     assert len(mm) > 20 and (mm["dims"] >= 0).all()

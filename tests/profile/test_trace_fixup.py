@@ -11,6 +11,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kerneltriage.analysis.timeline.attribution import PROFILER_STEP
 from kerneltriage.annotate import MODULE_PREFIX
@@ -232,3 +234,42 @@ def test_a_backward_op_is_paired_through_its_forward_ops_module():
     ]
     copy_shapes(timed, source)
     assert timed[-1]["args"]["Input Dims"] == [[1, 1]]
+
+
+def _align_one_at_a_time(a: list[str], b: list[str], lookahead: int) -> list[tuple[int, int]]:
+    """align's definition, one item at a time: equal items pair; where they differ, the
+    nearest common key within ``lookahead`` resumes the pairing, else both move on."""
+    pairs, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        if a[i] == b[j]:
+            pairs.append((i, j))
+            i, j = i + 1, j + 1
+            continue
+        near = [
+            (di, k - di)
+            for k in range(1, lookahead)
+            for di in range(k + 1)
+            if i + di < len(a) and j + k - di < len(b) and a[i + di] == b[j + k - di]
+        ]
+        i, j = (i + near[0][0], j + near[0][1]) if near else (i + 1, j + 1)
+    return pairs
+
+
+@given(
+    st.lists(st.sampled_from("abc"), max_size=300),
+    st.lists(st.tuples(st.integers(0, 300), st.sampled_from(["x", "a", None])), max_size=6),
+    st.integers(1, 8),
+)
+@settings(max_examples=300, deadline=None)
+def test_align_pairs_long_equal_runs_as_one_item_at_a_time_would(a, edits, lookahead):
+    # A recorded step is the shapes step's sequence with a few ops added, swapped or missing:
+    # long equal runs, which align compares in slices, between the differences.
+    b = list(a)
+    for at, what in edits:
+        at = min(at, len(b))
+        if what is None:
+            del b[at : at + 1]
+        else:
+            b.insert(at, what)
+    assert align(a, b, lookahead) == _align_one_at_a_time(a, b, lookahead)
+    assert align(b, a, lookahead) == _align_one_at_a_time(b, a, lookahead)

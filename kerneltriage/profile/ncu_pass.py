@@ -55,7 +55,7 @@ class Lane(Protocol):
 
 class PassWatch:
     """One ncu pass: its progress as ncu prints it, then, once it exited, its report checked
-    and exported (``finish``)."""
+    (``check``) and exported (``export``, which may run while the next pass profiles)."""
 
     def __init__(self, session: ProfileSession, ncu: str, cmd: list[str], one: NcuPass, lane: Lane) -> None:
         self.session, self.ncu, self.cmd, self.one, self.lane = session, ncu, cmd, one, lane
@@ -70,8 +70,9 @@ class PassWatch:
             return True
         return False
 
-    def finish(self, seconds: float, code: int, tail: list[str]) -> PassRun:
-        session, ncu, one, lane = self.session, self.ncu, self.one, self.lane
+    def check(self, seconds: float, code: int, tail: list[str]) -> PassRun:
+        """How the process ended (its report not exported yet): ``ok`` when it left one."""
+        session, one, lane = self.session, self.one, self.lane
         out, warnings, stem = session.out, session.warnings, one.stem
         timeout = session.options.ncu_timeout
         who = f"ncu ({stem})" if lane.gpu else "ncu"  # one GPU's pass among several
@@ -111,15 +112,25 @@ class PassWatch:
             return PassRun(False, seconds, self.done, exit_code)
         if code not in (0, TIMED_OUT):
             warnings.append(f"{who} exited with code {code} after writing its report")
+        return PassRun(True, seconds, self.done, exit_code)
+
+    def export(self, run: PassRun) -> PassRun:
+        """The checked report (``check``) exported to CSV in the trace's kernel spelling: ``run``,
+        or the same not ``ok`` when the export failed. ncu reads the report on the CPU only, so
+        this may run while the next pass profiles."""
+        ncu, one = self.ncu, self.one
+        who = f"ncu ({one.stem})" if self.lane.gpu else "ncu"
+        rep = self.session.out / f"{one.stem}.ncu-rep"
         export = subprocess.run(
             ncu_tools.export_command(ncu, rep), capture_output=True, text=True, check=False
         )
         if export.returncode != 0 or not export.stdout.strip():
-            warnings.append(f"{who} could not export its report to CSV: {export.stderr.strip()[-300:]}")
-            return PassRun(False, seconds, self.done, exit_code)
-        with gzip.open(out / one.csv_name, "wt") as f:
+            message = f"{who} could not export its report to CSV: {export.stderr.strip()[-300:]}"
+            self.session.warnings.append(message)
+            return run._replace(ok=False)
+        with gzip.open(self.session.out / one.csv_name, "wt") as f:
             f.write(_trace_spelling(ncu, rep, export.stdout, one.kernels))
-        return PassRun(True, seconds, self.done, exit_code)
+        return run
 
 
 def _trace_spelling(ncu: str, rep: Path, text: str, kernels: list[str]) -> str:

@@ -28,7 +28,9 @@ FAKE_NCU = r'''#!{python}
 Each call's log line starts with the CUDA_VISIBLE_DEVICES and TMPDIR it ran with. With
 FAKE_NCU_FILTER set, the report keeps the -k filter and the export holds only the rows of the
 CSV (FAKE_NCU_LAUNCHES_CSV for an every-launch pass, when set) whose kernels it matches, as a
-real capture would. FAKE_NCU_FAIL_GPU / FAKE_NCU_HANG_GPU: that GPU's process fails / hangs."""
+real capture would. FAKE_NCU_FAIL_GPU / FAKE_NCU_HANG_GPU: that GPU's process fails / hangs.
+FAKE_NCU_IMPORT_SECONDS: an export takes that long (its end noted as "exported").
+FAKE_NCU_IMPORT_FAIL: the export of the report with that file stem fails."""
 import gzip, json, os, sys
 args = sys.argv[1:]
 gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "-")
@@ -39,7 +41,8 @@ def note(what):  # when a profiling call started, got the GPU, ended (FAKE_NCU_T
     if os.environ.get("FAKE_NCU_TIMES"):
         import time
         with open(os.environ["FAKE_NCU_TIMES"], "a") as f:
-            f.write(f"{what} {time.time()} {args[args.index('-o') + 1]}\n")
+            report = args[args.index('-o') + 1] if "-o" in args else args[1][: -len(".ncu-rep")]
+            f.write(f"{what} {time.time()} {report}\n")
 if "-o" in args:
     note("start")
     # The runner holds a script started with others at its first CUDA use (gate.py).
@@ -54,6 +57,9 @@ if args[:1] == ["--version"]:
     print("NVIDIA (R) Nsight Compute Command Line Profiler\nVersion 2025.3.1.0 (build 1)")
 elif args[:1] == ["--query-metrics"]:
     print(open(os.environ["FAKE_NCU_METRICS"]).read())
+elif args[:1] == ["--import"] and os.path.basename(args[1]) == os.environ.get("FAKE_NCU_IMPORT_FAIL", "") + ".ncu-rep":
+    print("==ERROR== the report could not be read", file=sys.stderr)
+    sys.exit(1)
 elif args[:1] == ["--import"]:
     text = gzip.open(os.environ["FAKE_NCU_CSV"], "rt").read()
     if os.environ.get("FAKE_NCU_FILTER"):
@@ -70,6 +76,10 @@ elif args[:1] == ["--import"]:
         out = io.StringIO()
         csv.writer(out, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows(table[:2] + keep)
         text = out.getvalue()
+    if os.environ.get("FAKE_NCU_IMPORT_SECONDS"):
+        import time
+        time.sleep(float(os.environ["FAKE_NCU_IMPORT_SECONDS"]))
+        note("exported")
     sys.stdout.write(text)
 elif mode == "hang":
     import time

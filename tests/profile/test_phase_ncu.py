@@ -289,6 +289,54 @@ def test_the_next_pass_starts_up_while_the_one_before_profiles(tmp_path, monkeyp
     assert (out / rundir.NCU_CSV).is_file() and (out / rundir.NCU_LAUNCHES_CSV).is_file()
 
 
+def test_a_pass_is_exported_while_the_next_one_profiles(tmp_path, monkeypatch, fake_ncu):
+    # ncu reads a report on the CPU: the every-launch pass's export runs while the
+    # per-configuration pass has the GPU, not between the two.
+    times = tmp_path / "times.txt"
+    monkeypatch.setenv("FAKE_NCU_TIMES", str(times))
+    monkeypatch.setenv("FAKE_NCU_IMPORT_SECONDS", "1.5")
+    out, phase, _, _, _ = _split(tmp_path, monkeypatch, "0")
+    events = {
+        (what, Path(report).name): float(t)
+        for what, t, report in (r.split() for r in times.read_text().splitlines())
+    }
+    assert events[("end", "ncu.launches")] <= events[("open", "ncu")] < events[("exported", "ncu.launches")]
+    assert [(r["stem"], r["exit_code"]) for r in phase["passes"]] == [("ncu.launches", 0), ("ncu", 0)]
+    assert (out / rundir.NCU_CSV).is_file() and (out / rundir.NCU_LAUNCHES_CSV).is_file()
+
+
+def test_a_pass_whose_export_fails_loses_its_own_kernels_only(tmp_path, monkeypatch, fake_ncu):
+    # The every-launch pass profiled, but its report could not be exported; the pass after it
+    # ran meanwhile, and keeps its counters.
+    monkeypatch.setenv("FAKE_NCU_IMPORT_FAIL", "ncu.launches")
+    out, phase, _, warnings, _ = _split(tmp_path, monkeypatch, "0")
+    first, second = phase["passes"]
+    assert (first["stem"], second["stem"], second["exit_code"]) == ("ncu.launches", "ncu", 0)
+    assert (out / rundir.NCU_CSV).is_file() and not (out / rundir.NCU_LAUNCHES_CSV).exists()
+    assert any("could not export its report to CSV" in w and "could not be read" in w for w in warnings)
+    missing = phase["hot_without_counters"]
+    assert {n for n, why in missing.items() if why == "its ncu pass (ncu.launches) failed"} == set(
+        first["kernels"]
+    )
+    # The second pass's kernels keep its counters (those the stand-in's capture lacks aside).
+    assert not any("ncu pass" in missing.get(n, "") for n in second["kernels"])
+    assert set(second["kernels"]) - set(missing)
+
+
+def test_after_a_pass_whose_process_fails_the_next_does_not_run(tmp_path, monkeypatch, fake_ncu):
+    monkeypatch.setenv("FAKE_NCU_FAIL_GPU", "0")
+    _, phase, _, warnings, _ = _split(tmp_path, monkeypatch, "0")
+    (first,) = phase["passes"]  # the per-configuration pass never started its turn
+    assert (first["stem"], first["exit_code"]) == ("ncu.launches", 1)
+    assert any("wrote no report (exit code 1)" in w for w in warnings)
+    missing = phase["hot_without_counters"]
+    assert all(missing[n] == "its ncu pass (ncu.launches) failed" for n in first["kernels"])
+    later = set(phase["kernels"]) - set(first["kernels"])
+    assert later and all(
+        missing[n] == "its ncu pass (ncu) did not run (the ncu.launches pass failed)" for n in later
+    )
+
+
 def _early_session(tmp_path: Path, monkeypatch) -> tuple[ProfileSession, Path, rundir.Manifest]:
     """A session whose phase 1 went well, for phase 2 started early (the stand-in ncu)."""
     monkeypatch.setenv("FAKE_NCU_FILTER", "1")

@@ -4,6 +4,7 @@ and, once it exited, its report checked and exported to CSV in the trace's kerne
 from __future__ import annotations
 
 import gzip
+import os
 import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -128,8 +129,12 @@ class PassWatch:
             message = f"{who} could not export its report to CSV: {export.stderr.strip()[-300:]}"
             self.session.warnings.append(message)
             return run._replace(ok=False)
-        with gzip.open(self.session.out / one.csv_name, "wt") as f:
+        # Written whole, then renamed: an interrupted run keeps a complete export or none.
+        csv = self.session.out / one.csv_name
+        partial = csv.with_name(csv.name + ".partial")
+        with gzip.open(partial, "wt") as f:
             f.write(_trace_spelling(ncu, rep, export.stdout, one.kernels))
+        os.replace(partial, csv)
         return run
 
 

@@ -273,15 +273,23 @@ def test_manifests_with_and_without_the_processes_load(tmp_path, monkeypatch, fa
     assert again.to_json() == phase and [p.gpu for p in again.passes] == ["0", "1"]
 
 
-def test_the_next_pass_starts_up_while_the_one_before_profiles(tmp_path, monkeypatch, fake_ncu):
+def _one_gpu_with_times(tmp_path, monkeypatch, **env: str) -> tuple[Path, dict, dict[tuple[str, str], float]]:
+    """Phase 2 on one GPU with the stand-in's ``env``: the run, its phase, and when each ncu call
+    started, got the GPU, ended, was exported ((what, report stem) -> time)."""
     times = tmp_path / "times.txt"
     monkeypatch.setenv("FAKE_NCU_TIMES", str(times))
-    monkeypatch.setenv("FAKE_NCU_SECONDS", "1")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     out, phase, _, _, _ = _split(tmp_path, monkeypatch, "0")
     events = {
         (what, Path(report).name): float(t)
         for what, t, report in (r.split() for r in times.read_text().splitlines())
     }
+    return out, phase, events
+
+
+def test_the_next_pass_starts_up_while_the_one_before_profiles(tmp_path, monkeypatch, fake_ncu):
+    out, phase, events = _one_gpu_with_times(tmp_path, monkeypatch, FAKE_NCU_SECONDS="1")
     # The per-configuration pass was started with the every-launch pass, and given the GPU
     # (its script's first CUDA use let through) only once that one had ended.
     assert events[("start", "ncu")] < events[("end", "ncu.launches")] <= events[("open", "ncu")]
@@ -292,14 +300,7 @@ def test_the_next_pass_starts_up_while_the_one_before_profiles(tmp_path, monkeyp
 def test_a_pass_is_exported_while_the_next_one_profiles(tmp_path, monkeypatch, fake_ncu):
     # ncu reads a report on the CPU: the every-launch pass's export runs while the
     # per-configuration pass has the GPU, not between the two.
-    times = tmp_path / "times.txt"
-    monkeypatch.setenv("FAKE_NCU_TIMES", str(times))
-    monkeypatch.setenv("FAKE_NCU_IMPORT_SECONDS", "1.5")
-    out, phase, _, _, _ = _split(tmp_path, monkeypatch, "0")
-    events = {
-        (what, Path(report).name): float(t)
-        for what, t, report in (r.split() for r in times.read_text().splitlines())
-    }
+    out, phase, events = _one_gpu_with_times(tmp_path, monkeypatch, FAKE_NCU_IMPORT_SECONDS="1.5")
     assert events[("end", "ncu.launches")] <= events[("open", "ncu")] < events[("exported", "ncu.launches")]
     assert [(r["stem"], r["exit_code"]) for r in phase["passes"]] == [("ncu.launches", 0), ("ncu", 0)]
     assert (out / rundir.NCU_CSV).is_file() and (out / rundir.NCU_LAUNCHES_CSV).is_file()

@@ -58,9 +58,15 @@ def describe(run: Path) -> list[str]:
             + (f" (traces finished: {fixups})" if fixups else "")
         )
     for p in ncu.get("passes") or []:
+        between = p.get("profiling_s")
+        per_launch = (
+            f"; first to last profiled launch {between} s, {between / (p['launches'] - 1):.3f} s a launch"
+            if between is not None and (p.get("launches") or 0) > 1
+            else ""
+        )
         lines.append(
             f"- ncu pass `{p['stem']}`: {p.get('launches')} launches in {p.get('seconds')} s "
-            f"(from {p.get('start_s')} s into the phase)"
+            f"(from {p.get('start_s')} s into the phase{per_launch})"
         )
     lines += [
         "",

@@ -131,7 +131,9 @@ class TimelinePhase(_Part):
 class NcuPassRecord(_Part):
     """One ncu process of phase 2 (``phases.ncu.passes``): its file stem, the GPU it was given
     (``CUDA_VISIBLE_DEVICES``; None: the parent's), its kernels, the launches expected and
-    profiled, when it started (seconds into the phase), how long it ran and its exit code."""
+    profiled, when it started (seconds into the phase), how long it ran and its exit code;
+    ``profiling_s``: from its first profiled launch to its last, as ncu printed them (over
+    ``launches - 1``: a launch's cost, the process's start-up and warm-up steps apart)."""
 
     stem: StrictStr
     gpu: StrictStr | None = None
@@ -141,6 +143,7 @@ class NcuPassRecord(_Part):
     start_s: Seconds | None = None
     seconds: Seconds | None = None
     exit_code: StrictInt | StrictStr | None = None  # "timeout" when it was stopped
+    profiling_s: Seconds | None = None
 
 
 class NcuPhase(_Part):

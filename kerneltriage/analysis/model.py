@@ -228,7 +228,8 @@ class Report:
     # recorded steps' mean), and the idle share's that follows from it (None: one step).
     step_interval_ms: tuple[float, float] | None = None
     idle_interval_pct: tuple[float, float] | None = None
-    # Plain steps cut as a warm-up transient, and whether the rest settled (None: not timed plain).
+    # Plain steps cut as a warm-up transient, and whether the rest settled (None: not timed plain,
+    # or timing processes gave the step time and settled their own steps).
     step_transient: int | None = None
     step_settled: bool | None = None
     # The script's step time over verify's baseline processes (runs, median_ms, low_ms, high_ms,

@@ -216,10 +216,12 @@ def _step_time(
             interval = _interval((plain.low, plain.high)) if len(plain.values) >= 2 else None
         if plain is not None:
             transient = plain.skipped
-            # Too few plain steps to tell (fewer than the steady state needs): neither.
+            # Too few plain steps to tell (fewer than the steady state needs): neither. Where
+            # timing processes give the step time, phase 1 timed its fewest plain steps and the
+            # processes settle (``profile/context.plain_bounds``).
             enough = len(plain.values) + plain.skipped >= int(steady.settings()["steady"]["min_steps"])
-            settled = plain.settled if enough else None
-            if enough:
+            settled = plain.settled if enough and processes is None else None
+            if enough and processes is None:
                 _say_unsteady(plain, warnings)
         step_ms, busy_ms, gaps = _timed_as_run(timing, step_ms, busy_ms, gaps, source)
         source["timing"]["processes"] = len(timing.get("processes_plain_ms") or []) if processes else 1

@@ -155,7 +155,9 @@ class ProfileSession:
             "timing_steps": options.timing_steps if mode in ("timeline", "timing") else 0,
         }
         if mode in ("timeline", "timing"):
-            config["plain_min"], config["plain_max"] = plain_bounds(options, bool(self.command.distributed))
+            config["plain_min"], config["plain_max"] = plain_bounds(
+                options, bool(self.command.distributed), phase1=mode == "timeline"
+            )
         if options.applied_fixes:  # profile --apply: installed by runner.py before the script runs
             config["apply"] = [{"id": f["id"], "apply": f["apply"]} for f in options.applied_fixes]
         if ncu_take:
@@ -238,11 +240,15 @@ def timeline_record(manifest: rundir.Manifest) -> rundir.TimelinePhase:
     return manifest.phases.timeline
 
 
-def plain_bounds(options: Options, distributed: bool = False) -> tuple[int, int]:
-    """The fewest and most plain steps phase 1 times (measurement.yaml's ``plain_min`` and
-    ``plain_max`` unless given; never fewer than ``--timing-steps``). Ranks of one job must
-    stay in step, so a distributed job times a fixed count (``plain_distributed``, within
-    those bounds): a transient of up to half of it can be cut."""
+def plain_bounds(options: Options, distributed: bool = False, *, phase1: bool = True) -> tuple[int, int]:
+    """The fewest and most plain steps phase 1 (``phase1``) or a timing process times
+    (measurement.yaml's ``plain_min`` and ``plain_max`` unless given; never fewer than
+    ``--timing-steps``). Ranks of one job must stay in step, so a distributed job times a fixed
+    count (``plain_distributed``, within those bounds): a transient of up to half of it can be
+    cut. Phase 1 goes on until settled only where it is the one process timed: otherwise its
+    profiler steps, which follow the plain ones, must still fit in the script, and the timing
+    processes, which stop after their plain steps, settle instead (T5-base's 40-step example
+    settled past its 26th plain step on an H100 and was profiled twice, 35 s more)."""
     if not options.timing_steps:
         return 0, 0
     from kerneltriage.analysis.timeline.steady import settings
@@ -253,6 +259,8 @@ def plain_bounds(options: Options, distributed: bool = False) -> tuple[int, int]
     if distributed:
         fixed = min(most, max(least, int(conf["plain_distributed"])))
         return fixed, fixed
+    if phase1 and options.timing_processes > 1 and not options.cpu and options.plain_max is None:
+        return least, least
     return least, most
 
 

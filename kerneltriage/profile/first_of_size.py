@@ -16,12 +16,16 @@ eagerly while such a mode is on, which would change the kernels, so a process th
 compiled graphs takes the whole step instead (``mode == "step"``). Runs inside the user's
 process: torch is passed in, never imported here.
 
-The same mode trims the step's GPU memory for every ncu pass (``trim``): before each op, the
-caching allocator's free blocks go back to the driver. Kernel replay saves and restores all of
-the process's GPU memory around each profiled launch, cached blocks included: an 8 MiB kernel
-took 0.13 s a launch with nothing else held, 0.28 s beside 40 GiB held or merely cached, and
-0.13 s once that cache was emptied (H200, ``benchmarks/probes/ncu_footprint.py``). A training
-step's cache holds its peak activations from the warm-up steps on.
+The same mode trims the step's GPU memory for every ncu pass (``trim``): before the first call
+of each op signature, the caching allocator's free blocks go back to the driver. Kernel replay
+saves and restores all of the process's GPU memory around each profiled launch, cached blocks
+included: an 8 MiB kernel took 0.13 s a launch with nothing else held, 0.28 s beside 40 GiB held
+or merely cached, and 0.13 s once that cache was emptied (H200,
+``benchmarks/probes/ncu_footprint.py``). A training step's cache holds its peak activations from
+the warm-up steps on. A later call of a signature launches the kernels, configurations and sizes
+its first call did, which ncu has profiled by then: it needs no trim, and an emptied cache makes
+every allocation after it a driver call that waits for the GPU (T5-base's step: 7,635 op calls,
+349 signatures).
 """
 
 from __future__ import annotations
@@ -38,9 +42,9 @@ _VALUE_TYPES = (int, float, bool, str, type(None))
 
 class FirstOfSize:
     """``start()`` at the profiled step's beginning, ``stop()`` at its end. ``take``: the range
-    around the first call of each op signature; ``trim``: the cache emptied before each op;
-    ``skip``: op keys (name, tensor shapes: ``analysis/timeline/one_size.py``) whose calls run
-    inside a range ncu excludes."""
+    around the first call of each op signature; ``trim``: the cache emptied before the first
+    call of each op signature; ``skip``: op keys (name, tensor shapes:
+    ``analysis/timeline/one_size.py``) whose calls run inside a range ncu excludes."""
 
     def __init__(
         self,
@@ -58,7 +62,9 @@ class FirstOfSize:
         self.skipped = 0  # calls run inside the excluded range
         self._start = range_start or torch.cuda.nvtx.range_start
         self._end = range_end or torch.cuda.nvtx.range_end
-        self.seen: set[tuple] = set()
+        self.seen: set[tuple] = set()  # signatures taken
+        self.trimmed: set[tuple] = set()  # signatures whose first call was trimmed before
+        self.trims = 0
         self.calls = 0  # ops called while the mode was on
         self.taken = 0  # ops run inside the range
         # "first-of-size"; "step" (the whole step taken: compiled graphs); "trim" (no range)
@@ -92,6 +98,8 @@ class FirstOfSize:
         if self.mode is None:
             return None
         data = {"mode": self.mode, "ops": self.calls, "taken": self.taken, "trim": self.trim}
+        if self.trim and self.mode != "step":
+            data["trims"] = self.trims
         if self.skip:
             data["skipped"] = self.skipped
         return data
@@ -99,29 +107,38 @@ class FirstOfSize:
     def call(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """Run one op, inside the range when its signature is new."""
         self.calls += 1
-        cuda = self.torch.cuda
-        # (a CUDA graph being captured may not free memory)
-        if self.trim and cuda.is_initialized() and not cuda.is_current_stream_capturing():
-            cuda.empty_cache()
+        key = self._signature_of(func, args, kwargs) if self.take or self.trim else None
+        if self.trim and (key is None or key not in self.trimmed):
+            cuda = self.torch.cuda
+            # (a CUDA graph being captured may not free memory)
+            if cuda.is_initialized() and not cuda.is_current_stream_capturing():
+                cuda.empty_cache()
+                self.trims += 1
+            if key is not None:
+                self.trimmed.add(key)
         if self.skip and _op_key(func, args, kwargs) in self.skip:
             self.skipped += 1
             return self._in_range(SKIP_RANGE, func, args, kwargs)
         if not self.take:
             return func(*args, **kwargs)
-        try:
-            key = (
-                str(func),
-                _signature(args, self.torch),
-                _signature(tuple(sorted(kwargs.items())), self.torch),
-            )
-        except Exception:  # an argument we cannot describe: take the op rather than guess
-            key = None
         if key is not None and key in self.seen:
             return func(*args, **kwargs)
         if key is not None:
             self.seen.add(key)
         self.taken += 1
         return self._in_range(TAKE_RANGE, func, args, kwargs)
+
+    def _signature_of(self, func: Any, args: tuple, kwargs: dict) -> tuple | None:
+        """The op call's signature (None: an argument we cannot describe, which is then taken
+        and trimmed rather than guessed)."""
+        try:
+            return (
+                str(func),
+                _signature(args, self.torch),
+                _signature(tuple(sorted(kwargs.items())), self.torch),
+            )
+        except Exception:
+            return None
 
     def _in_range(self, name: str, func: Any, args: tuple, kwargs: dict) -> Any:
         handle = self._start(name)

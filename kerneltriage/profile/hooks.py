@@ -530,6 +530,9 @@ class ProfiledProcess:
             data["ncu_take"] = self.first_of_size.status()
         if self.mode == "timeline":
             data["dynamo"] = {"plain": self.dynamo_plain, "end": dynamo_facts()}
+            # How much GPU memory a later process of the script takes (phase 2 overlaps one
+            # pass's exit with the next one's first steps only where two fit).
+            data["gpu_peak_mb"] = gpu_peak_mb(self.torch)
         if self.mode in ("timeline", "timing") and self.torch is not None:
             try:
                 data["step_times"] = self.step_times()
@@ -540,6 +543,16 @@ class ProfiledProcess:
         name = self.config.get("status_name") or self.mode  # processes of one mode at once
         path = logs / f"status.{name}.rank{self.rank}.json"
         path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def gpu_peak_mb(torch: Any) -> float | None:
+    """The most GPU memory the process's caching allocator held (MiB); None without CUDA."""
+    try:
+        if torch is None or not torch.cuda.is_initialized():
+            return None
+        return round(torch.cuda.max_memory_reserved() / 2**20, 1)
+    except Exception:  # a failed CUDA context must not lose the status
+        return None
 
 
 #: gzip level of the traces the process writes. The parent rewrites the timed trace anyway

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -35,12 +36,14 @@ class NcuPass(NamedTuple):
 
 
 class PassRun(NamedTuple):
-    """How one pass went: its counters exported, its seconds, launches profiled, exit code."""
+    """How one pass went: its counters exported, its seconds, launches profiled, exit code, and
+    the seconds from its first profiled launch to its last (None: fewer than two)."""
 
     ok: bool
     seconds: float
     launches: int
     exit_code: int | str | None
+    profiling: float | None = None
 
 
 class Lane(Protocol):
@@ -62,10 +65,17 @@ class PassWatch:
         self.session, self.ncu, self.cmd, self.one, self.lane = session, ncu, cmd, one, lane
         self.done = 0
         self.log_name = one.stem.replace("ncu", "phase2")
+        # When ncu printed its first and last profiled launch (a line as each one ends): their
+        # distance over the launches between is the cost of a launch, start-up and warm-up apart.
+        self.first_at: float | None = None
+        self.last_at: float | None = None
 
     def on_line(self, line: str) -> bool:
         p = ncu_tools.parse_progress(line, self.done)
         if p is not None:
+            self.last_at = time.perf_counter()
+            if self.first_at is None:
+                self.first_at = self.last_at
             self.done = p.index
             self.lane.progress(self.one, p.index, p.kernel)
             return True
@@ -99,7 +109,7 @@ class PassWatch:
                     f"ncu ({stem}) was stopped after {timeout:.0f} s ({self.done} launches profiled); "
                     "no counters from it (raise --ncu-timeout, or lower --max-kernels)"
                 )
-                return PassRun(False, seconds, self.done, exit_code)
+                return PassRun(False, seconds, self.done, exit_code, self._profiling())
         if "ERR_NVGPUCTRPERM" in log:
             lane.warn(ncu_tools.PERMISSION_HELP)
             perm = "ncu could not read the performance counters (ERR_NVGPUCTRPERM): timeline only"
@@ -110,10 +120,15 @@ class PassWatch:
             warnings.append(
                 f"{who} wrote no report (exit code {code}); last output: " + " | ".join(tail[-3:])
             )
-            return PassRun(False, seconds, self.done, exit_code)
+            return PassRun(False, seconds, self.done, exit_code, self._profiling())
         if code not in (0, TIMED_OUT):
             warnings.append(f"{who} exited with code {code} after writing its report")
-        return PassRun(True, seconds, self.done, exit_code)
+        return PassRun(True, seconds, self.done, exit_code, self._profiling())
+
+    def _profiling(self) -> float | None:
+        if self.first_at is None or self.last_at is None or self.done < 2:
+            return None
+        return self.last_at - self.first_at
 
     def export(self, run: PassRun) -> PassRun:
         """The checked report (``check``) exported to CSV in the trace's kernel spelling: ``run``,

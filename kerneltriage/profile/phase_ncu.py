@@ -427,12 +427,13 @@ def _run_passes(
     failed process kept from running)."""
     whole_run = bool(session.manifest.schedule.whole_run)
     ran: list[tuple[PassWatch, float, Future[PassRun]]] = []
+    overlap = lane.gpu is None and two_processes_fit(session)
     try:
         for watch in watches:
             one = watch.one
             start_s = time.perf_counter() - started
             if turns is not None:
-                seconds, code, tail = turns.next()
+                seconds, code, tail = turns.next(_profiled(session, one.stem) if overlap else None)
             else:
                 own = config
                 if one.first_of_size:
@@ -474,6 +475,7 @@ def _run_passes(
                 start_s=round(start_s, 2),
                 seconds=round(result.seconds, 2),
                 exit_code=result.exit_code,
+                profiling_s=round(result.profiling, 2) if result.profiling is not None else None,
             )
         )
         if not result.ok:
@@ -484,6 +486,29 @@ def _run_passes(
             why = f"its ncu pass ({later.one.stem}) did not run (the {failed} pass failed)"
             not_run.update(dict.fromkeys(later.one.kernels, why))
     return total_seconds, launches, not_run
+
+
+#: The share of the GPU's memory two processes of the script may take together, each at phase
+#: 1's peak, for one ncu pass's exit to overlap the next one's first steps.
+OVERLAP_MEMORY_SHARE = 0.8
+
+
+def two_processes_fit(session: ProfileSession) -> bool:
+    """Whether two processes of the script fit on its GPU at once (phase 1's peak)."""
+    recorded = [s.get("gpu_peak_mb") for s in session.statuses("timeline")]
+    peaks = [float(p) for p in recorded if isinstance(p, (int, float))]
+    total_gb = session.manifest.gpu.get("memory_gb")
+    if not peaks or len(peaks) < len(recorded) or not total_gb:
+        return False
+    return 2 * max(peaks) * 2**20 <= OVERLAP_MEMORY_SHARE * float(total_gb) * 1e9
+
+
+def _profiled(session: ProfileSession, stem: str) -> Callable[[], bool]:
+    """Whether the ``stem`` pass's process has ended its profiled step: its status is written
+    then, before ncu writes its report and the process exits (1.1-2.0 s on an H100), so the
+    next pass's first steps can run meanwhile."""
+    status = session.logs / f"status.{stem}.rank0.json"
+    return status.is_file
 
 
 def _in_background(export: Callable[[PassRun], PassRun], run: PassRun) -> Future[PassRun]:

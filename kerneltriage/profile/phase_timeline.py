@@ -13,7 +13,9 @@ and the PyTorch profiler takes over when nsys cannot give a timeline.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -481,6 +483,17 @@ def time_more_processes(
     step.processes_plain_ms = series
     step.host_issue_ms = host
     session.timeline_record.seconds = round(runs.seconds, 2)
+
+
+def import_statistics_in_background() -> None:
+    """Import scipy.stats (0.5-0.6 s) while phase 1 runs: the step time's interval after phase 1
+    and between timing turns needs it, and there nothing else may run meanwhile."""
+
+    def work() -> None:
+        with contextlib.suppress(ImportError):
+            import scipy.stats  # noqa: F401
+
+    threading.Thread(target=work, name="import-statistics", daemon=True).start()
 
 
 #: Processes started at once when the interval is still wide: each start-up (10-15 s for a

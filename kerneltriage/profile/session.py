@@ -28,7 +28,7 @@ from kerneltriage.profile import nsight_compute as ncu_tools
 from kerneltriage.profile.command import Command, parse_command
 from kerneltriage.profile.context import Options, ProfileSession, Reporter, too_many_for_host_memory
 from kerneltriage.profile.phase_ncu import NcuPlan, plan_ncu, run_ncu
-from kerneltriage.profile.phase_timeline import run_timeline, spare_processes
+from kerneltriage.profile.phase_timeline import import_statistics_in_background, run_timeline, spare_processes
 from kerneltriage.profile.phase_timeline_nsys import run_timeline_nsys
 from kerneltriage.profile.processes import terminate_as_interrupt
 from kerneltriage.profile.turns import Turn
@@ -82,6 +82,8 @@ def _run_phases(session: ProfileSession, target: Path) -> None:
             _calibrate(session)
         if early.ncu is not None:
             ncu_tools.prefetch(early.ncu)  # while phase 1 runs (after the calibration's timings)
+        if not options.cpu:
+            import_statistics_in_background()
         if options.timeline == "nsys" and not options.cpu:
             if not run_timeline_nsys(session):
                 run_timeline(session, start_next=early)

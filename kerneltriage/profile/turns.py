@@ -10,7 +10,9 @@ of another batch started meanwhile (phase 2's ncu processes, started during the 
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -44,15 +46,24 @@ class Turns:
     def __len__(self) -> int:
         return len(self.turns)
 
-    def next(self) -> tuple[float, int, list[str]]:
+    def next(self, gpu_done: Callable[[], bool] | None = None) -> tuple[float, int, list[str]]:
         """Run the next child: (the wall seconds its turn added: from the end of the one before,
-        or from the start of all for the first; exit code; last stderr lines)."""
+        or from the start of all for the first; exit code; last stderr lines). ``gpu_done``:
+        whether this child's GPU work has ended before it exits (polled meanwhile); the turn
+        after it then opens at once, its first steps beside this one's exit."""
         turn = self.turns[self.index]
         self.index += 1
         if self.quiet:
             self._hold_until_later_ones_wait()
         gates.open_gate(turn.gate)
-        _, code, tail = turn.child.wait()
+        watch = None
+        if gpu_done is not None and self.index < len(self.turns):
+            watch = _OpenWhenDone(turn.child, self.turns[self.index].gate, gpu_done)
+        try:
+            _, code, tail = turn.child.wait()
+        finally:
+            if watch is not None:
+                watch.stop()
         end = time.perf_counter()
         seconds, self.mark = end - self.mark, end
         return seconds, code, tail
@@ -83,3 +94,29 @@ class Turns:
         self.cancel()
         for t in self.turns:
             gates.clear(t.gate)
+
+
+class _OpenWhenDone:
+    """Opens ``gate`` once ``done()`` says so, while ``child`` is still running (a thread, so that
+    the child's own timeout still holds the turn)."""
+
+    def __init__(self, child: Child, gate: Path, done: Callable[[], bool]) -> None:
+        self.child, self.gate, self.done = child, gate, done
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopped.is_set() and not self.child.exited():
+            try:
+                done = self.done()
+            except Exception:  # cannot tell: the next turn waits for the exit, as without this
+                return
+            if done:
+                gates.open_gate(self.gate)
+                return
+            self.stopped.wait(gates.POLL_S)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=5)

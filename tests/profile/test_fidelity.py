@@ -22,7 +22,7 @@ from kerneltriage import rundir
 from kerneltriage.analysis.timeline.attribution import attribute
 from kerneltriage.cli import main
 from kerneltriage.ingest.kineto import read_trace
-from kerneltriage.profile.context import Options
+from kerneltriage.profile.context import Options, asked_plan
 from kerneltriage.profile.hooks import ProfiledProcess
 from kerneltriage.profile.phase_timeline import fitted_timing
 from kerneltriage.profile.step_plan import StepPlan
@@ -86,7 +86,7 @@ def test_a_torchrun_job_times_enough_plain_steps_to_cut_a_transient():
     from kerneltriage.profile.context import plain_bounds
 
     assert plain_bounds(Options(), distributed=True) == (40, 40)
-    assert plain_bounds(Options(), distributed=False) == (20, 60)
+    assert plain_bounds(Options(), distributed=False, phase1=False) == (20, 60)
     assert plain_bounds(Options(plain_max=30), distributed=True) == (30, 30)
     # Steps 4-43 of a job whose first 22 steps ran 15% slow (ms): the cut finds the level.
     transient = [230.0 + 5 * (i % 3) for i in range(19)]
@@ -105,15 +105,31 @@ def test_a_torchrun_job_times_enough_plain_steps_to_cut_a_transient():
     )
 
 
+def test_phase_1_settles_its_plain_steps_only_where_it_is_the_one_process_timed():
+    # Its profiler steps follow the plain ones, so plain steps that go on until settled can
+    # outlast the script (T5-base's 40 steps on an H100: profiled twice, 35 s more). Where
+    # timing processes follow, they settle (they stop after their plain steps) and phase 1
+    # times the fewest.
+    from kerneltriage.profile.context import plain_bounds
+
+    assert plain_bounds(Options()) == (20, 20)
+    assert plain_bounds(Options(), phase1=False) == (20, 60)
+    assert plain_bounds(Options(timing_processes=1)) == (20, 60)
+    assert plain_bounds(Options(cpu=True)) == (20, 60)  # a dry run times one process
+    assert plain_bounds(Options(plain_max=30)) == (20, 30)  # asked for: as asked
+    assert asked_plan(Options(warmup=3, steps=3, timing_steps=5)).stop_after == 34
+
+
 def test_a_short_script_is_profiled_again_with_the_timing_steps_it_has_room_for():
     # On a GPU the plan asks for 20 plain steps at least (measurement.yaml): 3 + 20 + 1 + 5 +
     # 1 + 1 + 3 = 34 steps. A shorter script gets fewer plain steps first, then fewer of both.
     options = Options(warmup=3, steps=3, timing_steps=5)
-    # Long enough for the fewest plain steps, yet no trace: the plain steps went on, unsettled,
-    # past the script's end (T5-base, 40 steps, on an H100). Again with those that fit, fixed.
     assert fitted_timing(options, 34) == (5, 20)
-    assert fitted_timing(options, 40) == (5, 26)
-    assert fitted_timing(options, 400) == (5, 60)  # never more than plain_max
+    # Phase 1 timed alone, long enough for the fewest plain steps, yet no trace: the plain
+    # steps went on, unsettled, past the script's end. Again with those that fit, fixed.
+    alone = Options(warmup=3, steps=3, timing_steps=5, timing_processes=1)
+    assert fitted_timing(alone, 40) == (5, 26)
+    assert fitted_timing(alone, 400) == (5, 60)  # never more than plain_max
     assert fitted_timing(options, 25) == (5, 11)  # 3 + 11 + 1 + 5 + 1 + 1 + 3 = 25
     assert fitted_timing(options, 19) == (5, 5)  # the plain steps asked, no more
     assert fitted_timing(options, 15) == (3, 3)  # 3 + 2·3 + 3 + 3 = 15

@@ -126,9 +126,10 @@ def test_the_runner_takes_the_first_of_each_size_in_its_ncu_step(tmp_path):
     assert lines.count("end") == take["taken"] + 1
 
 
-def test_trim_empties_the_cache_before_every_op_and_takes_no_range(monkeypatch):
-    # Every ncu pass trims the step's GPU memory (kernel replay saves and restores all of it);
-    # the per-configuration pass takes no range of its own.
+def test_trim_empties_the_cache_before_each_new_signature_and_takes_no_range(monkeypatch):
+    # Every ncu pass trims the step's GPU memory (kernel replay saves and restores all of it)
+    # before the first call of each op signature, the calls that launch what ncu has not yet
+    # profiled; a repeated call needs none. The per-configuration pass takes no range of its own.
     emptied = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
@@ -139,15 +140,17 @@ def test_trim_empties_the_cache_before_every_op_and_takes_no_range(monkeypatch):
     trim = fos.FirstOfSize(torch, ranges.start, ranges.end, take=False, trim=True)
     trimmed = _step_under(trim, model)
     assert all(torch.equal(a, b) for a, b in zip(plain, trimmed))
-    assert trim.status() == {"mode": "trim", "ops": trim.calls, "taken": 0, "trim": True}
-    assert len(emptied) == trim.calls > 0 and not ranges.names
-    # Both at once: the every-launch pass.
+    # The three hidden layers repeat: their later calls (forward and backward) are not trimmed.
+    assert 0 < len(emptied) == trim.trims < trim.calls and not ranges.names
+    assert trim.status() == {"mode": "trim", "ops": trim.calls, "taken": 0, "trim": True, "trims": trim.trims}
+    # Both at once (the every-launch pass): the calls trimmed are the calls taken.
     emptied.clear()
     both = fos.FirstOfSize(torch, ranges.start, ranges.end, take=True, trim=True)
     both.start()
     _step(model)
     both.stop()
-    assert len(emptied) == both.calls and both.taken == len(ranges.names) > 0
+    assert len(emptied) == both.taken == len(ranges.names) > 0
+    assert len(emptied) == trim.trims
 
 
 def test_trim_leaves_a_cuda_graph_capture_alone(monkeypatch):

@@ -124,12 +124,20 @@ wait_for_gate(conf["gate"], conf["parent_pid"])
 log.write(f"gpu {conf['name']} {time.time()}\\n"); log.flush()
 time.sleep(0.3)  # its steps on the GPU
 log.write(f"done {conf['name']} {time.time()}\\n"); log.flush()
+time.sleep(conf.get("linger_s", 0))  # after its GPU work: ncu writing its report, the exit
+log.write(f"exit {conf['name']} {time.time()}\\n"); log.flush()
 sys.exit(conf.get("exit", 0))
 """
 
 
 def _turns(
-    tmp_path: Path, starts: list[float], *, quiet: bool, exits: list[int] | None = None, first: int = 0
+    tmp_path: Path,
+    starts: list[float],
+    *,
+    quiet: bool,
+    exits: list[int] | None = None,
+    first: int = 0,
+    linger_s: float = 0.0,
 ) -> Turns:
     script = tmp_path / "child.py"
     script.write_text(CHILD)
@@ -146,6 +154,7 @@ def _turns(
                     "parent_pid": __import__("os").getpid(),
                     "log": str(tmp_path / "events.txt"),
                     "exit": (exits or [0] * len(starts))[i - first],
+                    "linger_s": linger_s,
                 }
             )
         )
@@ -214,3 +223,26 @@ def test_timed_turns_wait_for_the_next_phase_started_meanwhile(tmp_path):
     assert e[("gpu", 2)] >= e[("done", 1)] and e[("gpu", 3)] >= e[("done", 2)]
     # Each later turn took its 0.3 s on the GPU and the gate's poll, not the wait before.
     assert all(s < 0.3 + 1.0 for s in seconds)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_the_next_turn_opens_once_the_gpu_work_is_done_where_asked(tmp_path, overlap):
+    # An ncu pass's process writes its report after its profiled step (1.1-2.0 s on an H100):
+    # where two processes fit on the GPU, the next pass's first steps run meanwhile.
+    batch = _turns(tmp_path, [0.0, 0.0], quiet=False, linger_s=1.0)
+
+    def gpu_done() -> bool:
+        events = tmp_path / "events.txt"
+        return events.is_file() and "done 0 " in events.read_text()
+
+    try:
+        results = [batch.next(gpu_done if overlap else None), batch.next()]
+    finally:
+        batch.close()
+    e = _events(tmp_path)
+    assert [code for _, code, _ in results] == [0, 0]
+    assert e[("gpu", 1)] >= e[("done", 0)]
+    if overlap:
+        assert e[("gpu", 1)] < e[("exit", 0)]
+    else:
+        assert e[("gpu", 1)] >= e[("exit", 0)]

@@ -30,7 +30,8 @@ FAKE_NCU_FILTER set, the report keeps the -k filter and the export holds only th
 CSV (FAKE_NCU_LAUNCHES_CSV for an every-launch pass, when set) whose kernels it matches, as a
 real capture would. FAKE_NCU_FAIL_GPU / FAKE_NCU_HANG_GPU: that GPU's process fails / hangs.
 FAKE_NCU_IMPORT_SECONDS: an export takes that long (its end noted as "exported").
-FAKE_NCU_IMPORT_FAIL: the export of the report with that file stem fails."""
+FAKE_NCU_IMPORT_FAIL: the export of the report with that file stem fails.
+FAKE_NCU_LAUNCH_SECONDS: each profiled launch's line is followed by that long a wait."""
 import gzip, json, os, sys
 args = sys.argv[1:]
 gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "-")
@@ -103,7 +104,10 @@ elif gpu == os.environ.get("FAKE_NCU_FAIL_GPU"):
 else:
     for line in open(os.environ["FAKE_NCU_PROGRESS"]):
         if line.startswith("==PROF== Profiling"):
-            print(line.rstrip())
+            print(line.rstrip(), flush=True)
+            if os.environ.get("FAKE_NCU_LAUNCH_SECONDS"):  # what each profiled launch takes
+                import time
+                time.sleep(float(os.environ["FAKE_NCU_LAUNCH_SECONDS"]))
     report = args[args.index("-o") + 1] + ".ncu-rep"
     asked = {"k": args[args.index("-k") + 1] if "-k" in args else "regex:.", "every": "--filter-mode" not in args}
     open(report, "w").write(json.dumps(asked))
@@ -305,6 +309,7 @@ def test_progress_from_a_recorded_ncu_log():
 
 
 def test_phase_two_end_to_end_with_a_stand_in_ncu(tmp_path, monkeypatch, fake_ncu):
+    monkeypatch.setenv("FAKE_NCU_LAUNCH_SECONDS", "0.02")
     out = _run_dir(tmp_path)
     manifest, _, events = _phase(out, tmp_path, monkeypatch)
     assert (out / rundir.NCU_CSV).is_file()
@@ -358,7 +363,9 @@ def test_phase_two_end_to_end_with_a_stand_in_ncu(tmp_path, monkeypatch, fake_nc
         30,
     )
     assert (second["stem"], second["gpu"], second["exit_code"]) == ("ncu", None, 0)
-    assert second["start_s"] >= first["start_s"] + first["seconds"] - 0.01
+    assert second["start_s"] >= first["start_s"] + first["seconds"] - 0.02  # each rounded to 0.01 s
+    # A launch's cost: from the first profiled launch's line to the last's (29 waits of 0.02 s).
+    assert 29 * 0.02 <= first["profiling_s"] < first["seconds"]
     assert manifest.versions["ncu"] == "2025.3.1.0"
     profile_call = next(line for line in fake_ncu.read_text().splitlines() if "per-launch-config" in line)
     assert "--nvtx-include kerneltriage.ncu" in profile_call

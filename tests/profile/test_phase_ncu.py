@@ -441,3 +441,25 @@ def test_phase_two_waits_for_the_timing_processes_where_the_host_memory_is_short
         assert len(waiting) == 2 and not manifest.notes
     finally:
         again.close()
+
+
+@pytest.mark.parametrize(
+    ("peaks", "memory_gb", "fit"),
+    [
+        ([30_000.0], 85.0, True),  # T5-base-sized on an H100: 2 x 31 GB in 80% of 85 GB
+        ([34_000.0], 85.0, False),  # 2 x 35.7 GB > 68 GB
+        ([None], 85.0, False),  # phase 1 recorded no peak (an older runner, no CUDA)
+        ([], 85.0, False),
+        ([1_000.0], None, False),  # the GPU's memory unknown
+    ],
+)
+def test_one_pass_exits_beside_the_next_ones_first_steps_only_where_two_fit(peaks, memory_gb, fit):
+    from types import SimpleNamespace
+
+    from kerneltriage.profile.phase_ncu import two_processes_fit
+
+    session = SimpleNamespace(
+        statuses=lambda mode: [{"gpu_peak_mb": p} for p in peaks] if mode == "timeline" else [],
+        manifest=SimpleNamespace(gpu={"memory_gb": memory_gb} if memory_gb else {}),
+    )
+    assert two_processes_fit(session) is fit

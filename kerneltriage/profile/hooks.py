@@ -546,11 +546,13 @@ class ProfiledProcess:
 
 
 def gpu_peak_mb(torch: Any) -> float | None:
-    """The most GPU memory the process's caching allocator held (MiB); None without CUDA."""
+    """The most GPU memory the process's caching allocator held on any one GPU (MiB); None
+    without CUDA."""
     try:
         if torch is None or not torch.cuda.is_initialized():
             return None
-        return round(torch.cuda.max_memory_reserved() / 2**20, 1)
+        peak = max(torch.cuda.max_memory_reserved(d) for d in range(torch.cuda.device_count()))
+        return round(peak / 2**20, 1)
     except Exception:  # a failed CUDA context must not lose the status
         return None
 

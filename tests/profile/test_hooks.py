@@ -1,5 +1,5 @@
-"""The traces the profiled process writes (``hooks._write_trace``): Kineto's JSON gzipped at a
-fast level, written atomically, nothing left behind when the export fails."""
+"""What the profiled process writes (``hooks.py``): its traces, Kineto's JSON gzipped at a fast
+level, written atomically, nothing left behind when the export fails; its GPU memory peak."""
 
 from __future__ import annotations
 
@@ -46,3 +46,25 @@ def test_a_failed_export_leaves_no_partial_file(tmp_path):
         hooks._write_trace(_Profiler(fail=True), tmp_path / "trace.json.gz")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json.gz"]
     assert (tmp_path / "trace.json.gz").read_bytes() == b"earlier"
+
+
+def test_the_gpu_peak_is_the_fullest_gpus_and_none_without_cuda():
+    # Phase 2 overlaps one pass's exit with the next one's first steps only where two processes
+    # at this peak fit on a GPU: a process spread over GPUs counts its fullest one.
+    from types import SimpleNamespace
+
+    from kerneltriage.profile.hooks import gpu_peak_mb
+
+    reserved = {0: 2**30, 1: 3 * 2**30}
+    cuda = SimpleNamespace(
+        is_initialized=lambda: True, device_count=lambda: 2, max_memory_reserved=lambda d: reserved[d]
+    )
+    assert gpu_peak_mb(SimpleNamespace(cuda=cuda)) == 3072.0
+    assert gpu_peak_mb(SimpleNamespace(cuda=SimpleNamespace(is_initialized=lambda: False))) is None
+    assert gpu_peak_mb(None) is None
+
+    def broken(device: int) -> int:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    cuda.max_memory_reserved = broken
+    assert gpu_peak_mb(SimpleNamespace(cuda=cuda)) is None

@@ -31,7 +31,8 @@ CSV (FAKE_NCU_LAUNCHES_CSV for an every-launch pass, when set) whose kernels it 
 real capture would. FAKE_NCU_FAIL_GPU / FAKE_NCU_HANG_GPU: that GPU's process fails / hangs.
 FAKE_NCU_IMPORT_SECONDS: an export takes that long (its end noted as "exported").
 FAKE_NCU_IMPORT_FAIL: the export of the report with that file stem fails.
-FAKE_NCU_LAUNCH_SECONDS: each profiled launch's line is followed by that long a wait."""
+FAKE_NCU_LAUNCH_SECONDS: each profiled launch's line is followed by that long a wait.
+FAKE_NCU_STATUS: the runner's status is written before FAKE_NCU_SECONDS pass and ncu ends."""
 import gzip, json, os, sys
 args = sys.argv[1:]
 gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "-")
@@ -111,6 +112,10 @@ else:
     report = args[args.index("-o") + 1] + ".ncu-rep"
     asked = {"k": args[args.index("-k") + 1] if "-k" in args else "regex:.", "every": "--filter-mode" not in args}
     open(report, "w").write(json.dumps(asked))
+    if os.environ.get("FAKE_NCU_STATUS") and conf.get("status_name"):
+        # The runner's status, written after its profiled step: ncu then writes its report.
+        status = os.path.join(conf["out"], "logs", f"status.{conf['status_name']}.rank0.json")
+        open(status, "w").write(json.dumps({"status": "ok", "mode": "ncu"}))
     if os.environ.get("FAKE_NCU_SECONDS"):
         import time
         time.sleep(float(os.environ["FAKE_NCU_SECONDS"]))

@@ -297,6 +297,17 @@ def test_the_next_pass_starts_up_while_the_one_before_profiles(tmp_path, monkeyp
     assert (out / rundir.NCU_CSV).is_file() and (out / rundir.NCU_LAUNCHES_CSV).is_file()
 
 
+def test_the_next_pass_opens_at_the_status_where_two_processes_fit(tmp_path, monkeypatch, fake_ncu):
+    # The every-launch pass's process writes its status after its profiled step; ncu then
+    # writes the report and the process exits (1.1-2.0 s on an H100). Where two processes of the
+    # script fit on the GPU (two_processes_fit, tested above), the next pass opens meanwhile.
+    monkeypatch.setattr("kerneltriage.profile.phase_ncu.two_processes_fit", lambda session: True)
+    out, phase, events = _one_gpu_with_times(tmp_path, monkeypatch, FAKE_NCU_SECONDS="1", FAKE_NCU_STATUS="1")
+    assert events[("open", "ncu")] < events[("end", "ncu.launches")]
+    assert [(r["stem"], r["exit_code"]) for r in phase["passes"]] == [("ncu.launches", 0), ("ncu", 0)]
+    assert (out / rundir.NCU_CSV).is_file() and (out / rundir.NCU_LAUNCHES_CSV).is_file()
+
+
 def test_a_pass_is_exported_while_the_next_one_profiles(tmp_path, monkeypatch, fake_ncu):
     # ncu reads a report on the CPU: the every-launch pass's export runs while the
     # per-configuration pass has the GPU, not between the two.

@@ -8,7 +8,8 @@ e.g. ``STAGES=profile bash benchmarks/gpu_ladder.sh OUT -- CMD``) and prints, as
   recorded (before the timing processes start), phase 2's plan;
 - each process of the script with its milestones, in seconds since its runner started: torch
   imported, at its gate (started with others, held at its first CUDA use), gate opened, first
-  step ended, warm-up done, the ncu range, finished. "start-up" is what ran before the GPU
+  step ended, warm-up done, at its measure gate and that gate opened (an ncu process started
+  beside another pass's, held before its profiled step), the ncu range, finished. "start-up" is what ran before the GPU
   was its own (the part that overlaps other processes when it was started with them).
 
     python benchmarks/profile_phases.py RUN [RUN ...] [--out FILE]
@@ -28,6 +29,8 @@ MILESTONES = (
     "gate_open",
     "step1",
     "warmup",
+    "at_measure",
+    "measure_open",
     "ncu_start",
     "ncu_end",
     "finished",

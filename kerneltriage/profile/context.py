@@ -130,6 +130,7 @@ class ProfileSession:
         ncu_take: str | None = None,
         gated: bool = True,
         ncu_skip: list[tuple[str, tuple]] | None = None,
+        measure_gate: bool = False,
     ) -> Path:
         """The runner's settings for a ``mode`` process (``logs/config.<mode>.json``), from the
         session's options unless given; that mode's old status files go. ``name``: one of
@@ -137,7 +138,8 @@ class ProfileSession:
         and gate of its own (``gated=False``: no gate, for a process that runs alone under its
         own name). ``ncu_take="first-of-size"``: an ncu process marks the first call of each op
         signature of its step (``first_of_size.py``); ``ncu_skip``: the op keys whose calls it
-        runs inside the range ncu excludes."""
+        runs inside the range ncu excludes. ``measure_gate``: a gated process also waits at a
+        second gate before its profiled step (``turns.py``)."""
         if options is None:
             options = self.options
         config: dict[str, Any] = {
@@ -174,6 +176,8 @@ class ProfileSession:
         if name is not None and gated:
             config["gate"] = str((self.logs / f"gate.{name}").resolve())
             config["parent_pid"] = os.getpid()
+            if measure_gate:
+                config["measure_gate"] = str((self.logs / f"measure.{name}").resolve())
         path = self.logs / f"config.{stem}.json"
         path.write_text(json.dumps(config, indent=2) + "\n")
         for stale in self.logs.glob(f"status.{stem}.rank*.json"):
@@ -192,9 +196,10 @@ class ProfileSession:
     ) -> Turn:
         """A child for ``Turns``: ``cmd`` with ``config`` (written with a ``name``), logged as
         ``run`` logs, not started yet."""
-        gate = Path(json.loads(config.read_text())["gate"])
+        settings = json.loads(config.read_text())
+        measure = Path(settings["measure_gate"]) if settings.get("measure_gate") else None
         child = Child(cmd, config, self.logs / log, echo or self.reporter.output, on_line, timeout)
-        return Turn(child, gate)
+        return Turn(child, Path(settings["gate"]), measure)
 
     def run(
         self,

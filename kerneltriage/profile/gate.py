@@ -97,6 +97,10 @@ def at_gate(gate: Path) -> bool:
     return Path(str(gate) + READY).exists()
 
 
+def is_open(gate: Path) -> bool:
+    return Path(str(gate) + OPEN).exists()
+
+
 def open_gate(gate: Path) -> None:
     Path(str(gate) + OPEN).touch()
 

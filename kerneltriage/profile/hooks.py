@@ -61,7 +61,13 @@ from typing import Any
 
 from kerneltriage import annotate, rundir
 from kerneltriage.profile.module_ranges import ModuleRanges, is_compiling_function, not_compiling
-from kerneltriage.profile.process_facts import dynamo_facts, environment, max_rss_mb, profiler_enabled
+from kerneltriage.profile.process_facts import (
+    dynamo_facts,
+    environment,
+    gpu_peak_mb,
+    max_rss_mb,
+    profiler_enabled,
+)
 from kerneltriage.profile.step_clock import StepClock, plain_settled
 from kerneltriage.profile.step_plan import (
     CAPTURE_RANGE,
@@ -375,6 +381,11 @@ class ProfiledProcess:
         to issue a step (``host_issue_ms``). Then it stops. Nothing else is installed."""
         plan = self.plan
         last_plain = plan.warmup + plan.plain_count
+        gate = self.config.get("measure_gate")
+        if gate and self.steps_seen == max(1, plan.warmup - 1) and self._cuda_clock:
+            # Started beside another timing process: wait for the GPU to be this one's before
+            # the last warm-up step, so that a step after the wait is never timed.
+            self._hold_at_measure_gate(Path(gate), release=False)
         if self.steps_seen <= last_plain:
             self._mark(self.steps_seen)
             if self.steps_seen < last_plain or self._extend_plain():
@@ -428,6 +439,8 @@ class ProfiledProcess:
 
     def _open_ncu_range(self) -> None:
         if self.ncu_range is None and self.rank == int(self.config.get("ncu_rank", 0)):
+            if self.config.get("measure_gate"):
+                self._hold_at_measure_gate(Path(self.config["measure_gate"]), release=True)
             self.milestone("ncu_start")
             self.ncu_range = self.torch.cuda.nvtx.range_start(NCU_RANGE)
             if self.config.get("profiler_api"):
@@ -444,6 +457,23 @@ class ProfiledProcess:
 
                 self.first_of_size = FirstOfSize(self.torch, take=take, trim=trim, skip=skip)
                 self.first_of_size.start()
+
+    def _hold_at_measure_gate(self, gate: Path, *, release: bool) -> None:
+        """Wait for the parent before the steps this process is there for: another process of
+        the script may be timing or profiling its own (nothing else may run on the GPU then).
+        What the warm-up queued is finished first. ``release`` (an ncu process): the blocks the
+        warm-up left cached go back, so that it holds only its live tensors while the other's
+        kernels are replayed; a timing process keeps them, as the script alone would."""
+        from kerneltriage.profile.gate import wait_for_gate
+
+        torch = self.torch
+        if torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+            if release:
+                torch.cuda.empty_cache()
+        self.milestone("at_measure")
+        wait_for_gate(gate, int(self.config["parent_pid"]))
+        self.milestone("measure_open")
 
     def _close_ncu_range(self) -> None:
         if self.ncu_range is None:
@@ -543,18 +573,6 @@ class ProfiledProcess:
         name = self.config.get("status_name") or self.mode  # processes of one mode at once
         path = logs / f"status.{name}.rank{self.rank}.json"
         path.write_text(json.dumps(data, indent=2) + "\n")
-
-
-def gpu_peak_mb(torch: Any) -> float | None:
-    """The most GPU memory the process's caching allocator held on any one GPU (MiB); None
-    without CUDA."""
-    try:
-        if torch is None or not torch.cuda.is_initialized():
-            return None
-        peak = max(torch.cuda.max_memory_reserved(d) for d in range(torch.cuda.device_count()))
-        return round(peak / 2**20, 1)
-    except Exception:  # a failed CUDA context must not lose the status
-        return None
 
 
 #: gzip level of the traces the process writes. The parent rewrites the timed trace anyway

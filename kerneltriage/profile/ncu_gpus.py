@@ -39,6 +39,10 @@ START_COST_LAUNCHES = 75
 #: adds only its warm-up steps under ncu, 2.3-4.4 s from its gate's opening to its profiled
 #: step on an H200 (2026-11-27, four models), some 15 launches at 0.2-0.4 s.
 START_COST_GATED = 15
+#: ... and a second process on a GPU that runs one already, started with it and held before its
+#: profiled step (``turns.py``, measure gates): its start-up and warm-up overlap the first's,
+#: so it adds little more than their two warm-ups sharing the GPU.
+START_COST_BESIDE = 3
 #: Seconds ``nvidia-smi -L`` may take before the GPUs count as one.
 SMI_TIMEOUT = 20.0
 
@@ -220,6 +224,7 @@ def plan_shares(
     gpus: list[Gpu],
     whole_run: bool,
     start_cost: float = START_COST_LAUNCHES,
+    second_start: float | None = None,
 ) -> list[Share]:
     """The hot kernels shared among ``gpus``: every kernel on one GPU, with its own policy.
 
@@ -230,7 +235,9 @@ def plan_shares(
     launches, and a GPU runs its passes one after the other; of the ways to give the
     per-configuration kernels to the first 1, 2, … GPUs (heaviest kernel first, to the GPU that
     finishes it soonest), the one that ends soonest wins, then the one with fewer processes.
-    GPUs left without kernels are not in the result.
+    ``second_start``: what a GPU's second process costs (the first GPU's per-configuration pass
+    after its every-launch pass), ``start_cost`` unless given. GPUs left without kernels are
+    not in the result.
     """
     every = set() if whole_run else set(hot.variable)
     variable = [n for n in hot.names if n in every]
@@ -246,7 +253,10 @@ def plan_shares(
         where = range(1, used + 1) if variable and used < n else range(used)
         cost = [first] + [0.0] * (n - 1)
         on: list[list[str]] = [[] for _ in range(n)]
-        _fill(configs, where, cost, on, start_cost)
+        starts = [start_cost] * n
+        if variable:
+            starts[0] = start_cost if second_start is None else second_start
+        _fill(configs, where, cost, on, starts)
         rank = (max(cost), sum(bool(c) for c in on) + bool(variable))
         if best is None or rank < best[0]:
             best = (rank, on)
@@ -261,12 +271,13 @@ def plan_shares(
 
 
 def _fill(
-    weights: dict[str, int], where: range, cost: list[float], into: list[list[str]], start: float
+    weights: dict[str, int], where: range, cost: list[float], into: list[list[str]], starts: list[float]
 ) -> None:
-    """Longest-first: each kernel to the GPU of ``where`` that would finish it soonest."""
+    """Longest-first: each kernel to the GPU of ``where`` that would finish it soonest; a GPU's
+    first kernel adds its process's start (``starts``)."""
     for name, weight in sorted(weights.items(), key=lambda kv: -kv[1]):
-        g = min(where, key=lambda i: (cost[i] + weight + (0 if into[i] else start), i))
-        cost[g] += weight + (0 if into[g] else start)
+        g = min(where, key=lambda i: (cost[i] + weight + (0 if into[i] else starts[i]), i))
+        cost[g] += weight + (0 if into[g] else starts[g])
         into[g].append(name)
 
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from kerneltriage import rundir
 from kerneltriage.analysis.rules import load_rules
 from kerneltriage.errors import ToolError
-from kerneltriage.profile import ncu_gpus, ncu_passes
+from kerneltriage.profile import ncu_gpus, ncu_passes, pairs
 from kerneltriage.profile import nsight_compute as ncu_tools
 from kerneltriage.profile.context import ProfileSession
 from kerneltriage.profile.ncu_lanes import GpuLane, LaneBoard, interrupt
@@ -149,7 +149,8 @@ def plan_ncu(session: ProfileSession, ncu: str, *, early: bool = False) -> NcuPl
         scaled_configs=one.skipped if one and one.skip else None,
     )
     start_cost = ncu_gpus.START_COST_GATED if early else ncu_gpus.START_COST_LAUNCHES
-    shares, order = _shares(session, hot, timeline, whole_run, start_cost, one)
+    second = ncu_gpus.START_COST_BESIDE if pairs.measure_gates(session, 2) else None
+    shares, order = _shares(session, hot, timeline, whole_run, (start_cost, second), one)
     session.ncu_record.plan_seconds = round(time.perf_counter() - planned_from, 2)
     return NcuPlan(session, ncu, hot, metrics, config, shares, order, one if one and one.skip else None)
 
@@ -243,12 +244,13 @@ def _shares(
     hot: HotKernels,
     timeline: Timeline,
     whole_run: bool,
-    start_cost: float,
+    start_cost: tuple[float, float | None],
     one: OneSize | None = None,
 ) -> tuple[list[ncu_gpus.Share], list[tuple]]:
     """Each GPU's share of the hot kernels when phase 2 is split over several (at least two
     shares; none: one ncu process at a time), and the step's launch order their exports are
-    merged in. Why several visible GPUs go unused is recorded."""
+    merged in. ``start_cost``: what a process start costs, and a GPU's second (``plan_shares``).
+    Why several visible GPUs go unused is recorded."""
     if session.options.ncu_gpus == 1 or len(hot.names) < 2:
         return [], []
     gpus = ncu_gpus.visible_gpus()
@@ -272,7 +274,7 @@ def _shares(
         # Configurations left to scaling cost no launch: the split balances what is profiled.
         configs = {n: max(1, c - one.skipped_by_base.get(n, 0)) for n, c in step.configs.items()}
         step = dataclasses.replace(step, configs=configs)
-    shares = ncu_gpus.plan_shares(hot, step, choice.gpus, whole_run, start_cost)
+    shares = ncu_gpus.plan_shares(hot, step, choice.gpus, whole_run, *start_cost)
     if len(shares) < 2:
         return [], []
     session.ncu_record.gpus = [share.gpu.device for share in shares]
@@ -394,12 +396,18 @@ def _prepare_passes(
         watches.append(PassWatch(session, ncu, cmd, one, lane))
     if session.command.distributed or not (len(passes) > 1 or early):
         return watches, None
+    measure = pairs.measure_gates(session, len(passes))
     turns = Turns(
         [
             lane.turn(
                 w.cmd,
                 session.write_config(
-                    "ncu", whole_run=whole_run, name=w.one.stem, ncu_take=_take(w.one), ncu_skip=w.one.skip
+                    "ncu",
+                    whole_run=whole_run,
+                    name=w.one.stem,
+                    ncu_take=_take(w.one),
+                    ncu_skip=w.one.skip,
+                    measure_gate=measure,
                 ),
                 w.log_name,
                 w.on_line,
@@ -427,13 +435,13 @@ def _run_passes(
     failed process kept from running)."""
     whole_run = bool(session.manifest.schedule.whole_run)
     ran: list[tuple[PassWatch, float, Future[PassRun]]] = []
-    overlap = lane.gpu is None and two_processes_fit(session)
+    overlap = pairs.two_processes_fit(session)
     try:
         for watch in watches:
             one = watch.one
             start_s = time.perf_counter() - started
             if turns is not None:
-                seconds, code, tail = turns.next(_profiled(session, one.stem) if overlap else None)
+                seconds, code, tail = turns.next(pairs.status_written(session, one.stem) if overlap else None)
             else:
                 own = config
                 if one.first_of_size:
@@ -486,29 +494,6 @@ def _run_passes(
             why = f"its ncu pass ({later.one.stem}) did not run (the {failed} pass failed)"
             not_run.update(dict.fromkeys(later.one.kernels, why))
     return total_seconds, launches, not_run
-
-
-#: The share of the GPU's memory two processes of the script may take together, each at phase
-#: 1's peak, for one ncu pass's exit to overlap the next one's first steps.
-OVERLAP_MEMORY_SHARE = 0.8
-
-
-def two_processes_fit(session: ProfileSession) -> bool:
-    """Whether two processes of the script fit on its GPU at once (phase 1's peak)."""
-    recorded = [s.get("gpu_peak_mb") for s in session.statuses("timeline")]
-    peaks = [float(p) for p in recorded if isinstance(p, (int, float))]
-    total_gb = session.manifest.gpu.get("memory_gb")
-    if not peaks or len(peaks) < len(recorded) or not total_gb:
-        return False
-    return 2 * max(peaks) * 2**20 <= OVERLAP_MEMORY_SHARE * float(total_gb) * 1e9
-
-
-def _profiled(session: ProfileSession, stem: str) -> Callable[[], bool]:
-    """Whether the ``stem`` pass's process has ended its profiled step: its status is written
-    then, before ncu writes its report and the process exits (1.1-2.0 s on an H100), so the
-    next pass's first steps can run meanwhile."""
-    status = session.logs / f"status.{stem}.rank0.json"
-    return status.is_file
 
 
 def _in_background(export: Callable[[PassRun], PassRun], run: PassRun) -> Future[PassRun]:

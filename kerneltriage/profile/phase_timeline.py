@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from kerneltriage import rundir
 from kerneltriage.errors import ToolError
+from kerneltriage.profile import pairs
 from kerneltriage.profile.command import Command
 from kerneltriage.profile.context import (
     Options,
@@ -398,11 +399,14 @@ def time_more_processes(
     # processes one more batch would start come with them, held at their gates until the
     # interval says whether they are needed (a process stopped at its gate cost no wall time;
     # one started later pays its 10-17 s start-up alone).
+    # Two at a time where two fit on the GPU: both start up and warm up at once, each held
+    # before its plain steps until the GPU is its own (``turns.py``, measure gates).
+    paired = pairs.measure_gates(session, 2)
     batch = Turns(
         [
             session.turn(
                 session.command.with_runner(),
-                session.write_config("timing", whole_run=False, name=f"timing{i}"),
+                session.write_config("timing", whole_run=False, name=f"timing{i}", measure_gate=paired),
                 f"timing{i}",
             )
             for i in range(1, options.timing_processes + spare_processes(session))
@@ -449,7 +453,9 @@ def time_more_processes(
                         [
                             session.turn(
                                 session.command.with_runner(),
-                                session.write_config("timing", whole_run=False, name=f"timing{j}"),
+                                session.write_config(
+                                    "timing", whole_run=False, name=f"timing{j}", measure_gate=paired
+                                ),
                                 f"timing{j}",
                             )
                             for j in range(i, min(most, i + MORE_AT_ONCE))
@@ -458,13 +464,13 @@ def time_more_processes(
                     )
                     batch.also_wait_for(others)
                     batches.append(batch)
-                seconds, code, _ = batch.next()
+                seconds, code, _ = batch.next(_done_when(session, batch, name))
             else:
                 session.reporter.phase(
                     "timing", f"process {i + 1} of {options.timing_processes}: warm-up and plain steps"
                 )
                 name = f"timing{i}"
-                seconds, code, _ = batch.next()
+                seconds, code, _ = batch.next(_done_when(session, batch, name))
             runs.seconds += seconds
             first = min(session.statuses(name), key=lambda s: s.get("rank", 0), default={})
             plain = (first.get("step_times") or {}).get("plain_ms") or []
@@ -483,6 +489,12 @@ def time_more_processes(
     step.processes_plain_ms = series
     step.host_issue_ms = host
     session.timeline_record.seconds = round(runs.seconds, 2)
+
+
+def _done_when(session: ProfileSession, batch: Turns, name: str) -> Callable[[], bool] | None:
+    """When the next timing process's steps are done (its status written), where the one after
+    it starts with it; None otherwise (a spare is started only once it is needed)."""
+    return pairs.status_written(session, name) if batch.pairs_with_next() else None
 
 
 def import_statistics_in_background() -> None:

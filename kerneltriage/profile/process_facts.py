@@ -1,5 +1,5 @@
 """What the profiled process says about itself: versions and GPU, Dynamo's own counts, whether
-a profiler is on, and its peak host memory.
+a profiler is on, its peak host memory and its peak GPU memory.
 
 Runs inside the user's process (``hooks.py``): torch is passed in, never imported here, and
 Dynamo is read only when the program already loaded it.
@@ -92,3 +92,15 @@ def environment(torch: Any) -> dict[str, Any]:
             "count": torch.cuda.device_count(),
         }
     return env
+
+
+def gpu_peak_mb(torch: Any) -> float | None:
+    """The most GPU memory the process's caching allocator held on any one GPU (MiB); None
+    without CUDA."""
+    try:
+        if torch is None or not torch.cuda.is_initialized():
+            return None
+        peak = max(torch.cuda.max_memory_reserved(d) for d in range(torch.cuda.device_count()))
+        return round(peak / 2**20, 1)
+    except Exception:  # a failed CUDA context must not lose the status
+        return None

@@ -6,6 +6,13 @@ opens only once every later child is at its gate or has exited, so no start-up s
 with timed steps; past ``hold_limit`` seconds of waiting for that, it opens anyway (a script
 that builds its inputs for minutes before touching the GPU). ``also_wait_for`` adds the turns
 of another batch started meanwhile (phase 2's ncu processes, started during the timing ones).
+
+A turn may have a second gate, ``measure``, that its process waits at before the step it is
+there for (an ncu pass's profiled step), its start-up, first step and warm-up done. Where the
+caller says one turn's GPU work is over before its exit (``next(gpu_done)``), the next turn
+with such a gate is started with this one: both warm up at once, each then holds at its
+measure gate, and this one's opens only once the next one is waiting there (its warm-up is
+GPU work too); the next one's opens when this one's GPU work is done.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ HOLD_LIMIT_S = 120.0
 class Turn(NamedTuple):
     child: Child
     gate: Path
+    measure: Path | None = None  # the gate before its measured step (None: none)
 
 
 class Turns:
@@ -36,6 +44,8 @@ class Turns:
         self.others: list[Turn] = []  # another batch's, held at their gates meanwhile
         for t in turns:
             gates.clear(t.gate)
+            if t.measure is not None:
+                gates.clear(t.measure)
         try:
             for t in turns:
                 t.child.start()
@@ -50,15 +60,32 @@ class Turns:
         """Run the next child: (the wall seconds its turn added: from the end of the one before,
         or from the start of all for the first; exit code; last stderr lines). ``gpu_done``:
         whether this child's GPU work has ended before it exits (polled meanwhile); the turn
-        after it then opens at once, its first steps beside this one's exit."""
+        after it then opens at once, its first steps beside this one's exit (or, where both
+        have measure gates, it is started with this one and its measured step opens then)."""
         turn = self.turns[self.index]
         self.index += 1
+        after = self.turns[self.index] if self.index < len(self.turns) else None
         if self.quiet:
             self._hold_until_later_ones_wait()
+        fresh = not gates.is_open(turn.gate)
         gates.open_gate(turn.gate)
+        ahead = (
+            gpu_done is not None
+            and fresh
+            and turn.measure is not None
+            and after is not None
+            and after.measure is not None
+        )
+        if ahead:
+            assert after is not None and after.measure is not None
+            gates.open_gate(after.gate)  # its start-up and warm-up beside this one's
+            self._hold_until_measuring(after)
+        if turn.measure is not None:
+            gates.open_gate(turn.measure)
         watch = None
-        if gpu_done is not None and self.index < len(self.turns):
-            watch = _OpenWhenDone(turn.child, self.turns[self.index].gate, gpu_done)
+        if gpu_done is not None and after is not None:
+            target = after.measure if after.measure is not None and gates.is_open(after.gate) else after.gate
+            watch = _OpenWhenDone(turn.child, target, gpu_done)
         try:
             _, code, tail = turn.child.wait()
         finally:
@@ -67,6 +94,14 @@ class Turns:
         end = time.perf_counter()
         seconds, self.mark = end - self.mark, end
         return seconds, code, tail
+
+    def pairs_with_next(self) -> bool:
+        """Whether the next turn, given ``gpu_done``, starts with the one after it (both have
+        measure gates and neither has been let through yet)."""
+        if self.index + 1 >= len(self.turns):
+            return False
+        turn, after = self.turns[self.index], self.turns[self.index + 1]
+        return turn.measure is not None and after.measure is not None and not gates.is_open(turn.gate)
 
     def also_wait_for(self, others: list[Turn]) -> None:
         """Open a timed turn only once ``others`` (another batch's) are at their gates too."""
@@ -84,6 +119,15 @@ class Turns:
                 return
             time.sleep(gates.POLL_S)
 
+    def _hold_until_measuring(self, turn: Turn) -> None:
+        """Until ``turn`` waits at its measure gate (its warm-up done) or has exited."""
+        assert turn.measure is not None
+        deadline = time.monotonic() + self.hold_limit
+        while time.monotonic() < deadline:
+            if gates.at_gate(turn.measure) or turn.child.exited():
+                return
+            time.sleep(gates.POLL_S)
+
     def cancel(self) -> None:
         """Stop every child not yet run (a failed turn makes the later ones pointless)."""
         for t in self.turns[self.index :]:
@@ -94,6 +138,8 @@ class Turns:
         self.cancel()
         for t in self.turns:
             gates.clear(t.gate)
+            if t.measure is not None:
+                gates.clear(t.measure)
 
 
 class _OpenWhenDone:

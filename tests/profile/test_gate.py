@@ -122,6 +122,11 @@ time.sleep(conf["start_s"])  # the host's start-up: imports, the model built
 log.write(f"ready {conf['name']} {time.time()}\\n"); log.flush()
 wait_for_gate(conf["gate"], conf["parent_pid"])
 log.write(f"gpu {conf['name']} {time.time()}\\n"); log.flush()
+if conf.get("measure"):  # its first step and warm-up, then the step it is there for
+    time.sleep(conf["warmup_s"])
+    log.write(f"warm {conf['name']} {time.time()}\\n"); log.flush()
+    wait_for_gate(conf["measure"], conf["parent_pid"])
+    log.write(f"measured {conf['name']} {time.time()}\\n"); log.flush()
 time.sleep(0.3)  # its steps on the GPU
 log.write(f"done {conf['name']} {time.time()}\\n"); log.flush()
 time.sleep(conf.get("linger_s", 0))  # after its GPU work: ncu writing its report, the exit
@@ -138,12 +143,14 @@ def _turns(
     exits: list[int] | None = None,
     first: int = 0,
     linger_s: float = 0.0,
+    warmups: list[float] | None = None,
 ) -> Turns:
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     turns = []
     for i, start_s in enumerate(starts, start=first):
         gate = tmp_path / f"gate.{i}"
+        measure = tmp_path / f"measure.{i}" if warmups is not None else None
         config = tmp_path / f"config.{i}.json"
         config.write_text(
             json.dumps(
@@ -155,13 +162,15 @@ def _turns(
                     "log": str(tmp_path / "events.txt"),
                     "exit": (exits or [0] * len(starts))[i - first],
                     "linger_s": linger_s,
+                    "measure": str(measure) if measure else None,
+                    "warmup_s": warmups[i - first] if warmups is not None else 0.0,
                 }
             )
         )
         child = Child(
             [sys.executable, str(script)], config, tmp_path / f"child{i}", lambda line, stream: None
         )
-        turns.append(Turn(child, gate))
+        turns.append(Turn(child, gate, measure))
     return Turns(turns, quiet=quiet)
 
 
@@ -246,3 +255,61 @@ def test_the_next_turn_opens_once_the_gpu_work_is_done_where_asked(tmp_path, ove
         assert e[("gpu", 1)] < e[("exit", 0)]
     else:
         assert e[("gpu", 1)] >= e[("exit", 0)]
+
+
+def test_turns_with_measure_gates_warm_up_in_pairs_and_measure_in_turn(tmp_path):
+    # ncu passes: each process holds before its profiled step. Where the caller says when a
+    # turn's GPU work is done, the next one starts with it; the first measures only once the
+    # second waits at its measure gate (the second warms up slower), the second once the
+    # first's GPU work is done, before its exit. The third starts at the second's end of work.
+    batch = _turns(tmp_path, [0.0, 0.0, 0.0], quiet=False, linger_s=0.8, warmups=[0.1, 0.6, 0.1])
+
+    def done(i: int):
+        def gpu_done() -> bool:
+            events = tmp_path / "events.txt"
+            return events.is_file() and f"done {i} " in events.read_text()
+
+        return gpu_done
+
+    try:
+        results = [batch.next(done(i)) for i in range(3)]
+    finally:
+        batch.close()
+    e = _events(tmp_path)
+    assert [code for _, code, _ in results] == [0, 0, 0]
+    assert e[("gpu", 1)] < e[("warm", 0)]  # started together
+    assert e[("measured", 0)] >= e[("warm", 1)]  # nothing warms up while one is measured
+    assert e[("done", 0)] <= e[("measured", 1)] < e[("exit", 0)]
+    assert e[("done", 1)] <= e[("gpu", 2)] < e[("exit", 1)]
+    assert e[("measured", 2)] >= e[("warm", 2)]
+    assert not any(Path(str(t.measure) + gates.OPEN).exists() for t in batch.turns)  # cleared
+
+
+def test_turns_with_measure_gates_run_one_after_the_other_where_not_asked(tmp_path):
+    batch = _turns(tmp_path, [0.0, 0.0], quiet=False, linger_s=0.3, warmups=[0.1, 0.1])
+    try:
+        results = [batch.next(), batch.next()]
+    finally:
+        batch.close()
+    e = _events(tmp_path)
+    assert [code for _, code, _ in results] == [0, 0]
+    assert e[("gpu", 1)] >= e[("exit", 0)]
+
+
+def test_a_measured_turn_opens_when_the_next_one_exits_during_its_warm_up(tmp_path):
+    batch = _turns(tmp_path, [0.0, 0.0], quiet=False, exits=[0, 1], warmups=[0.1, 0.1])
+    # The second process never reaches its measure gate: it ends before (a script that stops
+    # before its profiled step).
+    config = json.loads((tmp_path / "config.1.json").read_text())
+    config["measure"] = None
+    (tmp_path / "config.1.json").write_text(json.dumps(config))
+    try:
+        start = time.monotonic()
+        _, code, _ = batch.next(lambda: False)
+        assert code == 0 and time.monotonic() - start < 10
+        _, code, _ = batch.next()
+        assert code == 1
+    finally:
+        batch.close()
+    e = _events(tmp_path)
+    assert e[("measured", 0)] >= e[("exit", 1)]

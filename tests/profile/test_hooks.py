@@ -68,3 +68,47 @@ def test_the_gpu_peak_is_the_fullest_gpus_and_none_without_cuda():
 
     cuda.max_memory_reserved = broken
     assert gpu_peak_mb(SimpleNamespace(cuda=cuda)) is None
+
+
+def test_an_ncu_process_waits_at_its_measure_gate_before_its_profiled_step(tmp_path):
+    # Started with another pass's process, it finishes its warm-up's work, hands its cached
+    # blocks back, and opens ncu's range only once the parent opens its measure gate.
+    import os
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from kerneltriage.profile import gate as gates
+
+    calls: list[str] = []
+    nvtx = SimpleNamespace(
+        range_start=lambda name: calls.append(f"range {name}") or 1, range_end=lambda r: None
+    )
+    cuda = SimpleNamespace(
+        is_initialized=lambda: True,
+        synchronize=lambda: calls.append("synchronize"),
+        empty_cache=lambda: calls.append("empty_cache"),
+        nvtx=nvtx,
+    )
+    measure = tmp_path / "measure.ncu"
+    config = {
+        "mode": "ncu",
+        "out": str(tmp_path),
+        "warmup": 2,
+        "steps": 1,
+        "measure_gate": str(measure),
+        "parent_pid": os.getpid(),
+    }
+    process = hooks.ProfiledProcess(config)
+    process.torch = SimpleNamespace(cuda=cuda)
+    opened = threading.Thread(target=process._open_ncu_range)
+    opened.start()
+    deadline = time.monotonic() + 30
+    while not gates.at_gate(measure) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.2)
+    assert gates.at_gate(measure) and calls == ["synchronize", "empty_cache"]
+    gates.open_gate(measure)
+    opened.join(timeout=30)
+    assert not opened.is_alive() and calls[-1].startswith("range ")
+    assert process.wall["at_measure"] <= process.wall["measure_open"] <= process.wall["ncu_start"]

@@ -197,3 +197,25 @@ def test_each_process_gets_a_lock_of_its_own_and_inductors_cache(tmp_path):
     assert assignments == {"TMPDIR": str(tmp_path / "lock"), "TORCHINDUCTOR_CACHE_DIR": default_cache_dir()}
     # A cache the user chose is theirs: the script inherits it.
     assert ncu_gpus.apart_env("/t", {"TORCHINDUCTOR_CACHE_DIR": "/c"}) == ["TMPDIR=/t"]
+
+
+def test_a_second_process_started_beside_the_first_costs_less(hot, step):
+    # On the every-launch GPU, a per-configuration pass that warms up beside the every-launch
+    # pass (measure gates) costs less than a start of its own: that GPU takes more of the
+    # configurations, and both GPUs end sooner.
+    two = [Gpu("0"), Gpu("1")]
+    more = dataclasses.replace(step, configs={n: c * 3 for n, c in step.configs.items()})
+    apart = ncu_gpus.plan_shares(hot, more, two, whole_run=False, start_cost=15)
+    beside = ncu_gpus.plan_shares(hot, more, two, whole_run=False, start_cost=15, second_start=0)
+    assert beside[0].config_count > apart[0].config_count > 0
+    assert sum(s.config_count for s in beside) == sum(s.config_count for s in apart)
+
+    def ends(shares, second):
+        first = (
+            15 + shares[0].variable_launches + (second + shares[0].config_count if shares[0].configs else 0)
+        )
+        return max(first, 15 + shares[1].config_count)
+
+    assert ends(beside, 0) < ends(apart, 0)
+    # The default second start is a start like any other.
+    assert ncu_gpus.plan_shares(hot, more, two, whole_run=False, start_cost=15, second_start=15) == apart

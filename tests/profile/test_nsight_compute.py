@@ -32,7 +32,9 @@ real capture would. FAKE_NCU_FAIL_GPU / FAKE_NCU_HANG_GPU: that GPU's process fa
 FAKE_NCU_IMPORT_SECONDS: an export takes that long (its end noted as "exported").
 FAKE_NCU_IMPORT_FAIL: the export of the report with that file stem fails.
 FAKE_NCU_LAUNCH_SECONDS: each profiled launch's line is followed by that long a wait.
-FAKE_NCU_STATUS: the runner's status is written before FAKE_NCU_SECONDS pass and ncu ends."""
+FAKE_NCU_STATUS: the runner's status is written before FAKE_NCU_SECONDS pass and ncu ends.
+FAKE_NCU_WARMUP_SECONDS: a process with a measure gate warms up that long after its gate opens,
+then waits at its measure gate ("measure"; "profile" once it opens)."""
 import gzip, json, os, sys
 args = sys.argv[1:]
 gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "-")
@@ -53,6 +55,12 @@ if "-o" in args:
         from kerneltriage.profile.gate import wait_for_gate
         wait_for_gate(conf["gate"], conf["parent_pid"])
     note("open")
+    if conf.get("measure_gate"):  # the runner holds it again before its profiled step
+        import time
+        time.sleep(float(os.environ.get("FAKE_NCU_WARMUP_SECONDS", "0")))
+        note("measure")
+        wait_for_gate(conf["measure_gate"], conf["parent_pid"])
+        note("profile")
 if args[:1] != ["--import"] and gpu == os.environ.get("FAKE_NCU_HANG_GPU"):
     mode = "hang"
 if args[:1] == ["--version"]:

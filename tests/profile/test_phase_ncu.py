@@ -300,12 +300,40 @@ def test_the_next_pass_starts_up_while_the_one_before_profiles(tmp_path, monkeyp
 def test_the_next_pass_opens_at_the_status_where_two_processes_fit(tmp_path, monkeypatch, fake_ncu):
     # The every-launch pass's process writes its status after its profiled step; ncu then
     # writes the report and the process exits (1.1-2.0 s on an H100). Where two processes of the
-    # script fit on the GPU (two_processes_fit, tested above), the next pass opens meanwhile.
-    monkeypatch.setattr("kerneltriage.profile.phase_ncu.two_processes_fit", lambda session: True)
+    # script fit on the GPU (two_processes_fit, tested above), the next pass opens meanwhile,
+    # also where it has no gate before its profiled step (a script with no warm-up steps).
+    monkeypatch.setattr("kerneltriage.profile.pairs.two_processes_fit", lambda session: True)
+    monkeypatch.setattr("kerneltriage.profile.pairs.measure_gates", lambda session, processes: False)
     out, phase, events = _one_gpu_with_times(tmp_path, monkeypatch, FAKE_NCU_SECONDS="1", FAKE_NCU_STATUS="1")
-    assert events[("open", "ncu")] < events[("end", "ncu.launches")]
+    assert not any(what == "measure" for what, _ in events)
+    assert events[("end", "ncu.launches")] - 1.0 <= events[("open", "ncu")] < events[("end", "ncu.launches")]
     assert [(r["stem"], r["exit_code"]) for r in phase["passes"]] == [("ncu.launches", 0), ("ncu", 0)]
     assert (out / rundir.NCU_CSV).is_file() and (out / rundir.NCU_LAUNCHES_CSV).is_file()
+
+
+def test_both_passes_warm_up_at_once_and_profile_in_turn_where_two_fit(tmp_path, monkeypatch, fake_ncu):
+    # Where two processes of the script fit on the GPU, the per-configuration pass starts with
+    # the every-launch pass; each waits at its measure gate after its warm-up. The first
+    # profiles only once the second waits there, the second once the first's status is written.
+    monkeypatch.setattr("kerneltriage.profile.pairs.two_processes_fit", lambda session: True)
+    out, phase, events = _one_gpu_with_times(
+        tmp_path, monkeypatch, FAKE_NCU_SECONDS="1", FAKE_NCU_STATUS="1", FAKE_NCU_WARMUP_SECONDS="0.5"
+    )
+    first, second = "ncu.launches", "ncu"
+    assert events[("open", second)] < events[("profile", first)]  # warmed up together
+    assert events[("profile", first)] >= events[("measure", second)]
+    assert events[("measure", second)] < events[("end", first)] <= events[("profile", second)] + 1.0
+    assert events[("profile", second)] < events[("end", first)]  # at the status, not the exit
+    configs = [json.loads((out / "logs" / f"config.{s}.json").read_text()) for s in (first, second)]
+    assert all(c["measure_gate"].endswith(f"measure.{s}") for c, s in zip(configs, (first, second)))
+    assert [(r["stem"], r["exit_code"]) for r in phase["passes"]] == [(first, 0), (second, 0)]
+    assert (out / rundir.NCU_CSV).is_file() and (out / rundir.NCU_LAUNCHES_CSV).is_file()
+    # Without room for two, neither waits twice and the second starts after the first's exit.
+    monkeypatch.setattr("kerneltriage.profile.pairs.two_processes_fit", lambda session: False)
+    out, _, events = _one_gpu_with_times(tmp_path / "apart", monkeypatch)
+    assert not any(what in ("measure", "profile") for what, _ in events)
+    assert events[("open", second)] >= events[("end", first)]
+    assert "measure_gate" not in json.loads((out / "logs" / f"config.{second}.json").read_text())
 
 
 def test_a_pass_is_exported_while_the_next_one_profiles(tmp_path, monkeypatch, fake_ncu):
@@ -467,7 +495,7 @@ def test_phase_two_waits_for_the_timing_processes_where_the_host_memory_is_short
 def test_one_pass_exits_beside_the_next_ones_first_steps_only_where_two_fit(peaks, memory_gb, fit):
     from types import SimpleNamespace
 
-    from kerneltriage.profile.phase_ncu import two_processes_fit
+    from kerneltriage.profile.pairs import two_processes_fit
 
     session = SimpleNamespace(
         statuses=lambda mode: [{"gpu_peak_mb": p} for p in peaks] if mode == "timeline" else [],

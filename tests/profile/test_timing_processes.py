@@ -160,9 +160,12 @@ def test_profile_runs_the_extra_processes_and_records_their_steps(tmp_path, monk
         def __len__(self):
             return self.index + len(self.turns)
 
-        def next(self):
+        def next(self, gpu_done=None):
             self.index += 1
             return fake_run(None, self.turns.pop(0).child.config, None, batch=True)
+
+        def pairs_with_next(self):
+            return False  # no measure gates: two_processes_fit is False without a GPU peak
 
         def also_wait_for(self, others):
             waited.append(others)
@@ -306,3 +309,98 @@ def test_spare_timing_processes_start_with_the_asked_ones_where_the_host_has_roo
     assert spare(70) == 0  # 60 GiB > 56 GiB: the asked ones only
     assert spare(100, max_timing_processes=4) == 1 and spare(100, max_timing_processes=3) == 0
     assert spare(100, timing_processes=1) == 0 and spare(100, cpu=True) == 0
+
+
+def test_a_timing_process_beside_another_waits_before_its_plain_steps(tmp_path):
+    # Started with another timing process: before its last warm-up step it finishes its queued
+    # work and waits at its measure gate (its cached blocks kept, as the script alone keeps
+    # them); that step runs after the wait, untimed, and the plain steps follow.
+    import os
+    import threading
+    import time
+
+    from kerneltriage.profile import gate as gates
+
+    calls: list[str] = []
+
+    class Cuda:
+        @staticmethod
+        def is_available():
+            return True
+
+        @staticmethod
+        def is_initialized():
+            return True
+
+        @staticmethod
+        def synchronize():
+            calls.append("sync")
+
+        @staticmethod
+        def empty_cache():
+            calls.append("empty_cache")
+
+    class Torch:
+        cuda = Cuda
+
+    measure = tmp_path / "measure.timing1"
+    s = hooks.ProfiledProcess(
+        {
+            "mode": "timing",
+            "out": str(tmp_path),
+            "warmup": 3,
+            "steps": 3,
+            "timing_steps": 5,
+            "measure_gate": str(measure),
+            "parent_pid": os.getpid(),
+        }
+    )
+    s.torch = Torch
+    s.config["plain_max"] = 5
+    s._mark = lambda step: calls.append(f"mark {step}")  # type: ignore[method-assign]
+    s._finish_and_stop = lambda: (_ for _ in ()).throw(hooks.StepsDone())  # type: ignore[method-assign]
+    s._extend_plain = lambda: False  # type: ignore[method-assign]
+
+    def steps():
+        with pytest.raises(hooks.StepsDone):
+            for _ in range(20):
+                s._step_ended()
+
+    worker = threading.Thread(target=steps)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while not gates.at_gate(measure) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.2)
+    assert calls == ["mark 1", "sync"]  # held at the end of the second of three warm-up steps
+    gates.open_gate(measure)
+    worker.join(timeout=30)
+    assert not worker.is_alive()
+    # The third warm-up step ends after the wait; plain steps 4-8 are stamped from its end.
+    assert calls[:9] == ["mark 1", "sync", *(f"mark {i}" for i in range(2, 9))]
+    assert s.plan.warmup == 3 and s.plan.plain_count == 5
+    assert "empty_cache" not in calls
+    assert s.wall["at_measure"] <= s.wall["measure_open"]
+
+
+def test_timing_processes_start_in_pairs_where_two_fit_on_the_gpu(tmp_path, monkeypatch):
+    from kerneltriage.profile import pairs
+
+    out = tmp_path / "run"
+    (out / rundir.LOGS).mkdir(parents=True)
+    manifest = rundir.Manifest(command=["python", "train.py"])
+    (tmp_path / "train.py").write_text("pass\n")
+    command = parse_command([sys.executable, str(tmp_path / "train.py")])
+    session = ProfileSession(command, Options(timing_processes=3), out, manifest)
+    for fit in (True, False):
+        monkeypatch.setattr(pairs, "two_processes_fit", lambda session, fit=fit: fit)
+        config = json.loads(
+            session.write_config(
+                "timing", whole_run=False, name="timing1", measure_gate=pairs.measure_gates(session, 2)
+            ).read_text()
+        )
+        assert ("measure_gate" in config) is fit
+    # No warm-up steps: nothing to overlap, no measure gate.
+    monkeypatch.setattr(pairs, "two_processes_fit", lambda session: True)
+    session.options.warmup = 0
+    assert not pairs.measure_gates(session, 2)

@@ -83,8 +83,8 @@ def test_a_timing_process_runs_the_plain_steps_and_stops():
     assert s.host_issue_ms == []
 
 
-def test_a_timing_process_on_a_gpu_then_times_the_host_issuing_steps_from_an_idle_gpu(monkeypatch):
-    calls: list[str] = []
+def _gpu_torch(calls: list[str]):
+    """What a timing process calls of torch on a GPU, each call noted in ``calls``."""
 
     class Cuda:
         @staticmethod
@@ -92,12 +92,26 @@ def test_a_timing_process_on_a_gpu_then_times_the_host_issuing_steps_from_an_idl
             return True
 
         @staticmethod
+        def is_initialized():
+            return True
+
+        @staticmethod
         def synchronize():
             calls.append("sync")
+
+        @staticmethod
+        def empty_cache():
+            calls.append("empty_cache")
 
     class Torch:
         cuda = Cuda
 
+    return Torch
+
+
+def test_a_timing_process_on_a_gpu_then_times_the_host_issuing_steps_from_an_idle_gpu(monkeypatch):
+    calls: list[str] = []
+    Torch = _gpu_torch(calls)
     s = hooks.ProfiledProcess(
         {"mode": "timing", "out": "/nonexistent", "warmup": 2, "steps": 3, "timing_steps": 5}
     )
@@ -322,27 +336,7 @@ def test_a_timing_process_beside_another_waits_before_its_plain_steps(tmp_path):
     from kerneltriage.profile import gate as gates
 
     calls: list[str] = []
-
-    class Cuda:
-        @staticmethod
-        def is_available():
-            return True
-
-        @staticmethod
-        def is_initialized():
-            return True
-
-        @staticmethod
-        def synchronize():
-            calls.append("sync")
-
-        @staticmethod
-        def empty_cache():
-            calls.append("empty_cache")
-
-    class Torch:
-        cuda = Cuda
-
+    Torch = _gpu_torch(calls)
     measure = tmp_path / "measure.timing1"
     s = hooks.ProfiledProcess(
         {

@@ -7,8 +7,9 @@ with timed steps; past ``hold_limit`` seconds of waiting for that, it opens anyw
 that builds its inputs for minutes before touching the GPU). ``also_wait_for`` adds the turns
 of another batch started meanwhile (phase 2's ncu processes, started during the timing ones).
 
-A turn may have a second gate, ``measure``, that its process waits at before the step it is
-there for (an ncu pass's profiled step), its start-up, first step and warm-up done. Where the
+A turn may have a second gate, ``measure``, that its process waits at before the steps it is
+there for (a timing process's plain steps, an ncu pass's profiled step), its start-up and
+warm-up done. Where the
 caller says one turn's GPU work is over before its exit (``next(gpu_done)``), the next turn
 with such a gate is started with this one: both warm up at once, each then holds at its
 measure gate, and this one's opens only once the next one is waiting there (its warm-up is
@@ -69,17 +70,10 @@ class Turns:
             self._hold_until_later_ones_wait()
         fresh = not gates.is_open(turn.gate)
         gates.open_gate(turn.gate)
-        ahead = (
-            gpu_done is not None
-            and fresh
-            and turn.measure is not None
-            and after is not None
-            and after.measure is not None
-        )
-        if ahead:
-            assert after is not None and after.measure is not None
-            gates.open_gate(after.gate)  # its start-up and warm-up beside this one's
-            self._hold_until_measuring(after)
+        beside = after if gpu_done is not None and fresh and turn.measure is not None else None
+        if beside is not None and beside.measure is not None:
+            gates.open_gate(beside.gate)  # its start-up and warm-up beside this one's
+            self._hold_until_measuring(beside.child, beside.measure)
         if turn.measure is not None:
             gates.open_gate(turn.measure)
         watch = None
@@ -119,12 +113,11 @@ class Turns:
                 return
             time.sleep(gates.POLL_S)
 
-    def _hold_until_measuring(self, turn: Turn) -> None:
-        """Until ``turn`` waits at its measure gate (its warm-up done) or has exited."""
-        assert turn.measure is not None
+    def _hold_until_measuring(self, child: Child, measure: Path) -> None:
+        """Until ``child`` waits at its ``measure`` gate (its warm-up done) or has exited."""
         deadline = time.monotonic() + self.hold_limit
         while time.monotonic() < deadline:
-            if gates.at_gate(turn.measure) or turn.child.exited():
+            if gates.at_gate(measure) or child.exited():
                 return
             time.sleep(gates.POLL_S)
 

@@ -10,9 +10,15 @@ host from launch to synchronize (under ncu that is the launch's whole profiling)
 - ``live``: ``--gib`` GiB held in a live tensor;
 - ``cached``: that tensor freed, its memory kept by PyTorch's caching allocator (what a
   training step's activations leave between steps);
-- ``emptied``: freed and handed back with ``torch.cuda.empty_cache()``.
+- ``emptied``: freed and handed back with ``torch.cuda.empty_cache()``;
+- ``pieces``: ``--gib`` GiB held in ``--pieces`` live tensors, each a segment of the caching
+  allocator of its own (a training step's parameters, optimizer state and activations are
+  thousands): whether a launch's cost grows with the regions ncu saves, not only their bytes;
+- ``pieces_expandable``: the same with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``,
+  whose allocator maps one growing segment instead.
 
-    python benchmarks/probes/ncu_footprint.py OUT_DIR [--gib 40] [--variants none,live,cached,emptied]
+    python benchmarks/probes/ncu_footprint.py OUT_DIR [--gib 40] [--pieces 4096]
+        [--variants none,live,cached,emptied,pieces,pieces_expandable]
 
 Needs: one CUDA GPU with that much free memory, Nsight Compute's ncu on PATH. OUT_DIR gets
 ``ncu_footprint.json`` and ``ncu_footprint.txt``.
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -33,12 +40,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 LAUNCHES = 30
 
 
-def child(variant: str, gib: float, out: Path) -> None:
+def child(variant: str, gib: float, pieces: int, out: Path) -> None:
     import torch
 
     x = torch.randn(2 * 1024 * 1024, device="cuda")  # 8 MiB
     held = None
-    if variant != "none":
+    if variant.startswith("pieces"):
+        size = int(gib * 2**30) // pieces
+        held = [torch.ones(size, dtype=torch.uint8, device="cuda") for _ in range(pieces)]
+    elif variant != "none":
         held = torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda")
         held.fill_(1)  # touched: the pages exist
         if variant in ("cached", "emptied"):
@@ -69,12 +79,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--gib", type=float, default=40.0)
-    parser.add_argument("--variants", default="none,live,cached,emptied")
+    parser.add_argument("--pieces", type=int, default=4096)
+    parser.add_argument("--variants", default="none,live,cached,emptied,pieces,pieces_expandable")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.gib, args.child_out)
+        child(args.child, args.gib, args.pieces, args.child_out)
         return
     from kerneltriage.profile import nsight_compute as ncu_tools
 
@@ -102,13 +113,18 @@ def main() -> None:
             str(args.out),
             "--gib",
             str(args.gib),
+            "--pieces",
+            str(args.pieces),
             "--child",
             variant,
             "--child-out",
             str(target),
         ]
+        env = dict(os.environ)
+        if variant.endswith("_expandable"):
+            env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         start = time.perf_counter()
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
         wall = time.perf_counter() - start
         if done.returncode != 0 or not target.is_file():
             results.append({"variant": variant, "error": done.stderr[-800:] + done.stdout[-800:]})
@@ -123,7 +139,10 @@ def main() -> None:
         )
         results.append(row)
     (args.out / "ncu_footprint.json").write_text(json.dumps(results, indent=1))
-    lines = [f"{LAUNCHES} profiled launches of an 8 MiB mul_, {len(metrics)} metrics; --gib {args.gib}"]
+    lines = [
+        f"{LAUNCHES} profiled launches of an 8 MiB mul_, {len(metrics)} metrics; --gib {args.gib}, "
+        f"--pieces {args.pieces}"
+    ]
     for r in results:
         if "error" in r:
             lines.append(f"{r['variant']}: failed: {r['error'][-300:]}")

@@ -302,7 +302,7 @@ def too_many_for_host_memory(session: ProfileSession, processes: int) -> str | N
     there while its process waits at its gate); None where they fit or nothing says."""
     peaks = [s.get("max_rss_mb") for s in session.statuses("timeline")]
     peak = max((float(p) for p in peaks if p), default=0.0)
-    available = _available_mb()
+    available = available_mb()
     if not peak or available is None or processes * peak <= HOST_MEMORY_SHARE * available:
         return None
     return (
@@ -311,7 +311,7 @@ def too_many_for_host_memory(session: ProfileSession, processes: int) -> str | N
     )
 
 
-def _available_mb() -> float | None:
+def available_mb() -> float | None:
     """The host's available memory (``MemAvailable``), in MiB; None where /proc says nothing."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

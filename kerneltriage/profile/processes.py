@@ -87,9 +87,14 @@ class Child:
         echo: Callable[[str, str], None],
         on_line: Callable[[str], bool] | None = None,
         timeout: float | None = None,
+        *,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
     ) -> None:
         self.cmd, self.config, self.log_prefix = cmd, config, log_prefix
         self.echo, self.on_line, self.timeout = echo, on_line, timeout
+        # Another tool's process (verify's harness): its own environment and directory.
+        self.env, self.cwd = env, cwd
         self.tail: deque[str] = deque(maxlen=20)
         self.started = 0.0
         self.proc: subprocess.Popen | None = None
@@ -102,7 +107,8 @@ class Child:
                 self.cmd,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                env=child_env(self.config),
+                env=self.env if self.env is not None else child_env(self.config),
+                cwd=self.cwd,
                 text=True,
                 errors="replace",
                 bufsize=1,

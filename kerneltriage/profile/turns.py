@@ -97,6 +97,11 @@ class Turns:
         turn, after = self.turns[self.index], self.turns[self.index + 1]
         return turn.measure is not None and after.measure is not None and not gates.is_open(turn.gate)
 
+    def skip(self) -> None:
+        """Stop the next child without giving it a turn (its run is no longer wanted)."""
+        self.turns[self.index].child.stop()
+        self.index += 1
+
     def also_wait_for(self, others: list[Turn]) -> None:
         """Open a timed turn only once ``others`` (another batch's) are at their gates too."""
         self.others = list(others)

@@ -10,7 +10,9 @@ in a process where no profiler ever runs:
   global optimizer step post-hook;
 - stamps each step end (CUDA events on the GPU, no synchronization; ``perf_counter`` on CPU);
 - captures the first steps' losses at ``backward`` (a scalar tensor's value);
-- stops after warm-up + timed steps (or when the script ends) and writes a small JSON result.
+- stops after warm-up + timed steps (or when the script ends) and writes a small JSON result;
+- started with the other runs of its round (``--start-together``), waits at its first CUDA use
+  until the parent gives it the GPU (``profile/gate.py``).
 
 The parent (``trials.py``) passes its settings in the file named by ``KERNELTRIAGE_VERIFY``.
 """
@@ -164,6 +166,10 @@ def run(config: dict[str, Any], argv: list[str]) -> tuple[int, dict[str, Any]]:
     """Run the script ``argv`` under ``config``; (exit code, result)."""
     import torch
 
+    if config.get("gate"):
+        from kerneltriage.profile.gate import hold_at_first_cuda_use
+
+        hold_at_first_cuda_use(torch, Path(config["gate"]), int(config["parent_pid"]))
     seed_everything(int(config.get("seed", 0)), torch)
     stepper = Stepper(
         torch,

@@ -40,6 +40,7 @@ class Settings:
     max_repeats: int = 10  # rounds at most while a status is inconclusive
     budget_s: float = 1200.0  # wall time for all the runs
     run_timeout_s: float | None = None  # one run's limit; None: from the estimate
+    together: bool = False  # a round's runs start at once, the GPU in turns (together.py)
 
     @classmethod
     def defaults(cls, **given: Any) -> Settings:

@@ -29,7 +29,7 @@ from kerneltriage import verify_record as record
 from kerneltriage.errors import InputError, RunDirError, Terminated, ToolError
 from kerneltriage.profile.command import Command, parse_command
 from kerneltriage.profile.processes import terminate_as_interrupt
-from kerneltriage.verify import outcome, torchrun
+from kerneltriage.verify import outcome, together, torchrun
 from kerneltriage.verify.harness import CONFIG_ENV, MODULE
 from kerneltriage.verify.plan import Plan, Planned, Settings, make_plan, step_candidates
 
@@ -128,7 +128,26 @@ def run_verify(
     data = _file(plan, manifest, trials, complete=not todo)
     index = 0
 
-    def one(label: str, total: int) -> dict[str, Any]:
+    def prefix(label: str) -> Path:
+        return logs / f"{label}.{len(trials.results.get(label, [])) if label != WARMUP else 0}"
+
+    # --start-together: decided once, for the largest round (the baseline and every fix).
+    apart = together.why_apart(run, manifest, base_cmd, 1 + len(todo)) if s.together and todo else None
+
+    def start_round(labels: list[str]) -> together.Round | None:
+        """The round's runs started together, held at their gates (None: one at a time)."""
+        if not s.together or apart is not None:
+            return None
+        launches = []
+        for label in labels:
+            command, where = commands[label]
+            apply = next((c.apply for c in todo if c.id == label and c.command is None), None)
+            gate = together.gate_of(prefix(label))
+            cmd, env, config = _launch(command, manifest.env, s, apply, prefix(label), gate)
+            launches.append(together.Launch(cmd, env, where, config, prefix(label)))
+        return together.Round(launches, s.budget_s)
+
+    def one(label: str, total: int, batch: together.Round | None = None) -> dict[str, Any]:
         nonlocal index
         index += 1
         command, where = commands[BASELINE if label == WARMUP else label]
@@ -136,16 +155,13 @@ def run_verify(
         remaining = _remaining(plan, trials, total - index + 1)
         say.run_started(label, index, total, remaining)
         start = trials.elapsed()
-        n = len(trials.results.get(label, [])) if label != WARMUP else 0
-        result = _run_one(
-            command,
-            where,
-            manifest.env,
-            s,
-            apply,
-            logs / f"{label}.{n}",
-            timeout=_timeout(plan, trials, label),
-        )
+        limit = _timeout(plan, trials, label)
+        if batch is not None:
+            code, tail = batch.next(limit)
+            timed_out = together.timed_out(code)
+            result = _timed_out(limit) if timed_out else _result(command, prefix(label), code, tail)
+        else:
+            result = _run_one(command, where, manifest.env, s, apply, prefix(label), timeout=limit)
         seconds = trials.elapsed() - start
         result["seconds"] = round(seconds, 2)
         say.run_done(label, result, seconds)
@@ -169,17 +185,26 @@ def run_verify(
                     need = sum(trials.run_seconds(label, plan) for label in labels)
                     if rounds >= s.repeats and trials.elapsed() + need > s.budget_s:
                         break  # past the first rounds, a round that would end past the budget is not started
-                    for label in labels:
-                        if rounds >= 1 and trials.elapsed() + trials.run_seconds(label, plan) > s.budget_s:
-                            continue
-                        if _budget_spent(trials, s):
-                            continue  # a run cut off at once would read as "timed out": it is "not run"
-                        result = one(label, total)
-                        trials.results[label].append(result)
-                        if label == BASELINE and len(trials.results[label]) == 1:
-                            _check_baseline(result, s)
-                        data = _file(plan, manifest, trials, complete=False)
-                        record.write(run, data)
+                    batch = start_round(labels)
+                    try:
+                        for label in labels:
+                            if (
+                                rounds >= 1
+                                and trials.elapsed() + trials.run_seconds(label, plan) > s.budget_s
+                            ) or _budget_spent(trials, s):
+                                # A run cut off at once would read as "timed out": it is "not run".
+                                if batch is not None:
+                                    batch.skip()
+                                continue
+                            result = one(label, total, batch)
+                            trials.results[label].append(result)
+                            if label == BASELINE and len(trials.results[label]) == 1:
+                                _check_baseline(result, s)
+                            data = _file(plan, manifest, trials, complete=False)
+                            record.write(run, data)
+                    finally:
+                        if batch is not None:
+                            batch.close()
                     rounds += 1
                     if trials.elapsed() >= s.budget_s:
                         break
@@ -190,6 +215,10 @@ def run_verify(
             short = _budget_note(data, trials, plan)
             if short:
                 data.notes.append(short)
+            if apart is not None:
+                data.notes.append(f"--start-together: the runs went one at a time, as {apart}")
+            elif s.together and todo:
+                data.notes.append("each round's runs started together and took the GPU in turn")
             record.write(run, data)
         except KeyboardInterrupt as exc:
             data = _file(plan, manifest, trials, complete=False)
@@ -297,6 +326,61 @@ def _check_baseline(result: dict[str, Any], settings: Settings) -> None:
         )
 
 
+def _launch(
+    command: Command,
+    env_extra: dict[str, str],
+    settings: Settings,
+    apply: dict[str, Any] | None,
+    prefix: Path,
+    gate: Path | None = None,
+) -> tuple[list[str], dict[str, str], Path]:
+    """One run's command line and environment, its config written beside ``prefix`` (with
+    ``gate``: it waits at its first CUDA use until the parent opens it); and its config's path."""
+    result_path = Path(f"{prefix}.result.json")
+    config_path = Path(f"{prefix}.config.json")
+    with contextlib.suppress(FileNotFoundError):
+        result_path.unlink()
+    group = torchrun.world_size(command)  # a torchrun job: every rank writes its own result
+    if group:
+        torchrun.clear(prefix, group)
+    config: dict[str, Any] = {
+        "result": torchrun.result_pattern(prefix) if group else str(result_path.resolve()),
+        "warmup": settings.warmup,
+        "steps": settings.steps,
+        "loss_steps": settings.loss_steps,
+        "seed": settings.seed,
+        "apply": apply,
+    }
+    if gate is not None:
+        config.update(gate=str(gate.resolve()), parent_pid=os.getpid())
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
+    env = {**os.environ, **env_extra, CONFIG_ENV: str(config_path.resolve()), "PYTHONUNBUFFERED": "1"}
+    package_root = str(Path(kerneltriage.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    return [*command.prefix, "-m", MODULE, *command.target], env, config_path
+
+
+def _result(command: Command, prefix: Path, code: int, tail: list[str]) -> dict[str, Any]:
+    """What a finished run wrote (``status`` failed where it wrote nothing)."""
+    group = torchrun.world_size(command)
+    last = next((line for line in reversed(tail) if line.strip()), "")
+    try:
+        if group:
+            result = torchrun.read_group(prefix, group, code, last)
+        else:
+            result = json.loads(Path(f"{prefix}.result.json").read_text())
+    except (OSError, ValueError):
+        result = {
+            "status": "failed",
+            "error": f"exit code {code}" + (f": {last}" if last else ""),
+            "step_ms": [],
+        }
+    result["exit_code"] = code
+    if result["status"] == "failed" and last and result.get("error", "").startswith("the script exited"):
+        result["error"] += f": {last}"
+    return result
+
+
 def _run_one(
     command: Command,
     cwd: Path,
@@ -308,26 +392,7 @@ def _run_one(
 ) -> dict[str, Any]:
     """One process of the script under the harness; its result (``status`` failed when it
     wrote none, ``timed-out`` when it ran past ``timeout`` seconds and was stopped)."""
-    result_path = Path(f"{prefix}.result.json")
-    config_path = Path(f"{prefix}.config.json")
-    with contextlib.suppress(FileNotFoundError):
-        result_path.unlink()
-    group = torchrun.world_size(command)  # a torchrun job: every rank writes its own result
-    if group:
-        torchrun.clear(prefix, group)
-    config = {
-        "result": torchrun.result_pattern(prefix) if group else str(result_path.resolve()),
-        "warmup": settings.warmup,
-        "steps": settings.steps,
-        "loss_steps": settings.loss_steps,
-        "seed": settings.seed,
-        "apply": apply,
-    }
-    config_path.write_text(json.dumps(config, indent=2) + "\n")
-    env = {**os.environ, **env_extra, CONFIG_ENV: str(config_path.resolve()), "PYTHONUNBUFFERED": "1"}
-    package_root = str(Path(kerneltriage.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-    cmd = [*command.prefix, "-m", MODULE, *command.target]
+    cmd, env, _ = _launch(command, env_extra, settings, apply, prefix)
     tail: deque[str] = deque(maxlen=20)
     try:
         with open(f"{prefix}.stdout", "w") as out, open(f"{prefix}.stderr", "w+") as err:
@@ -339,12 +404,7 @@ def _run_one(
                 code = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 _stop_group(proc)
-                return {
-                    "status": "timed-out",
-                    "error": f"ran past its {timeout:.0f} s limit and was stopped",
-                    "step_ms": [],
-                    "exit_code": TIMED_OUT_CODE,
-                }
+                return _timed_out(timeout)
             except KeyboardInterrupt:
                 # Its own session: the terminal's Ctrl-C does not reach it; pass it on.
                 import signal
@@ -360,24 +420,16 @@ def _run_one(
             tail.extend(line.rstrip("\n") for line in err)
     except FileNotFoundError:
         raise ToolError(f"cannot start {cmd[0]!r}: not found") from None
-    try:
-        if group:
-            last = next((line for line in reversed(tail) if line.strip()), "")
-            result = torchrun.read_group(prefix, group, code, last)
-        else:
-            result = json.loads(result_path.read_text())
-    except (OSError, ValueError):
-        last = next((line for line in reversed(tail) if line.strip()), "")
-        result = {
-            "status": "failed",
-            "error": f"exit code {code}" + (f": {last}" if last else ""),
-            "step_ms": [],
-        }
-    result["exit_code"] = code
-    if result["status"] == "failed" and tail and result.get("error", "").startswith("the script exited"):
-        last = next((line for line in reversed(tail) if line.strip()), "")
-        result["error"] += f": {last}" if last else ""
-    return result
+    return _result(command, prefix, code, list(tail))
+
+
+def _timed_out(timeout: float | None) -> dict[str, Any]:
+    return {
+        "status": "timed-out",
+        "error": f"ran past its {timeout or 0:.0f} s limit and was stopped",
+        "step_ms": [],
+        "exit_code": TIMED_OUT_CODE,
+    }
 
 
 TIMED_OUT_CODE = -9

@@ -463,7 +463,7 @@ def test_phase_two_waits_for_the_timing_processes_where_the_host_memory_is_short
     status = {"rank": 0, "status": "ok", "max_rss_mb": 30 * 1024.0}
     (out / "logs" / "status.timeline.rank0.json").write_text(json.dumps(status))
     early = session_module._EarlyNcu(session)
-    monkeypatch.setattr(context, "_available_mb", lambda: 100 * 1024.0)
+    monkeypatch.setattr(context, "available_mb", lambda: 100 * 1024.0)
     try:
         assert early() == []  # 2 timing + 2 ncu processes of 30 GiB: 120 GiB > 80 GiB
         assert early.planned and early.plan is not None and not early.plan.chains
@@ -473,7 +473,7 @@ def test_phase_two_waits_for_the_timing_processes_where_the_host_memory_is_short
         early.close()
     # Where they fit, phase 2's processes start at once and wait at their gates.
     manifest.notes.clear()
-    monkeypatch.setattr(context, "_available_mb", lambda: 200 * 1024.0)
+    monkeypatch.setattr(context, "available_mb", lambda: 200 * 1024.0)
     again = session_module._EarlyNcu(session)
     try:
         waiting = again()

@@ -316,7 +316,7 @@ def test_spare_timing_processes_start_with_the_asked_ones_where_the_host_has_roo
     manifest = rundir.Manifest(command=["python", "train.py"])
 
     def spare(available_gib: float, **options) -> int:
-        monkeypatch.setattr(context, "_available_mb", lambda: available_gib * 1024.0)
+        monkeypatch.setattr(context, "available_mb", lambda: available_gib * 1024.0)
         return phase_timeline.spare_processes(ProfileSession(command, Options(**options), out, manifest))
 
     assert spare(100) == 2  # 2 asked + 2 spare + 2 ncu = 60 GiB <= 80 GiB

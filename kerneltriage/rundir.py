@@ -172,6 +172,10 @@ class NcuPhase(_Part):
     # threads (``analysis/timeline/one_size.py``); None: every configuration profiled.
     scaled_kernels: list[StrictStr] | None = None
     scaled_configs: StrictInt | None = None
+    # Kernels memory-bound by what they compute, profiled in a pass of their own (``ncu.light``)
+    # without the instruction counters: time and bytes only, their rows in ``ncu.csv.gz`` with
+    # empty FLOP columns (``profile/ncu_passes.py``); None: no such pass.
+    light_kernels: list[StrictStr] | None = None
     seconds: Seconds | None = None
     # The plan's own time after phase 1: the trace read, the hot kernels chosen, ncu asked for
     # its metrics (on the path to phase 2's processes, which start once it is known).
@@ -182,6 +186,8 @@ class NcuPhase(_Part):
     ncu_exit_code: StrictInt | StrictStr | None = None  # "timeout" when it was stopped
     launches_seconds: Seconds | None = Field(default=None, alias="ncu.launches_seconds")
     launches_exit_code: StrictInt | StrictStr | None = Field(default=None, alias="ncu.launches_exit_code")
+    light_seconds: Seconds | None = Field(default=None, alias="ncu.light_seconds")
+    light_exit_code: StrictInt | StrictStr | None = Field(default=None, alias="ncu.light_exit_code")
     passes: list[NcuPassRecord] | None = None
     gpus: list[StrictStr] | None = None  # the GPUs the kernels were split over, when they were
     single_gpu_reason: StrictStr | None = None  # why several visible GPUs were not used
@@ -189,8 +195,9 @@ class NcuPhase(_Part):
     def record_pass(
         self, stem: str, *, seconds: float | None = None, exit_code: int | str | None = None
     ) -> None:
-        """The time or exit code of the pass that wrote ``stem`` (``ncu`` or ``ncu.launches``)."""
-        prefix = {"ncu": "ncu", "ncu.launches": "launches"}[stem]
+        """The time or exit code of the pass that wrote ``stem`` (``ncu``, ``ncu.launches`` or
+        ``ncu.light``)."""
+        prefix = {"ncu": "ncu", "ncu.launches": "launches", "ncu.light": "light"}[stem]
         if seconds is not None:
             setattr(self, f"{prefix}_seconds", seconds)
         if exit_code is not None:

@@ -72,6 +72,8 @@ class _Table:
     vendor: dict[str, bool]
     entries: tuple[_Entry, ...]
     traits: dict[str, tuple[re.Pattern[str], ...]]
+    memory_bound: frozenset[str]
+    memory_bound_libraries: frozenset[str]
 
 
 def _fail(message: str) -> RulesError:
@@ -133,7 +135,25 @@ def _table() -> _Table:
         if not isinstance(item, dict) or not isinstance(item.get("source"), str):
             raise _fail(f"traits.{name}: needs patterns and a source")
         compiled[name] = _compile(item.get("patterns"), item.get("flags"), f"traits.{name}")
-    return _Table(tuple(kinds), tuple(libraries), vendor, tuple(entries), compiled)
+    memory = raw.get("memory_bound")
+    if (
+        not isinstance(memory, dict)
+        or not isinstance(memory.get("source"), str)
+        or not isinstance(memory.get("kinds"), list)
+        or not set(memory["kinds"]) <= set(kinds)
+        or not isinstance(memory.get("libraries"), list)
+        or not set(memory["libraries"]) <= set(vendor)
+    ):
+        raise _fail("memory_bound: needs kinds and libraries (declared ones) and a source")
+    return _Table(
+        tuple(kinds),
+        tuple(libraries),
+        vendor,
+        tuple(entries),
+        compiled,
+        frozenset(memory["kinds"]),
+        frozenset(memory["libraries"]),
+    )
 
 
 _SOURCE_NAME = re.compile(r"(\d+)")
@@ -217,6 +237,13 @@ def _vendor(table: _Table, library: str | None) -> bool:
 def known_kinds() -> tuple[str, ...]:
     """Every kind ``classify_kernel`` can return, in the table's order."""
     return _table().kinds
+
+
+def memory_bound(name: str) -> bool:
+    """Whether a kernel is memory-bound by what it computes (``memory_bound``: its kind and
+    library): its FLOPs never set its ceiling."""
+    table, found = _table(), classify_kernel(name)
+    return found.kind in table.memory_bound and found.library in table.memory_bound_libraries
 
 
 @lru_cache(maxsize=1 << 14)

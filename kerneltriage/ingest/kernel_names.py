@@ -13,7 +13,20 @@ import re
 from difflib import SequenceMatcher
 from functools import lru_cache
 
-_ANON = re.compile(r"\(anonymous namespace\)|<unnamed>|\{anonymous\}")
+# ncu's export may cut a qualifier off with the "<" of "<unnamed>": "void unnamed>::CatArrayBatchedCopy<
+# unnamed>::OpaqueType<8>, …>" (a per-configuration pass of a Qwen2-class LM on an H200, ncu 2025.3.1).
+# There the "<" right after an identifier opens its template: "X<unnamed>::T" is X<anon::T>.
+_ANON = re.compile(r"\(anonymous namespace\)|(?<=\w)<unnamed>|<unnamed>|(?<![<\w])unnamed>|\{anonymous\}")
+
+
+def _anon(match: re.Match[str]) -> str:
+    return (
+        "<anon"
+        if match.group(0) == "<unnamed>" and match.start() and match.string[match.start() - 1].isalnum()
+        else "anon"
+    )
+
+
 _LAMBDA_KINETO = re.compile(r"\{lambda\(([^()]*)\)#(\d+)\}")
 _LAMBDA_NCU = re.compile(r"\[lambda\(([^()]*)\) \(instance (\d+)\)\]")
 _INT_SUFFIX = re.compile(r"\b(\d+)(?:ull|ul|ll|u|l)\b", re.IGNORECASE)
@@ -30,7 +43,7 @@ _PLACEHOLDER = re.compile(r"T\d+$")
 @lru_cache(maxsize=65536)
 def base_name(name: str) -> str:
     """The kernel function's identifier: ``void at::native::foo<8, …>(…)`` → ``foo``."""
-    text = _ANON.sub("anon", name.strip())
+    text = _ANON.sub(_anon, name.strip())
     cut = len(text)
     for ch in "<(":
         pos = text.find(ch)
@@ -45,7 +58,7 @@ def base_name(name: str) -> str:
 @lru_cache(maxsize=65536)
 def canonical_name(name: str) -> str:
     """One spelling for a demangled kernel name, without its parameter list."""
-    text = _ANON.sub("anon", name.strip())
+    text = _ANON.sub(_anon, name.strip())
     text = _LAMBDA_KINETO.sub(lambda m: f"lambda({m.group(1)})#{m.group(2)}", text)
     text = _LAMBDA_NCU.sub(lambda m: f"lambda({m.group(1)})#{m.group(2)}", text)
     text = text.replace("at::native::", "at::").replace("native::", "")

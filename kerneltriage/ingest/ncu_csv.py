@@ -257,8 +257,9 @@ def _is_metric(name: str) -> bool:
     return "__" in name and not name.startswith(("device__attribute", "nvlink__", "numa__"))
 
 
-def _scale(unit: str) -> float | None:
-    """Factor to base units, or None for units that are not a plain quantity (%, rates)."""
+def unit_scale(unit: str) -> float | None:
+    """Factor from ``unit`` (as an export's unit row spells it) to base units, or None for
+    units that are not a plain quantity (%, rates)."""
     unit = unit.strip()
     if unit in _TIME:
         return _TIME[unit]
@@ -282,7 +283,7 @@ def _scale(unit: str) -> float | None:
 
 def _rate_scale(unit: str) -> float | None:
     num, _, den = unit.partition("/")
-    num_scale = _scale(num)
+    num_scale = unit_scale(num)
     if num_scale is None:
         return None
     return num_scale / (_TIME.get(den, 1e9) / 1e9)
@@ -345,7 +346,7 @@ def _drop_impossible_rates(rows: pd.DataFrame, source: str, warnings: list[str])
 def _column(
     body: list[list[str]], i: int, unit: str, name: str, unknown: set[str], impossible: list[str]
 ) -> list[float]:
-    factor = _scale(unit)
+    factor = unit_scale(unit)
     if factor is None:  # a unit we do not know: keep the printed values, warn if it is used
         factor = 1.0
         unknown.add(f"{name} [{unit}]")

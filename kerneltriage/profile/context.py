@@ -68,6 +68,9 @@ class Options:
     # Every launch configuration of the hot elementwise kernels (else one per instantiation
     # and L2 regime, the rest scaled by threads: ``analysis/timeline/one_size.py``).
     ncu_every_size: bool = False
+    # The instruction counters (FLOPs) on every kernel (else kernels memory-bound by what they
+    # compute go in a pass of their own without them: ``ncu_passes.light_split``).
+    ncu_every_counter: bool = False
     # profile --apply (kerneltriage/ladder.py): the fixes installed before the script runs, as
     # the manifest's ``applied_fixes`` entries ({id, recipe_id, apply, …}), and the run they
     # came from.

@@ -43,6 +43,9 @@ START_COST_GATED = 15
 #: profiled step (``turns.py``, measure gates): its start-up and warm-up overlap the first's,
 #: so it adds little more than their two warm-ups sharing the GPU.
 START_COST_BESIDE = 3
+#: What one launch of the memory-bound kernels' pass costs, in launches with the instruction
+#: counters: 0.04 s against 0.2-0.5 s on an H200 (``ncu_passes.LIGHT_MIN_CONFIGS``).
+LIGHT_LAUNCH = 0.2
 #: Seconds ``nvidia-smi -L`` may take before the GPUs count as one.
 SMI_TIMEOUT = 20.0
 
@@ -78,6 +81,9 @@ class Share:
     variable_launches: int = 0
     configs: list[str] = field(default_factory=list)
     config_count: int = 0
+    # The memory-bound kernels' pass (``ncu_passes.light_split``): its kernels and configurations.
+    light: list[str] = field(default_factory=list)
+    light_count: int = 0
 
 
 @dataclass
@@ -225,6 +231,7 @@ def plan_shares(
     whole_run: bool,
     start_cost: float = START_COST_LAUNCHES,
     second_start: float | None = None,
+    light: tuple[list[str], int] = ([], 0),
 ) -> list[Share]:
     """The hot kernels shared among ``gpus``: every kernel on one GPU, with its own policy.
 
@@ -236,37 +243,61 @@ def plan_shares(
     per-configuration kernels to the first 1, 2, … GPUs (heaviest kernel first, to the GPU that
     finishes it soonest), the one that ends soonest wins, then the one with fewer processes.
     ``second_start``: what a GPU's second process costs (the first GPU's per-configuration pass
-    after its every-launch pass), ``start_cost`` unless given. GPUs left without kernels are
-    not in the result.
+    after its every-launch pass), ``start_cost`` unless given. ``light``: the memory-bound
+    kernels that get a pass of their own and its configurations (``ncu_passes.light_split``):
+    one process, on the GPU that ends it soonest, each launch at ``LIGHT_LAUNCH``. GPUs left
+    without kernels are not in the result.
     """
     every = set() if whole_run else set(hot.variable)
     variable = [n for n in hot.names if n in every]
     launches = sum(step.launches.get(n, 1) for n in variable)
     if variable and hot.variable_first_of_size:
         launches = hot.variable_launches  # the first launch of each problem size
-    configs = {n: step.configs.get(n, 1) for n in hot.names if n not in every}
+    light_names, light_count = light
+    configs = {n: step.configs.get(n, 1) for n in hot.names if n not in every and n not in light_names}
     n = len(gpus)
     first = start_cost + launches if variable else 0.0
-    best: tuple[tuple[float, int], list[list[str]]] | None = None
-    for used in range(1, n + 1) if configs else [0]:
+    second = start_cost if second_start is None else second_start
+    best: tuple[tuple[float, int], list[list[str]], int | None] | None = None
+    for used in range(1, n + 1) if configs or light_names else [0]:
         # After the every-launch GPU while there are others; all of them at most.
         where = range(1, used + 1) if variable and used < n else range(used)
         cost = [first] + [0.0] * (n - 1)
         on: list[list[str]] = [[] for _ in range(n)]
         starts = [start_cost] * n
         if variable:
-            starts[0] = start_cost if second_start is None else second_start
+            starts[0] = second
         _fill(configs, where, cost, on, starts)
-        rank = (max(cost), sum(bool(c) for c in on) + bool(variable))
+        light_on = None
+        if light_names:
+            # A process of its own: a GPU's second (or third) where it runs one already.
+            places = sorted({*where, *([0] if variable else [])})
+            light_on = min(
+                places,
+                key=lambda i: (cost[i] + light_count * LIGHT_LAUNCH + (second if cost[i] else start_cost), i),
+            )
+            cost[light_on] += light_count * LIGHT_LAUNCH + (second if cost[light_on] else start_cost)
+        rank = (max(cost), sum(bool(c) for c in on) + bool(variable) + bool(light_names))
         if best is None or rank < best[0]:
-            best = (rank, on)
-    on = best[1] if best else [[] for _ in range(n)]
+            best = (rank, on, light_on)
+    on, light_on = (best[1], best[2]) if best else ([[] for _ in range(n)], None)
     shares = []
     for i, (gpu, c) in enumerate(zip(gpus, on)):
         v = variable if i == 0 else []
-        if v or c:
+        mine = list(light_names) if i == light_on else []
+        if v or c or mine:
             c = sorted(c, key=hot.names.index)
-            shares.append(Share(gpu, v, launches if v else 0, c, sum(configs[x] for x in c)))
+            shares.append(
+                Share(
+                    gpu,
+                    v,
+                    launches if v else 0,
+                    c,
+                    sum(configs[x] for x in c),
+                    mine,
+                    light_count if mine else 0,
+                )
+            )
     return shares
 
 
@@ -303,6 +334,8 @@ def merge_exports(parts: list[str], order: list[tuple]) -> str:
     for table in tables:
         columns = table[0]
         rows = [dict(zip(columns, r)) for r in table[2:] if any(c.strip() for c in r)]
+        if len(table) > 1:
+            _to_units(rows, dict(zip(columns, table[1])), units)
         queues.append(list(zip(_hints(rows, columns, places, len(order)), rows)))
     merged: list[dict[str, str]] = []
     heads = [0] * len(queues)
@@ -313,15 +346,69 @@ def merge_exports(parts: list[str], order: list[tuple]) -> str:
         _, i = min(ready)
         merged.append(queues[i][heads[i]][1])
         heads[i] += 1
+    return _write(header, units, merged)
+
+
+def fill_in(light: str, full: str) -> str:
+    """One per-configuration export from the light pass's (every configuration, time and bytes
+    only) and the full pass's (some kernels' configurations, every counter): each full row in
+    place of the light row of its kernel and configuration, so that the rows keep one process's
+    launch order; a full row the light pass lacks goes last. The columns are the full
+    export's, the light rows' counter cells empty; IDs numbered anew."""
+    light_table, full_table = _table(light), _table(full)
+    if len(full_table) < 2:
+        return light
+    if len(light_table) < 2:
+        return full
+    header, units = full_table[0], dict(zip(full_table[0], full_table[1]))
+    key = [c for c in ("Kernel Name", "Grid Size", "Block Size") if c in header and c in light_table[0]]
+    waiting: dict[tuple, list[dict[str, str]]] = {}
+    for r in full_table[2:]:
+        if any(c.strip() for c in r):
+            row = dict(zip(header, r))
+            waiting.setdefault(tuple(row[c] for c in key), []).append(row)
+    rows = [dict(zip(light_table[0], r)) for r in light_table[2:] if any(c.strip() for c in r)]
+    _to_units(rows, dict(zip(light_table[0], light_table[1])), units)
+    merged = []
+    for row in rows:
+        mine = waiting.get(tuple(row.get(c, "") for c in key))
+        merged.append(mine.pop(0) if mine else row)
+    merged += [row for left in waiting.values() for row in left]
+    return _write(header, units, merged)
+
+
+def _write(header: list[str], units: dict[str, str], rows: list[dict[str, str]]) -> str:
+    """An export of ``rows`` under ``header`` and its ``units``, as ncu quotes it, IDs numbered anew."""
     out = io.StringIO()
     writer = csv.writer(out, quoting=csv.QUOTE_ALL, lineterminator="\n")
     writer.writerow(header)
     writer.writerow([units[c] for c in header])
-    for number, row in enumerate(merged):
+    for number, row in enumerate(rows):
         if "ID" in row:
             row["ID"] = str(number)
         writer.writerow([row.get(c, "") for c in header])
     return out.getvalue()
+
+
+def _to_units(rows: list[dict[str, str]], theirs: dict[str, str], units: dict[str, str]) -> None:
+    """``rows``' cells in the merged export's ``units`` where their export printed another: ncu
+    scales each export's columns on its own values (``Mbyte`` in one, ``Gbyte`` in another)."""
+    from kerneltriage.ingest.ncu_csv import unit_scale
+
+    for column, unit in theirs.items():
+        want = units.get(column, unit)
+        if unit == want:
+            continue
+        have_scale, want_scale = unit_scale(unit), unit_scale(want)
+        if have_scale is None or want_scale is None:
+            continue
+        factor = have_scale / want_scale
+        for row in rows:
+            cell = row.get(column, "").strip().replace(",", "")
+            try:
+                row[column] = repr(float(cell) * factor)
+            except ValueError:
+                continue  # empty, "n/a": left as printed
 
 
 def _table(text: str) -> list[list[str]]:

@@ -23,7 +23,9 @@ class NcuPass(NamedTuple):
     takes of each (None: one per launch configuration; else at most that many a step), the
     launches expected, whether it takes the first launch of each problem size only, the
     kernels of which it takes some instantiations only (``HotKernels.instances``), and the op
-    keys whose calls it leaves out (``analysis/timeline/one_size.py``)."""
+    keys whose calls it leaves out (``analysis/timeline/one_size.py``); ``light``: its kernels
+    are of memory-bound kinds, measured without the instruction counters
+    (``nsight_compute.light_metrics``)."""
 
     stem: str
     csv_name: str
@@ -33,6 +35,7 @@ class NcuPass(NamedTuple):
     first_of_size: bool = False
     instances: dict[str, list[str]] | None = None
     skip: list[tuple[str, tuple]] | None = None
+    light: bool = False
 
 
 class PassRun(NamedTuple):

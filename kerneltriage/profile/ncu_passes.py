@@ -1,10 +1,12 @@
 """What each of phase 2's ncu passes profiles (``phase_ncu.py``): on one GPU (``single``) or one
 GPU's share of several (``share``), every launch of the kernels that run several sizes under one
-configuration, one launch per configuration of the rest; and the elementwise sizes a pass may
-leave to scaling (``one_size``, ``analysis/timeline/one_size.py``)."""
+configuration, one launch per configuration of the rest, the kernels of memory-bound kinds in a
+pass of their own without the instruction counters (``light_split``); and the elementwise sizes
+a pass may leave to scaling (``one_size``, ``analysis/timeline/one_size.py``)."""
 
 from __future__ import annotations
 
+import gzip
 from typing import TYPE_CHECKING
 
 from kerneltriage import rundir
@@ -44,46 +46,79 @@ def one_size(session: ProfileSession, hot: HotKernels, timeline: Timeline) -> On
     return one_size_per_instantiation(timeline, hot, large_ns)
 
 
+#: The memory-bound kernels' configurations (``HotKernels.light``) get a pass of their own,
+#: without the instruction counters (``nsight_compute.light_metrics``), from this many on: one
+#: of their launches then costs 0.04 s instead of 0.2-0.5 s (an H200, 2026-11-28:
+#: ``benchmarks/probes/ncu_metric_passes.py`` and BENCHMARKS.md), and the pass's own process
+#: adds 3-15 launches' worth of start. Fewer stay in the per-configuration pass.
+LIGHT_MIN_CONFIGS = 16
+
+
+def light_split(hot: HotKernels, one: OneSize | None = None) -> tuple[list[str], int]:
+    """The memory-bound per-configuration kernels that get a pass of their own and the
+    configurations it profiles (none under ``LIGHT_MIN_CONFIGS``; those left to scaling
+    by ``one`` are not profiled)."""
+    skipped = one.skipped_by_base if one is not None else {}
+    count = hot.light_configs - sum(skipped.get(n, 0) for n in hot.light)
+    if not hot.light or count < LIGHT_MIN_CONFIGS:
+        return [], 0
+    return list(hot.light), count
+
+
 def single(hot: HotKernels, whole_run: bool, budget: int, one: OneSize | None = None) -> list[NcuPass]:
     skip, skipped = (one.skip, one.skipped) if one is not None else (None, 0)
-    if not hot.variable or whole_run:
-        return [
-            NcuPass(
-                "ncu",
-                rundir.NCU_CSV,
-                hot.names,
-                None,
-                hot.configs - skipped,
-                instances=_of(hot, hot.names),
-                skip=skip,
-            )
-        ]
+    light, light_count = light_split(hot, one)
     # Kernels that run several problem sizes under one configuration: every launch, in a first
-    # pass; the per-configuration pass then leaves them out (it runs only if the first went well).
-    rest = [n for n in hot.names if n not in hot.variable]
-    passes = [
-        NcuPass(
-            "ncu.launches",
-            rundir.NCU_LAUNCHES_CSV,
-            hot.variable,
-            _launch_cap(hot, budget),
-            hot.variable_launches,
-            hot.variable_first_of_size,
+    # pass; the per-configuration passes then leave them out (they run only if it went well).
+    every = [] if whole_run else hot.variable
+    passes = []
+    if every:
+        passes.append(
+            NcuPass(
+                "ncu.launches",
+                rundir.NCU_LAUNCHES_CSV,
+                every,
+                _launch_cap(hot, budget),
+                hot.variable_launches,
+                hot.variable_first_of_size,
+            )
         )
-    ]
+    rest = [n for n in hot.names if n not in every and n not in light]
     if rest:
         passes.append(
             NcuPass(
                 "ncu",
-                rundir.NCU_CSV,
+                # With a light pass, both exports go to logs/ and merge into ncu.csv.gz.
+                f"{rundir.LOGS}/{rundir.NCU_CSV}" if light else rundir.NCU_CSV,
                 rest,
                 None,
-                hot.configs - hot.variable_configs - skipped,
+                hot.configs - (hot.variable_configs if every else 0) - skipped - light_count,
                 instances=_of(hot, rest),
                 skip=skip,
             )
         )
+    if light:
+        # Every per-configuration kernel, in one pass's launch order: the other pass's rows, with
+        # their instruction counters, then take their places (``ncu_gpus.fill_in``).
+        every_config = [n for n in hot.names if n in rest or n in light]
+        full_count = passes[-1].expected if rest else 0
+        passes.append(
+            _light_pass(
+                "ncu.light",
+                f"{rundir.LOGS}/ncu.light.csv.gz",
+                hot,
+                every_config,
+                light_count + full_count,
+                skip,
+            )
+        )
     return passes
+
+
+def _light_pass(
+    stem: str, csv_name: str, hot: HotKernels, light: list[str], count: int, skip: list | None
+) -> NcuPass:
+    return NcuPass(stem, csv_name, light, None, count, instances=_of(hot, light), skip=skip, light=True)
 
 
 def _of(hot: HotKernels, kernels: list[str]) -> dict[str, list[str]] | None:
@@ -120,6 +155,7 @@ def share(
                 hot.variable_first_of_size,
             )
         )
+    skip = one.skip if one is not None else None
     if share.configs:
         stem = f"ncu.gpu{label}"
         passes.append(
@@ -130,7 +166,43 @@ def share(
                 None,
                 share.config_count,
                 instances=_of(hot, share.configs),
-                skip=one.skip if one is not None else None,
+                skip=skip,
             )
         )
+    if share.light:
+        stem = f"ncu.light.gpu{label}"
+        passes.append(
+            _light_pass(stem, f"{rundir.LOGS}/{stem}.csv.gz", hot, share.light, share.light_count, skip)
+        )
     return passes
+
+
+def merge(session: ProfileSession, passes: list[NcuPass], order: list[tuple]) -> None:
+    """Each policy's exports merged into its file in the step's launch order: the every-launch
+    passes' into ``ncu.launches.csv.gz``, the per-configuration ones' (the memory-bound
+    kernels' with empty instruction-counter columns) into ``ncu.csv.gz``. A pass writes its
+    export only when it went well."""
+    for every, target in ((True, rundir.NCU_LAUNCHES_CSV), (False, rundir.NCU_CSV)):
+        files = [session.out / one.csv_name for one in passes if (one.every_launch is not None) == every]
+        parts = [gzip.decompress(f.read_bytes()).decode() for f in files if f.is_file()]
+        if parts:
+            merged = ncu_gpus.merge_exports(parts, order)
+            with gzip.open(session.out / target, "wt") as f:
+                f.write(merged)
+
+
+def fill_in(session: ProfileSession, passes: list[NcuPass]) -> None:
+    """One GPU's light pass (every per-configuration kernel, time and bytes) and full pass
+    (the others' counters) as one ``ncu.csv.gz`` (``ncu_gpus.fill_in``); nothing without a
+    light pass. A pass that failed wrote no export: the other's is the file."""
+    light = next((p for p in passes if p.light), None)
+    if light is None:
+        return
+    full = next((p for p in passes if not p.light and p.every_launch is None), None)
+    texts = [
+        gzip.decompress(f.read_bytes()).decode() if f.is_file() else ""
+        for f in (session.out / light.csv_name, session.out / full.csv_name if full else session.out / "-")
+    ]
+    if any(texts):
+        with gzip.open(session.out / rundir.NCU_CSV, "wt") as f:
+            f.write(ncu_gpus.fill_in(*texts))

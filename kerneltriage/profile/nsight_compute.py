@@ -106,6 +106,14 @@ def metric_list(available: set[str] | None, precisions: list[str] | None = None)
     return [m for m in metrics if m.split(".")[0] in available]
 
 
+def light_metrics(metrics: list[str]) -> list[str]:
+    """``metrics`` without the instruction and tensor-pipe counters: what a kernel of a
+    memory-bound kind needs (time, DRAM and L2 bytes), in one replay pass instead of three,
+    without the save and restore of the process's GPU memory between passes
+    (``kernel_classes.yaml``, ``memory_bound``)."""
+    return [m for m in metrics if not m.startswith(("smsp__sass_", "sm__ops_path_tensor"))]
+
+
 def kernel_regex(names: list[str], instances: dict[str, list[str]] | None = None) -> str:
     """``-k`` filter on mangled names (``--kernel-name-base mangled``).
 

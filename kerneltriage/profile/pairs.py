@@ -14,12 +14,19 @@ OVERLAP_MEMORY_SHARE = 0.8
 
 def two_processes_fit(session: ProfileSession) -> bool:
     """Whether two processes of the script fit on its GPU at once (phase 1's peak)."""
+    return processes_fit(session, 2) >= 2
+
+
+def processes_fit(session: ProfileSession, most: int) -> int:
+    """How many processes of the script, up to ``most``, fit on its GPU at once at phase 1's
+    peak (1 where that peak or the GPU's memory is not known)."""
     recorded = [s.get("gpu_peak_mb") for s in session.statuses("timeline")]
     peaks = [float(p) for p in recorded if isinstance(p, (int, float))]
     total_gb = session.manifest.gpu.get("memory_gb")
-    if not peaks or len(peaks) < len(recorded) or not total_gb:
-        return False
-    return 2 * max(peaks) * 2**20 <= OVERLAP_MEMORY_SHARE * float(total_gb) * 1e9
+    if not peaks or len(peaks) < len(recorded) or not total_gb or max(peaks) <= 0:
+        return 1
+    fit = int(OVERLAP_MEMORY_SHARE * float(total_gb) * 1e9 // (max(peaks) * 2**20))
+    return max(1, min(most, fit))
 
 
 def measure_gates(session: ProfileSession, processes: int) -> bool:

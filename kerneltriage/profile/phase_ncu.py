@@ -14,7 +14,6 @@ their exports are merged into the same files. A process that fails loses only it
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import json
 import shutil
 import tempfile
@@ -131,7 +130,10 @@ def plan_ncu(session: ProfileSession, ncu: str, *, early: bool = False) -> NcuPl
     precisions = None if session.options.ncu_set == "full" else hot.tensor_precisions
     metrics = ncu_tools.metric_list(ncu_tools.available_metrics(ncu), precisions)
     whole_run = bool(manifest.schedule.whole_run)
+    if session.options.ncu_set == "full" or session.options.ncu_every_counter:
+        hot = dataclasses.replace(hot, light=[], light_configs=0)  # every counter on every kernel
     one = ncu_passes.one_size(session, hot, timeline)
+    light, _ = ncu_passes.light_split(hot, one)
     config = session.write_config("ncu", whole_run=whole_run, ncu_skip=one.skip if one else None)
     manifest.phases.ncu = rundir.NcuPhase(
         kernels=hot.names,
@@ -147,6 +149,7 @@ def plan_ncu(session: ProfileSession, ncu: str, *, early: bool = False) -> NcuPl
         kernel_instances=hot.instances or None,
         scaled_kernels=one.scaled if one and one.skip else None,
         scaled_configs=one.skipped if one and one.skip else None,
+        light_kernels=light or None,
     )
     start_cost = ncu_gpus.START_COST_GATED if early else ncu_gpus.START_COST_LAUNCHES
     second = ncu_gpus.START_COST_BESIDE if pairs.measure_gates(session, 2) else None
@@ -192,6 +195,7 @@ def _run_plan(session: ProfileSession, plan: NcuPlan) -> None:
             )
         finally:
             session.ncu_record.passes = one.lane.records
+        ncu_passes.fill_in(session, [w.one for w in one.watches])
     session.ncu_record.seconds, session.ncu_record.profiled_launches = round(total_seconds, 2), launches
     _hot_without_counters(session, hot, not_run)
     if (session.out / rundir.NCU_CSV).is_file() or (session.out / rundir.NCU_LAUNCHES_CSV).is_file():
@@ -274,22 +278,12 @@ def _shares(
         # Configurations left to scaling cost no launch: the split balances what is profiled.
         configs = {n: max(1, c - one.skipped_by_base.get(n, 0)) for n, c in step.configs.items()}
         step = dataclasses.replace(step, configs=configs)
-    shares = ncu_gpus.plan_shares(hot, step, choice.gpus, whole_run, *start_cost)
+    light = ncu_passes.light_split(hot, one)
+    shares = ncu_gpus.plan_shares(hot, step, choice.gpus, whole_run, *start_cost, light=light)
     if len(shares) < 2:
         return [], []
     session.ncu_record.gpus = [share.gpu.device for share in shares]
     return shares, step.order
-
-
-def _merge(session: ProfileSession, passes: list[NcuPass], order: list[tuple]) -> None:
-    """Each policy's exports merged into its file (``ncu.launches.csv.gz``, ``ncu.csv.gz``) in
-    the step's launch order. A pass writes its export only when it went well."""
-    for every, target in ((True, rundir.NCU_LAUNCHES_CSV), (False, rundir.NCU_CSV)):
-        files = [session.out / one.csv_name for one in passes if (one.every_launch is not None) == every]
-        parts = [gzip.decompress(f.read_bytes()).decode() for f in files if f.is_file()]
-        if parts:
-            with gzip.open(session.out / target, "wt") as f:
-                f.write(ncu_gpus.merge_exports(parts, order))
 
 
 def _share_chains(plan: NcuPlan, *, early: bool) -> list[_Chain]:
@@ -358,7 +352,7 @@ def _run_chains(
         assert isinstance(result, tuple)
         launches += result[1]
         not_run.update(result[2])
-    _merge(session, [w.one for c in chains for w in c.watches], order)
+    ncu_passes.merge(session, [w.one for c in chains for w in c.watches], order)
     return time.perf_counter() - started, launches, not_run
 
 
@@ -382,7 +376,7 @@ def _prepare_passes(
                 ncu,
                 session.out / one.stem,
                 one.kernels,
-                metrics,
+                ncu_tools.light_metrics(metrics) if one.light else metrics,
                 session.command.with_runner(),
                 nvtx=not whole_run,
                 full_set=session.options.ncu_set == "full",
@@ -416,6 +410,8 @@ def _prepare_passes(
             for w in watches
         ],
         quiet=False,
+        # An ncu pass's process beside the profiling one holds its memory, waiting: as many as fit.
+        together=max(2, pairs.processes_fit(session, len(passes))),
     )
     return watches, turns
 
@@ -465,6 +461,7 @@ def _run_passes(
     total_seconds = 0.0
     launches = 0
     not_run: dict[str, str] = {}
+    counted: set[str] = set()
     for watch, start_s, outcome in ran:
         one, result = watch.one, outcome.result()  # an export still running is waited for
         total_seconds += result.seconds
@@ -486,8 +483,12 @@ def _run_passes(
                 profiling_s=round(result.profiling, 2) if result.profiling is not None else None,
             )
         )
-        if not result.ok:
-            not_run.update(dict.fromkeys(one.kernels, f"its ncu pass ({one.stem}) failed"))
+        if result.ok:
+            counted.update(one.kernels)
+        else:
+            # The light pass takes every per-configuration kernel: those the full pass counted keep theirs.
+            failed_here = [k for k in one.kernels if k not in counted]
+            not_run.update(dict.fromkeys(failed_here, f"its ncu pass ({one.stem}) failed"))
     if ran and len(ran) < len(watches):  # a process failed: the passes after it never ran
         failed = ran[-1][0].one.stem
         for later in watches[len(ran) :]:

@@ -13,7 +13,9 @@ warm-up done. Where the
 caller says one turn's GPU work is over before its exit (``next(gpu_done)``), the next turn
 with such a gate is started with this one: both warm up at once, each then holds at its
 measure gate, and this one's opens only once the next one is waiting there (its warm-up is
-GPU work too); the next one's opens when this one's GPU work is done.
+GPU work too); the next one's opens when this one's GPU work is done. Where more than two fit
+in the GPU's memory (``together``), the ones after the next start with them too, and each
+measures once the one before it is done.
 """
 
 from __future__ import annotations
@@ -38,8 +40,11 @@ class Turn(NamedTuple):
 
 
 class Turns:
-    def __init__(self, turns: list[Turn], *, quiet: bool, hold_limit: float = HOLD_LIMIT_S) -> None:
+    def __init__(
+        self, turns: list[Turn], *, quiet: bool, hold_limit: float = HOLD_LIMIT_S, together: int = 2
+    ) -> None:
         self.turns, self.quiet, self.hold_limit = turns, quiet, hold_limit
+        self.together = together  # processes that may hold the GPU's memory at once
         self.index = 0
         self.mark = time.perf_counter()  # the end of the last turn (or the start of all)
         self.others: list[Turn] = []  # another batch's, held at their gates meanwhile
@@ -70,10 +75,16 @@ class Turns:
             self._hold_until_later_ones_wait()
         fresh = not gates.is_open(turn.gate)
         gates.open_gate(turn.gate)
-        beside = after if gpu_done is not None and fresh and turn.measure is not None else None
-        if beside is not None and beside.measure is not None:
-            gates.open_gate(beside.gate)  # its start-up and warm-up beside this one's
-            self._hold_until_measuring(beside.child, beside.measure)
+        beside: list[Turn] = []
+        if gpu_done is not None and fresh and turn.measure is not None:
+            for later in self.turns[self.index : self.index + self.together - 1]:
+                if later.measure is None:
+                    break
+                beside.append(later)
+        for later in beside:
+            gates.open_gate(later.gate)  # its start-up and warm-up beside this one's
+        for later in beside:
+            self._hold_until_measuring(later.child, later.measure)  # type: ignore[arg-type]
         if turn.measure is not None:
             gates.open_gate(turn.measure)
         watch = None

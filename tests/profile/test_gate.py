@@ -144,6 +144,7 @@ def _turns(
     first: int = 0,
     linger_s: float = 0.0,
     warmups: list[float] | None = None,
+    together: int = 2,
 ) -> Turns:
     script = tmp_path / "child.py"
     script.write_text(CHILD)
@@ -171,7 +172,20 @@ def _turns(
             [sys.executable, str(script)], config, tmp_path / f"child{i}", lambda line, stream: None
         )
         turns.append(Turn(child, gate, measure))
-    return Turns(turns, quiet=quiet)
+    return Turns(turns, quiet=quiet, together=together)
+
+
+def _done_of(tmp_path: Path):
+    """``done(i)``: whether turn ``i`` has ended its GPU work (its "done" event is logged)."""
+
+    def done(i: int):
+        def gpu_done() -> bool:
+            events = tmp_path / "events.txt"
+            return events.is_file() and f"done {i} " in events.read_text()
+
+        return gpu_done
+
+    return done
 
 
 def _events(tmp_path: Path) -> dict[tuple[str, int], float]:
@@ -264,13 +278,7 @@ def test_turns_with_measure_gates_warm_up_in_pairs_and_measure_in_turn(tmp_path)
     # first's GPU work is done, before its exit. The third starts at the second's end of work.
     batch = _turns(tmp_path, [0.0, 0.0, 0.0], quiet=False, linger_s=0.8, warmups=[0.1, 0.6, 0.1])
 
-    def done(i: int):
-        def gpu_done() -> bool:
-            events = tmp_path / "events.txt"
-            return events.is_file() and f"done {i} " in events.read_text()
-
-        return gpu_done
-
+    done = _done_of(tmp_path)
     try:
         results = [batch.next(done(i)) for i in range(3)]
     finally:
@@ -283,6 +291,26 @@ def test_turns_with_measure_gates_warm_up_in_pairs_and_measure_in_turn(tmp_path)
     assert e[("done", 1)] <= e[("gpu", 2)] < e[("exit", 1)]
     assert e[("measured", 2)] >= e[("warm", 2)]
     assert not any(Path(str(t.measure) + gates.OPEN).exists() for t in batch.turns)  # cleared
+
+
+def test_three_turns_that_fit_warm_up_at_once_and_measure_in_turn(tmp_path):
+    # Three ncu passes (every launch, per configuration, the memory-bound kernels'), where three
+    # processes fit on the GPU: all three warm up with the first, each measures once the one
+    # before it has done its GPU work, and none warms up while another is measured.
+    batch = _turns(tmp_path, [0.0, 0.0, 0.0], quiet=False, linger_s=0.8, warmups=[0.1, 0.6, 0.4], together=3)
+
+    done = _done_of(tmp_path)
+    try:
+        results = [batch.next(done(i)) for i in range(3)]
+    finally:
+        batch.close()
+    e = _events(tmp_path)
+    assert [code for _, code, _ in results] == [0, 0, 0]
+    assert e[("gpu", 1)] < e[("warm", 0)] and e[("gpu", 2)] < e[("warm", 0)]  # started together
+    assert e[("measured", 0)] >= max(e[("warm", 1)], e[("warm", 2)])
+    assert e[("done", 0)] <= e[("measured", 1)] < e[("exit", 0)]
+    assert e[("done", 1)] <= e[("measured", 2)] < e[("exit", 1)]
+    assert e[("warm", 2)] < e[("done", 0)]  # its warm-up was off the path
 
 
 def test_turns_with_measure_gates_run_one_after_the_other_where_not_asked(tmp_path):

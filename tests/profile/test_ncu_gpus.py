@@ -190,6 +190,51 @@ def test_merge_keeps_one_export_as_it_is_and_unites_columns(step):
     assert Counter(r[-1] for r in merged[2:])[""] == 3  # the short part's rows lack that column
 
 
+def test_merge_reads_every_part_in_the_first_ones_units(step):
+    # ncu scales each export's columns on its own values: the Mixtral-class MoE's light pass
+    # printed its durations in ms and DRAM bytes in Gbyte where the per-configuration pass
+    # printed us and Mbyte (H200, 2026-11-28); read as printed, its joins were rejected.
+    from kerneltriage.ingest.ncu_csv import parse_counters
+
+    text = gzip.decompress(NCU_PER_CONFIG.read_bytes()).decode()
+    header, units, *rows = list(csv.reader(io.StringIO(text)))
+    t, b = header.index("gpu__time_duration.sum"), header.index("dram__bytes_read.sum")
+    assert (units[t], units[b]) == ("us", "Gbyte")
+    half = len(rows) // 2
+    scaled_units = list(units)
+    scaled_units[t], scaled_units[b] = "ms", "Mbyte"
+    scaled = [list(r) for r in rows[half:]]
+    for r in scaled:
+        r[t], r[b] = str(float(r[t]) / 1e3), str(float(r[b].replace(",", "")) * 1e3)
+    merged = ncu_gpus.merge_exports(
+        [_csv(header, units, rows[:half]), _csv(header, scaled_units, scaled)], step.order
+    )
+    got = parse_counters(merged, source="merged").rows
+    want = parse_counters(text, source="whole").rows
+    assert sorted(got["duration_ns"]) == pytest.approx(sorted(want["duration_ns"]))
+    assert sorted(got["dram_read_bytes"]) == pytest.approx(sorted(want["dram_read_bytes"]))
+
+
+def test_the_full_passs_rows_take_their_places_among_the_light_passs():
+    # The light pass exports every configuration without the instruction counters, the full
+    # pass some kernels' with them: filled in, the export reads as one pass with every counter
+    # would have written it, in that one process's launch order.
+    text = gzip.decompress(NCU_PER_CONFIG.read_bytes()).decode()
+    header, units, *rows = list(csv.reader(io.StringIO(text)))
+    name = header.index("Kernel Name")
+    keep = [i for i, c in enumerate(header) if not c.startswith(("smsp__sass_", "sm__ops_path_tensor"))]
+    full = [r for r in rows if "nvjet" in r[name] or "softmax" in r[name].lower()]
+    light = _csv([header[i] for i in keep], [units[i] for i in keep], [[r[i] for i in keep] for r in rows])
+    filled = list(csv.reader(io.StringIO(ncu_gpus.fill_in(light, _csv(header, units, full)))))
+    assert filled[0] == header and filled[1] == units and len(filled) == len(rows) + 2
+    assert [r[name] for r in filled[2:]] == [r[name] for r in rows]
+    sass = header.index("smsp__sass_thread_inst_executed_op_ffma_pred_on.sum")
+    assert full and all(f == r for f, r in zip(filled[2:], rows) if r in full)
+    assert all(f[sass] == "" for f, r in zip(filled[2:], rows) if r not in full)
+    # A pass that failed left no export: the other's is the file.
+    assert ncu_gpus.fill_in(light, "") == light and ncu_gpus.fill_in("", text) == text
+
+
 def test_each_process_gets_a_lock_of_its_own_and_inductors_cache(tmp_path):
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 

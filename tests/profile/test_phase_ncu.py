@@ -232,7 +232,10 @@ def test_a_torchrun_job_is_not_split(tmp_path, monkeypatch, fake_ncu):
     shutil.copy(TRACE, out / "trace.rank0.json.gz")
     manifest = rundir.Manifest(command=["torchrun", "train.py"])
     command = parse_command(["torchrun", "--nproc-per-node", "2", "train.py"])
-    run_ncu(ProfileSession(command, Options(), out, manifest, Reporter(), []), ncu_tools.find_ncu())
+    run_ncu(
+        ProfileSession(command, Options(ncu_every_counter=True), out, manifest, Reporter(), []),
+        ncu_tools.find_ncu(),
+    )
     phase = manifest.phases.ncu.to_json()
     assert {gpu for gpu, _, _ in _profiling_calls(fake_ncu)} == {"0,1"}
     assert "torchrun" in phase["single_gpu_reason"] and "gpus" not in phase
@@ -385,7 +388,9 @@ def _early_session(tmp_path: Path, monkeypatch) -> tuple[ProfileSession, Path, r
     (tmp_path / "train.py").write_text("")
     out = _run_dir(tmp_path)
     manifest = rundir.Manifest(command=["python", "train.py"], gpu={"name": "NVIDIA H200"})
-    session = ProfileSession(parse_command(["python", "train.py"]), Options(), out, manifest, Reporter(), [])
+    session = ProfileSession(
+        parse_command(["python", "train.py"]), Options(ncu_every_counter=True), out, manifest, Reporter(), []
+    )
     return session, out, manifest
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from kerneltriage.analysis.candidates.estimate import TENSOR_PRECISION, kernel_precision
+from kerneltriage.analysis.kernel_classes import memory_bound
 from kerneltriage.analysis.rules import Rules
 from kerneltriage.analysis.timeline.attribution import attribute
 from kerneltriage.analysis.timeline.sizes import first_of_size as first_of_size_mask
@@ -55,6 +56,11 @@ class HotKernels:
     # Base names of which only some instantiations are hot -> those (full names, as the trace
     # spells them); a base name not in it is profiled whole.
     instances: dict[str, list[str]] = field(default_factory=dict)
+    # Per-configuration kernels (not ``variable``) all of whose hot instantiations are
+    # memory-bound by what they compute (``kernel_classes.memory_bound``), and their configurations of
+    # ``configs``: their FLOPs never set their ceiling (``ncu_passes.py``).
+    light: list[str] = field(default_factory=list)
+    light_configs: int = 0
 
     def chosen(self, frame: pd.DataFrame) -> pd.Series:
         """Which kernel rows (``name``, ``base``) are the hot kernels' launches."""
@@ -161,6 +167,8 @@ def select_hot_kernels(
     variable_configs = len(one_step[one_step["base"].isin(variable)].drop_duplicates(key))
     hot_rows = HotKernels(chosen, 0, 0.0, [], instances=instances).chosen(compute)
     precisions = tensor_precisions(timeline, compute[hot_rows])
+    light = _memory_bound(compute[hot_rows], [n for n in chosen if n not in variable])
+    light_configs = len(one_step[one_step["base"].isin(light)].drop_duplicates(key))
     return HotKernels(
         chosen,
         configs,
@@ -174,7 +182,19 @@ def select_hot_kernels(
         variable_first_of_size=bool(first_of_size and variable),
         variable_every=every_launch,
         instances=instances,
+        light=light,
+        light_configs=light_configs,
     )
+
+
+def _memory_bound(launches: pd.DataFrame, names: list[str]) -> list[str]:
+    """The base names of ``names`` whose every launch in ``launches`` (the hot instantiations)
+    is of a kernel memory-bound by what it computes (``kernel_classes.memory_bound``)."""
+    light = {str(n): memory_bound(str(n)) for n in launches["name"].unique()}
+    of_base: dict[str, list[bool]] = {}
+    for name, base in launches.drop_duplicates("name")[["name", "base"]].itertuples(index=False):
+        of_base.setdefault(str(base), []).append(light[str(name)])
+    return [n for n in names if of_base.get(n) and all(of_base[n])]
 
 
 #: Kernel kinds that may run on tensor cores: their launching ops' input types decide which

@@ -28,6 +28,14 @@ def test_names_normalise_across_demanglers():
         base_name("void (anonymous namespace)::softmax_warp_forward<float>(float*)") == "softmax_warp_forward"
     )
     assert base_name("void <unnamed>::softmax_warp_forward<float>(float*)") == "softmax_warp_forward"
+    # ncu's export may cut a qualifier off with the "<" of "<unnamed>" (an H200, ncu 2025.3.1):
+    # the "<" after an identifier is then its template's.
+    cut = "void unnamed>::CatArrayBatchedCopy<unnamed>::OpaqueType<8>, unsigned int, 2, 64, 64>(T1 *, T2)"
+    whole = "void at::native::(anonymous namespace)::CatArrayBatchedCopy<at::native::(anonymous namespace)::OpaqueType<8>, unsigned int, 2, 64, 64>(T1 *, T2)"
+    assert base_name(cut) == base_name(whole) == "CatArrayBatchedCopy"
+    assert base_name("void native::<unnamed>::multi_tensor_apply_kernel<native::<unnamed>::M<4>>()") == (
+        "multi_tensor_apply_kernel"
+    )
     tril_k = "void at::native::triu_tril_kernel<bool, int, false, 8, false>(at::cuda::detail::TensorInfo<bool, int>)"
     tril_n = "void at::triu_tril_kernel<bool, int, 0, 8, 0>(at::cuda::detail::TensorInfo<bool, int>, T2)"
     assert name_similarity(tril_k, tril_n) == 1.0

@@ -244,9 +244,10 @@ def plan_shares(
     finishes it soonest), the one that ends soonest wins, then the one with fewer processes.
     ``second_start``: what a GPU's second process costs (the first GPU's per-configuration pass
     after its every-launch pass), ``start_cost`` unless given. ``light``: the memory-bound
-    kernels that get a pass of their own and its configurations (``ncu_passes.light_split``):
-    one process, on the GPU that ends it soonest, each launch at ``LIGHT_LAUNCH``. GPUs left
-    without kernels are not in the result.
+    kernels that get a pass of their own and their configurations (``ncu_passes.light_split``):
+    one process, on the GPU that ends it soonest, that takes every per-configuration kernel
+    (its rows give the launch order the others' fill), each launch at ``LIGHT_LAUNCH``. GPUs
+    left without kernels are not in the result.
     """
     every = set() if whole_run else set(hot.variable)
     variable = [n for n in hot.names if n in every]
@@ -258,6 +259,7 @@ def plan_shares(
     n = len(gpus)
     first = start_cost + launches if variable else 0.0
     second = start_cost if second_start is None else second_start
+    all_configs = light_count + sum(configs.values())
     best: tuple[tuple[float, int], list[list[str]], int | None] | None = None
     for used in range(1, n + 1) if configs or light_names else [0]:
         # After the every-launch GPU while there are others; all of them at most.
@@ -270,13 +272,14 @@ def plan_shares(
         _fill(configs, where, cost, on, starts)
         light_on = None
         if light_names:
+            # It takes every per-configuration kernel, so that its rows give the launch order.
             # A process of its own: a GPU's second (or third) where it runs one already.
             places = sorted({*where, *([0] if variable else [])})
             light_on = min(
                 places,
-                key=lambda i: (cost[i] + light_count * LIGHT_LAUNCH + (second if cost[i] else start_cost), i),
+                key=lambda i: (cost[i] + all_configs * LIGHT_LAUNCH + (second if cost[i] else start_cost), i),
             )
-            cost[light_on] += light_count * LIGHT_LAUNCH + (second if cost[light_on] else start_cost)
+            cost[light_on] += all_configs * LIGHT_LAUNCH + (second if cost[light_on] else start_cost)
         rank = (max(cost), sum(bool(c) for c in on) + bool(variable) + bool(light_names))
         if best is None or rank < best[0]:
             best = (rank, on, light_on)
@@ -284,7 +287,7 @@ def plan_shares(
     shares = []
     for i, (gpu, c) in enumerate(zip(gpus, on)):
         v = variable if i == 0 else []
-        mine = list(light_names) if i == light_on else []
+        mine = [k for k in hot.names if k in light_names or k in configs] if i == light_on else []
         if v or c or mine:
             c = sorted(c, key=hot.names.index)
             shares.append(
@@ -295,7 +298,7 @@ def plan_shares(
                     c,
                     sum(configs[x] for x in c),
                     mine,
-                    light_count if mine else 0,
+                    all_configs if mine else 0,
                 )
             )
     return shares

@@ -178,31 +178,29 @@ def share(
 
 
 def merge(session: ProfileSession, passes: list[NcuPass], order: list[tuple]) -> None:
-    """Each policy's exports merged into its file in the step's launch order: the every-launch
-    passes' into ``ncu.launches.csv.gz``, the per-configuration ones' (the memory-bound
-    kernels' with empty instruction-counter columns) into ``ncu.csv.gz``. A pass writes its
-    export only when it went well."""
-    for every, target in ((True, rundir.NCU_LAUNCHES_CSV), (False, rundir.NCU_CSV)):
-        files = [session.out / one.csv_name for one in passes if (one.every_launch is not None) == every]
-        parts = [gzip.decompress(f.read_bytes()).decode() for f in files if f.is_file()]
-        if parts:
-            merged = ncu_gpus.merge_exports(parts, order)
-            with gzip.open(session.out / target, "wt") as f:
-                f.write(merged)
+    """The passes' exports as the run's files, in the step's launch order: the every-launch
+    passes' in ``ncu.launches.csv.gz``; the per-configuration ones' in ``ncu.csv.gz``, where a
+    light pass took every configuration, each full row in place of its light row
+    (``ncu_gpus.fill_in``: one process's launch order, the memory-bound kernels' FLOP cells
+    empty), else merged by ``order`` (several GPUs' parts). A pass writes its export only when
+    it went well; one alone is the file as it wrote it."""
+
+    def read(of: list[NcuPass]) -> list[str]:
+        files = [session.out / one.csv_name for one in of]
+        return [gzip.decompress(f.read_bytes()).decode() for f in files if f.is_file()]
+
+    every = read([p for p in passes if p.every_launch is not None])
+    full = read([p for p in passes if p.every_launch is None and not p.light])
+    light = read([p for p in passes if p.light])
+    if every and any(p.csv_name != rundir.NCU_LAUNCHES_CSV for p in passes if p.every_launch is not None):
+        _write(session, rundir.NCU_LAUNCHES_CSV, ncu_gpus.merge_exports(every, order))
+    merged = ncu_gpus.merge_exports(full, order) if full else ""
+    if light:
+        merged = ncu_gpus.fill_in(light[0], merged)
+    if merged and any(p.csv_name != rundir.NCU_CSV for p in passes if p.every_launch is None):
+        _write(session, rundir.NCU_CSV, merged)
 
 
-def fill_in(session: ProfileSession, passes: list[NcuPass]) -> None:
-    """One GPU's light pass (every per-configuration kernel, time and bytes) and full pass
-    (the others' counters) as one ``ncu.csv.gz`` (``ncu_gpus.fill_in``); nothing without a
-    light pass. A pass that failed wrote no export: the other's is the file."""
-    light = next((p for p in passes if p.light), None)
-    if light is None:
-        return
-    full = next((p for p in passes if not p.light and p.every_launch is None), None)
-    texts = [
-        gzip.decompress(f.read_bytes()).decode() if f.is_file() else ""
-        for f in (session.out / light.csv_name, session.out / full.csv_name if full else session.out / "-")
-    ]
-    if any(texts):
-        with gzip.open(session.out / rundir.NCU_CSV, "wt") as f:
-            f.write(ncu_gpus.fill_in(*texts))
+def _write(session: ProfileSession, name: str, text: str) -> None:
+    with gzip.open(session.out / name, "wt") as f:
+        f.write(text)

@@ -195,7 +195,7 @@ def _run_plan(session: ProfileSession, plan: NcuPlan) -> None:
             )
         finally:
             session.ncu_record.passes = one.lane.records
-        ncu_passes.fill_in(session, [w.one for w in one.watches])
+        ncu_passes.merge(session, [w.one for w in one.watches], plan.order)
     session.ncu_record.seconds, session.ncu_record.profiled_launches = round(total_seconds, 2), launches
     _hot_without_counters(session, hot, not_run)
     if (session.out / rundir.NCU_CSV).is_file() or (session.out / rundir.NCU_LAUNCHES_CSV).is_file():
@@ -352,7 +352,11 @@ def _run_chains(
         assert isinstance(result, tuple)
         launches += result[1]
         not_run.update(result[2])
-    ncu_passes.merge(session, [w.one for c in chains for w in c.watches], order)
+    # A failed light pass loses no kernel another GPU's pass counted (its export exists).
+    passes = [w.one for c in chains for w in c.watches]
+    counted = {k for p in passes if not p.light and (session.out / p.csv_name).is_file() for k in p.kernels}
+    not_run = {k: why for k, why in not_run.items() if k not in counted}
+    ncu_passes.merge(session, passes, order)
     return time.perf_counter() - started, launches, not_run
 
 

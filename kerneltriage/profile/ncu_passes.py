@@ -1,8 +1,9 @@
 """What each of phase 2's ncu passes profiles (``phase_ncu.py``): on one GPU (``single``) or one
 GPU's share of several (``share``), every launch of the kernels that run several sizes under one
-configuration, one launch per configuration of the rest, the kernels of memory-bound kinds in a
-pass of their own without the instruction counters (``light_split``); and the elementwise sizes
-a pass may leave to scaling (``one_size``, ``analysis/timeline/one_size.py``)."""
+configuration, one launch per configuration of the rest; where memory-bound kernels are many
+(``light_split``), a light pass without the instruction counters that takes every
+per-configuration kernel, whose rows the others' fill (``merge``); and the elementwise sizes a
+pass may leave to scaling (``one_size``, ``analysis/timeline/one_size.py``)."""
 
 from __future__ import annotations
 

@@ -186,6 +186,9 @@ def merge(session: ProfileSession, passes: list[NcuPass], order: list[tuple]) ->
     empty), else merged by ``order`` (several GPUs' parts). A pass writes its export only when
     it went well; one alone is the file as it wrote it."""
 
+    if all(p.csv_name in (rundir.NCU_CSV, rundir.NCU_LAUNCHES_CSV) for p in passes):
+        return  # every pass wrote its run file itself: nothing to merge
+
     def read(of: list[NcuPass]) -> list[str]:
         files = [session.out / one.csv_name for one in of]
         return [gzip.decompress(f.read_bytes()).decode() for f in files if f.is_file()]

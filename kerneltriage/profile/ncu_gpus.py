@@ -19,7 +19,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -43,6 +43,11 @@ START_COST_GATED = 15
 #: profiled step (``turns.py``, measure gates): its start-up and warm-up overlap the first's,
 #: so it adds little more than their two warm-ups sharing the GPU.
 START_COST_BESIDE = 3
+#: ... and a first process on a GPU other than the script's, warmed up while the timing
+#: processes ran there (``turns.Turns.warm_ahead``): it profiles as soon as phase 2 begins, and
+#: costs what every process does besides its launches, its first launch and its exit (ncu
+#: writing its report): 1.5-2 s a process on two H200s (2026-11-28, three models).
+START_COST_AHEAD = 4
 #: What one launch of the memory-bound kernels' pass costs, in launches with the instruction
 #: counters: 0.04 s against 0.2-0.5 s on an H200 (``ncu_passes.LIGHT_MIN_CONFIGS``).
 LIGHT_LAUNCH = 0.2
@@ -84,6 +89,8 @@ class Share:
     # The memory-bound kernels' pass (``ncu_passes.light_split``): its kernels and configurations.
     light: list[str] = field(default_factory=list)
     light_count: int = 0
+    # Its processes warm up while the timing processes run on the first GPU (``plan_shares``).
+    ahead: bool = False
 
 
 @dataclass
@@ -232,22 +239,26 @@ def plan_shares(
     start_cost: float = START_COST_LAUNCHES,
     second_start: float | None = None,
     light: tuple[list[str], int] = ([], 0),
+    ahead: float | None = None,
 ) -> list[Share]:
     """The hot kernels shared among ``gpus``: every kernel on one GPU, with its own policy.
 
-    The every-launch kernels stay together on the first GPU: the join aligns their rows with
-    the step's launches by position, and one process's export has them in launch order. The
-    per-configuration kernels, whose rows each stand for a configuration, are spread over the
-    others (and the first, when that ends sooner). A pass costs a process start plus its
-    launches, and a GPU runs its passes one after the other; of the ways to give the
-    per-configuration kernels to the first 1, 2, … GPUs (heaviest kernel first, to the GPU that
-    finishes it soonest), the one that ends soonest wins, then the one with fewer processes.
-    ``second_start``: what a GPU's second process costs (the first GPU's per-configuration pass
-    after its every-launch pass), ``start_cost`` unless given. ``light``: the memory-bound
-    kernels that get a pass of their own and their configurations (``ncu_passes.light_split``):
-    one process, on the GPU that ends it soonest, that takes every per-configuration kernel
-    (its rows give the launch order the others' fill), each launch at ``LIGHT_LAUNCH``. GPUs
-    left without kernels are not in the result.
+    The every-launch kernels stay together on one GPU, the first unless another ends sooner:
+    the join aligns their rows with the step's launches by position, and one process's export
+    has them in launch order. The per-configuration kernels, whose rows each stand for a
+    configuration, are spread over the others (and that one, when that ends sooner). A pass
+    costs a process start plus its launches, and a GPU runs its passes one after the other; of
+    the ways to give the per-configuration kernels to 1, 2, … GPUs (heaviest kernel first, to
+    the GPU that finishes it soonest), the one that ends soonest wins, then the one with fewer
+    processes. ``second_start``: what a GPU's second process costs (started beside its first
+    and held before its profiled step), ``start_cost`` unless given. ``ahead``: what a first
+    process costs on a GPU other than the first (the script's), where those warm up while the
+    timing processes run (``turns.Turns.warm_ahead``), ``start_cost`` unless given; the
+    every-launch kernels then also try the second GPU. ``light``: the memory-bound kernels
+    that get a pass of their own and their configurations (``ncu_passes.light_split``): one
+    process that takes every per-configuration kernel (its rows give the launch order the
+    others' fill), each launch at ``LIGHT_LAUNCH``; each GPU it may go to is tried, the others'
+    kernels then placed around it. GPUs left without kernels are not in the result.
     """
     every = set() if whole_run else set(hot.variable)
     variable = [n for n in hot.names if n in every]
@@ -257,37 +268,40 @@ def plan_shares(
     light_names, light_count = light
     configs = {n: step.configs.get(n, 1) for n in hot.names if n not in every and n not in light_names}
     n = len(gpus)
-    first = start_cost + launches if variable else 0.0
     second = start_cost if second_start is None else second_start
+    firsts = [start_cost] + [start_cost if ahead is None else ahead] * (n - 1)
     all_configs = light_count + sum(configs.values())
-    best: tuple[tuple[float, int], list[list[str]], int | None] | None = None
-    for used in range(1, n + 1) if configs or light_names else [0]:
-        # After the every-launch GPU while there are others; all of them at most.
-        where = range(1, used + 1) if variable and used < n else range(used)
-        cost = [first] + [0.0] * (n - 1)
-        on: list[list[str]] = [[] for _ in range(n)]
-        starts = [start_cost] * n
-        if variable:
-            starts[0] = second
-        _fill(configs, where, cost, on, starts)
-        light_on = None
-        if light_names:
+    best: tuple[tuple[float, int], list[list[str]], int | None, list[int]] | None = None
+    # The GPU of the every-launch pass first, then the others in order (the rest are alike).
+    for lead in [0, 1] if variable and ahead is not None and n > 1 else [0]:
+        perm = [lead] + [g for g in range(n) if g != lead]
+        first = [firsts[g] for g in perm]
+        for used in range(1, n + 1) if configs or light_names else [0]:
+            # After the every-launch GPU while there are others; all of them at most.
+            where = range(1, used + 1) if variable and used < n else range(used)
             # It takes every per-configuration kernel, so that its rows give the launch order.
-            # A process of its own: a GPU's second (or third) where it runs one already.
-            places = sorted({*where, *([0] if variable else [])})
-            light_on = min(
-                places,
-                key=lambda i: (cost[i] + all_configs * LIGHT_LAUNCH + (second if cost[i] else start_cost), i),
-            )
-            cost[light_on] += all_configs * LIGHT_LAUNCH + (second if cost[light_on] else start_cost)
-        rank = (max(cost), sum(bool(c) for c in on) + bool(variable) + bool(light_names))
-        if best is None or rank < best[0]:
-            best = (rank, on, light_on)
-    on, light_on = (best[1], best[2]) if best else ([[] for _ in range(n)], None)
+            places: list[int | None] = sorted({*where, *([0] if variable else [])}) if light_names else [None]
+            for light_on in places:
+                procs = [int(bool(variable))] + [0] * (n - 1)
+                cost = [first[0] + launches if variable else 0.0] + [0.0] * (n - 1)
+                start = _starts(procs, first, second)
+                if light_on is not None:
+                    cost[light_on] += all_configs * LIGHT_LAUNCH + start(light_on)
+                    procs[light_on] += 1
+                on: list[list[str]] = [[] for _ in range(n)]
+                _fill(configs, where, cost, on, start)
+                rank = (max(cost), sum(bool(c) for c in on) + bool(variable) + bool(light_names))
+                if best is None or rank < best[0]:
+                    best = (rank, on, light_on, perm)
+    if best is None:
+        return []
+    _, on_perm, light_perm, perm = best
+    on = [on_perm[perm.index(g)] for g in range(n)]
+    light_on = None if light_perm is None else perm[light_perm]
     shares = []
-    for i, (gpu, c) in enumerate(zip(gpus, on)):
-        v = variable if i == 0 else []
-        mine = [k for k in hot.names if k in light_names or k in configs] if i == light_on else []
+    for g, (gpu, c) in enumerate(zip(gpus, on)):
+        v = variable if g == perm[0] else []
+        mine = [k for k in hot.names if k in light_names or k in configs] if g == light_on else []
         if v or c or mine:
             c = sorted(c, key=hot.names.index)
             shares.append(
@@ -299,19 +313,30 @@ def plan_shares(
                     sum(configs[x] for x in c),
                     mine,
                     all_configs if mine else 0,
+                    ahead=g > 0 and ahead is not None,
                 )
             )
     return shares
 
 
+def _starts(procs: list[int], first: list[float], second: float) -> Callable[[int], float]:
+    """What one more process costs on GPU ``i``: its first (``first``), or a GPU's second, as
+    ``procs`` counts the processes each runs already."""
+    return lambda i: second if procs[i] else first[i]
+
+
 def _fill(
-    weights: dict[str, int], where: range, cost: list[float], into: list[list[str]], starts: list[float]
+    weights: dict[str, int],
+    where: range,
+    cost: list[float],
+    into: list[list[str]],
+    start: Callable[[int], float],
 ) -> None:
     """Longest-first: each kernel to the GPU of ``where`` that would finish it soonest; a GPU's
-    first kernel adds its process's start (``starts``)."""
+    first kernel adds its process's start (``start``)."""
     for name, weight in sorted(weights.items(), key=lambda kv: -kv[1]):
-        g = min(where, key=lambda i: (cost[i] + weight + (0 if into[i] else starts[i]), i))
-        cost[g] += weight + (0 if into[g] else starts[g])
+        g = min(where, key=lambda i: (cost[i] + weight + (0 if into[i] else start(i)), i))
+        cost[g] += weight + (0 if into[g] else start(g))
         into[g].append(name)
 
 

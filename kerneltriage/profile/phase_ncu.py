@@ -94,6 +94,9 @@ class NcuPlan:
         if self.session.command.distributed or self.chains:
             return []
         self.prepare(early=True)
+        for c in self.chains:
+            if c.ahead and c.turns is not None:
+                c.turns.warm_ahead()
         return [t for c in self.chains if c.turns is not None for t in c.turns.turns]
 
     def close(self) -> None:
@@ -114,6 +117,7 @@ class _Chain:
     lane: GpuLane
     watches: list[PassWatch]
     turns: Turns | None
+    ahead: bool = False  # on a GPU of its own: warmed up while the timing processes run
 
 
 def plan_ncu(session: ProfileSession, ncu: str, *, early: bool = False) -> NcuPlan | None:
@@ -152,8 +156,10 @@ def plan_ncu(session: ProfileSession, ncu: str, *, early: bool = False) -> NcuPl
         light_kernels=light or None,
     )
     start_cost = ncu_gpus.START_COST_GATED if early else ncu_gpus.START_COST_LAUNCHES
-    second = ncu_gpus.START_COST_BESIDE if pairs.measure_gates(session, 2) else None
-    shares, order = _shares(session, hot, timeline, whole_run, (start_cost, second), one)
+    gated = pairs.measure_gates(session, 2)
+    second = ncu_gpus.START_COST_BESIDE if gated else None
+    ahead = ncu_gpus.START_COST_AHEAD if early and gated else None  # other GPUs warm up ahead
+    shares, order = _shares(session, hot, timeline, whole_run, (start_cost, second, ahead), one)
     session.ncu_record.plan_seconds = round(time.perf_counter() - planned_from, 2)
     return NcuPlan(session, ncu, hot, metrics, config, shares, order, one if one and one.skip else None)
 
@@ -248,12 +254,13 @@ def _shares(
     hot: HotKernels,
     timeline: Timeline,
     whole_run: bool,
-    start_cost: tuple[float, float | None],
+    start_cost: tuple[float, float | None, float | None],
     one: OneSize | None = None,
 ) -> tuple[list[ncu_gpus.Share], list[tuple]]:
     """Each GPU's share of the hot kernels when phase 2 is split over several (at least two
     shares; none: one ncu process at a time), and the step's launch order their exports are
-    merged in. ``start_cost``: what a process start costs, and a GPU's second (``plan_shares``).
+    merged in. ``start_cost``: what a process start costs, a GPU's second, and another GPU's
+    first when warmed up ahead (``plan_shares``).
     Why several visible GPUs go unused is recorded."""
     if session.options.ncu_gpus == 1 or len(hot.names) < 2:
         return [], []
@@ -279,7 +286,8 @@ def _shares(
         configs = {n: max(1, c - one.skipped_by_base.get(n, 0)) for n, c in step.configs.items()}
         step = dataclasses.replace(step, configs=configs)
     light = ncu_passes.light_split(hot, one)
-    shares = ncu_gpus.plan_shares(hot, step, choice.gpus, whole_run, *start_cost, light=light)
+    first, second, ahead = start_cost
+    shares = ncu_gpus.plan_shares(hot, step, choice.gpus, whole_run, first, second, light=light, ahead=ahead)
     if len(shares) < 2:
         return [], []
     session.ncu_record.gpus = [share.gpu.device for share in shares]
@@ -302,8 +310,11 @@ def _share_chains(plan: NcuPlan, *, early: bool) -> list[_Chain]:
         passes = ncu_passes.share(share, label, hot, session.options.max_variable_launches, plan.one_size)
         lane.total = sum(one.expected for one in passes)
         board.lanes.append(lane)
-        watches, turns = _prepare_passes(session, plan.ncu, passes, plan.metrics, lane, early=early)
-        chains.append(_Chain(lane, watches, turns))
+        ahead = early and share.ahead
+        watches, turns = _prepare_passes(
+            session, plan.ncu, passes, plan.metrics, lane, early=early, ahead=ahead
+        )
+        chains.append(_Chain(lane, watches, turns, ahead))
     return chains
 
 
@@ -368,10 +379,12 @@ def _prepare_passes(
     lane: GpuLane,
     *,
     early: bool = False,
+    ahead: bool = False,
 ) -> tuple[list[PassWatch], Turns | None]:
     """Each pass's ncu command (written to ``logs/``) and watch; the turns of its processes,
     started and held at their first CUDA use, where a single-process script runs several
-    passes (the next pass's start-up overlaps this one's replays) or its passes start ``early``."""
+    passes (the next pass's start-up overlaps this one's replays) or its passes start ``early``.
+    ``ahead``: each process gets a measure gate, to warm up before phase 2 (``Turns.warm_ahead``)."""
     whole_run = bool(session.manifest.schedule.whole_run)
     watches = []
     for one in passes:
@@ -394,7 +407,7 @@ def _prepare_passes(
         watches.append(PassWatch(session, ncu, cmd, one, lane))
     if session.command.distributed or not (len(passes) > 1 or early):
         return watches, None
-    measure = pairs.measure_gates(session, len(passes))
+    measure = pairs.measure_gates(session, 2 if ahead else len(passes))
     turns = Turns(
         [
             lane.turn(

@@ -15,7 +15,13 @@ with such a gate is started with this one: both warm up at once, each then holds
 measure gate, and this one's opens only once the next one is waiting there (its warm-up is
 GPU work too); the next one's opens when this one's GPU work is done. Where more than two fit
 in the GPU's memory (``together``), the ones after the next start with them too, and each
-measures once the one before it is done.
+measures once the one before it is done. A timed turn with a measure gate warms up while the
+others start up; its measured steps wait for them.
+
+A batch on another GPU (phase 2's ncu processes there) may be warmed up *ahead*
+(``warm_ahead``): its first turns go through their first gates at once, warm up while the
+timing processes have the script's GPU, and wait at their measure gates; a timed step waits
+until they do, and phase 2 then finds them ready to measure.
 """
 
 from __future__ import annotations
@@ -71,7 +77,7 @@ class Turns:
         turn = self.turns[self.index]
         self.index += 1
         after = self.turns[self.index] if self.index < len(self.turns) else None
-        if self.quiet:
+        if self.quiet and turn.measure is None:
             self._hold_until_later_ones_wait()
         fresh = not gates.is_open(turn.gate)
         gates.open_gate(turn.gate)
@@ -83,9 +89,12 @@ class Turns:
                 beside.append(later)
         for later in beside:
             gates.open_gate(later.gate)  # its start-up and warm-up beside this one's
-        for later in beside:
-            self._hold_until_measuring(later.child, later.measure)  # type: ignore[arg-type]
         if turn.measure is not None:
+            # Nothing else warms up on the GPU while this one measures (those started beside
+            # it, or warmed up ahead); a timed one also waits for the others' start-ups.
+            self._hold_until_warmed()
+            if self.quiet:
+                self._hold_until_later_ones_wait()
             gates.open_gate(turn.measure)
         watch = None
         if gpu_done is not None and after is not None:
@@ -113,6 +122,17 @@ class Turns:
         self.turns[self.index].child.stop()
         self.index += 1
 
+    def warm_ahead(self) -> int:
+        """Let the first turns warm up now, as many as fit on the GPU at once (``together``),
+        each held at its measure gate; those without one are left at their gates. How many."""
+        opened = 0
+        for t in self.turns[self.index : self.index + self.together]:
+            if t.measure is None:
+                break
+            gates.open_gate(t.gate)
+            opened += 1
+        return opened
+
     def also_wait_for(self, others: list[Turn]) -> None:
         """Open a timed turn only once ``others`` (another batch's) are at their gates too."""
         self.others = list(others)
@@ -122,18 +142,17 @@ class Turns:
         self.mark = time.perf_counter()
 
     def _hold_until_later_ones_wait(self) -> None:
-        later = [*self.turns[self.index :], *self.others]
-        deadline = time.monotonic() + self.hold_limit
-        while time.monotonic() < deadline:
-            if all(gates.at_gate(t.gate) or t.child.exited() for t in later):
-                return
-            time.sleep(gates.POLL_S)
+        self._hold_until([*self.turns[self.index :], *self.others])
 
-    def _hold_until_measuring(self, child: Child, measure: Path) -> None:
-        """Until ``child`` waits at its ``measure`` gate (its warm-up done) or has exited."""
+    def _hold_until_warmed(self) -> None:
+        """Until every later turn let through its first gate waits at its measure gate."""
+        self._hold_until([t for t in self.turns[self.index :] if gates.is_open(t.gate)])
+
+    def _hold_until(self, turns: list[Turn]) -> None:
+        """Until each of ``turns`` waits (``_waiting``), ``hold_limit`` at most."""
         deadline = time.monotonic() + self.hold_limit
         while time.monotonic() < deadline:
-            if gates.at_gate(measure) or child.exited():
+            if all(_waiting(t) for t in turns):
                 return
             time.sleep(gates.POLL_S)
 
@@ -149,6 +168,16 @@ class Turns:
             gates.clear(t.gate)
             if t.measure is not None:
                 gates.clear(t.measure)
+
+
+def _waiting(turn: Turn) -> bool:
+    """Whether ``turn``'s process does nothing now: it has exited, or waits at its first gate,
+    or, let through that one, at its measure gate (its start-up and warm-up done)."""
+    if turn.child.exited():
+        return True
+    if turn.measure is not None and gates.is_open(turn.gate):
+        return gates.at_gate(turn.measure)
+    return gates.at_gate(turn.gate)
 
 
 class _OpenWhenDone:

@@ -248,6 +248,50 @@ def test_timed_turns_wait_for_the_next_phase_started_meanwhile(tmp_path):
     assert all(s < 0.3 + 1.0 for s in seconds)
 
 
+def test_a_timed_turn_warms_up_during_the_others_start_ups_and_measures_once_they_wait(tmp_path):
+    # Timing processes with measure gates: the pair warms up while phase 2's processes are
+    # still starting up (a warm-up is not timed); no timed step runs before they all wait.
+    timing = _turns(tmp_path, [0.0, 0.0], quiet=True, warmups=[0.1, 0.1])
+    later = _turns(tmp_path, [1.5, 1.5], quiet=False, first=2)
+    done = _done_of(tmp_path)
+    try:
+        timing.also_wait_for(later.turns)
+        for i in range(2):
+            timing.next(done(i))
+    finally:
+        timing.close()
+        later.close()
+    e = _events(tmp_path)
+    assert e[("gpu", 0)] < e[("ready", 2)] and e[("gpu", 1)] < e[("ready", 2)]  # warmed up meanwhile
+    assert e[("measured", 0)] >= max(e[("ready", 2)], e[("ready", 3)])
+    assert e[("measured", 1)] >= e[("done", 0)]
+
+
+def test_a_batch_warmed_up_ahead_holds_the_timed_steps_then_measures_at_once(tmp_path):
+    # Phase 2's passes on another GPU: warmed up ahead while the timing processes start, held at
+    # their measure gates. A timed step waits until they are there; their turns then measure
+    # without a warm-up, one at a time.
+    timing = _turns(tmp_path, [0.0, 0.0], quiet=True, warmups=[0.1, 0.1])
+    ahead = _turns(tmp_path, [0.3, 0.3], quiet=False, first=2, warmups=[1.0, 0.6], linger_s=0.3)
+    done = _done_of(tmp_path)
+    try:
+        assert ahead.warm_ahead() == 2
+        timing.also_wait_for(ahead.turns)
+        for i in range(2):
+            timing.next(done(i))
+        ahead.resume()
+        seconds = [ahead.next(done(i))[0] for i in (2, 3)]
+    finally:
+        timing.close()
+        ahead.close()
+    e = _events(tmp_path)
+    assert e[("gpu", 2)] < e[("measured", 0)] and e[("gpu", 3)] < e[("measured", 0)]
+    assert e[("measured", 0)] >= max(e[("warm", 2)], e[("warm", 3)])  # no warm-up beside a timed step
+    assert e[("measured", 2)] >= e[("done", 1)]  # its turn comes after the timed ones
+    assert e[("done", 2)] <= e[("measured", 3)] < e[("exit", 2)]
+    assert seconds[0] < 1.0  # 0.3 s of GPU work and its exit; its 1 s warm-up was off the path
+
+
 @pytest.mark.parametrize("overlap", [True, False])
 def test_the_next_turn_opens_once_the_gpu_work_is_done_where_asked(tmp_path, overlap):
     # An ncu pass's process writes its report after its profiled step (1.1-2.0 s on an H100):

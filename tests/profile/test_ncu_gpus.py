@@ -139,6 +139,64 @@ def test_a_process_start_weighs_in_the_plan(hot, step):
     assert heavy[0].configs and heavy[0].variable == hot.variable
 
 
+def test_another_gpu_warmed_up_ahead_takes_more_of_the_configurations(hot, step):
+    # The second GPU's processes warm up while the timing processes run (``ahead``): its start
+    # is off phase 2's path, so it takes configurations the every-launch GPU took before.
+    two = [Gpu("0"), Gpu("1")]
+    more = dataclasses.replace(step, configs={n: c * 3 for n, c in step.configs.items()})
+    gated = ncu_gpus.plan_shares(hot, more, two, whole_run=False, start_cost=15, second_start=3)
+    ahead = ncu_gpus.plan_shares(hot, more, two, whole_run=False, start_cost=15, second_start=3, ahead=1)
+    assert [s.ahead for s in gated] == [False, False] and [s.ahead for s in ahead] == [False, True]
+    assert ahead[1].config_count > gated[1].config_count
+    assert sum(s.config_count for s in ahead) == sum(s.config_count for s in gated)
+
+    def ends(shares, away):
+        first = 15 + shares[0].variable_launches + (3 + shares[0].config_count if shares[0].configs else 0)
+        return max(first, away + shares[1].config_count)
+
+    assert ends(ahead, 1) < ends(gated, 1)
+
+
+def test_the_others_are_balanced_around_the_light_pass():
+    # T5-base's shape of phase 2 (H200, 2026-11-28): 16 every-launch launches, 22
+    # per-configuration launches in four kernels, a light pass of 87 configurations. Placed
+    # after the others, the light pass went behind the every-launch pass (ends 31 + 3 + 17.4):
+    # placed first, the per-configuration kernels fill in around it and both GPUs end sooner.
+    names = ["v", "c1", "c2", "c3", "c4", "m"]
+    hot = HotKernels(names, 0, 0.9, [], variable=["v"])
+    configs = {"v": 1, "c1": 8, "c2": 6, "c3": 5, "c4": 3, "m": 65}
+    step = StepLaunches(dict.fromkeys(names, 1) | {"v": 16}, configs, [], [0])
+    first, second = ncu_gpus.plan_shares(hot, step, [Gpu("0"), Gpu("1")], False, 15, 3, light=(["m"], 65))
+    assert first.variable == ["v"] and first.configs and second.configs
+    assert second.light_count == 87 and not first.light
+    ends = [15 + 16 + 3 + first.config_count, 15 + 87 * ncu_gpus.LIGHT_LAUNCH + 3 + second.config_count]
+    assert max(ends) < 15 + 16 + 3 + 87 * ncu_gpus.LIGHT_LAUNCH  # the light pass behind the first
+
+
+def test_the_every_launch_pass_goes_to_a_gpu_warmed_up_ahead_where_that_ends_sooner():
+    # The same shape with the second GPU warmed up ahead (its start costs 1, the script's GPU's
+    # 15): the every-launch and light passes go to it, the per-configuration kernels to the
+    # script's GPU, which would otherwise pay its start before the every-launch launches.
+    names = ["v", "c1", "c2", "c3", "c4", "m"]
+    hot = HotKernels(names, 0, 0.9, [], variable=["v"])
+    configs = {"v": 1, "c1": 8, "c2": 6, "c3": 5, "c4": 3, "m": 65}
+    step = StepLaunches(dict.fromkeys(names, 1) | {"v": 16}, configs, [], [0])
+    two = [Gpu("0"), Gpu("1")]
+    first, second = ncu_gpus.plan_shares(hot, step, two, False, 15, 3, light=(["m"], 65), ahead=1)
+    assert (first.gpu, first.variable, first.config_count, first.light, first.ahead) == (
+        two[0],
+        [],
+        22,
+        [],
+        False,
+    )
+    assert (second.gpu, second.variable, second.light_count, second.ahead) == (two[1], ["v"], 87, True)
+    ends = [15 + 22, 1 + 16 + 3 + 87 * ncu_gpus.LIGHT_LAUNCH]
+    lead_first = ncu_gpus.plan_shares(hot, step, [Gpu("0")], False, 15, 3, light=(["m"], 65), ahead=1)
+    assert lead_first[0].variable == ["v"]  # one GPU: nowhere else to go
+    assert max(ends) < 15 + 16 + 3 + 11  # the first GPU's end with the every-launch pass on it
+
+
 def test_configurations_are_balanced():
     names = [f"k{i}" for i in range(6)]
     hot = HotKernels(names, 60, 0.9, [])

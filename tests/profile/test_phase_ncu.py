@@ -455,6 +455,45 @@ def test_on_two_gpus_phase_two_starts_early_too(tmp_path, monkeypatch, fake_ncu)
     assert sorted(gpu for gpu, _, _ in calls) == ["0", "0", "1"]  # each pinned to its GPU
 
 
+def test_on_two_gpus_the_other_gpus_passes_warm_up_ahead(tmp_path, monkeypatch, fake_ncu):
+    # Where two processes fit on a GPU (measure gates), the passes on the GPU the timing
+    # processes do not use go through their first gate at once and wait, warmed up, at their
+    # measure gate; phase 2 then finds them ready to profile. The script's GPU's passes wait at
+    # their first gate as before. The plan counts the other GPU's start as almost free.
+    times = tmp_path / "times.txt"
+    monkeypatch.setenv("FAKE_NCU_TIMES", str(times))
+    monkeypatch.setenv("FAKE_NCU_WARMUP_SECONDS", "0.5")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setattr("kerneltriage.profile.pairs.two_processes_fit", lambda session: True)
+    session, out, manifest = _early_session(tmp_path, monkeypatch)
+    plan = plan_ncu(session, ncu_tools.find_ncu(), early=True)
+    assert plan is not None and [s.ahead for s in plan.shares] == [False, True]
+    waiting = plan.start()
+    try:
+        deadline = time.monotonic() + 60
+        ahead = [t for t in waiting if t.gate.name.endswith("gpu1")]
+        while not all(gates.at_gate(t.measure) for t in ahead) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ahead and all(gates.at_gate(t.measure) for t in ahead)
+        assert not any(gates.is_open(t.gate) for t in waiting if t not in ahead)
+        time.sleep(0.5)  # the timing processes' turns
+        begun = time.time()
+        run_ncu(session, plan.ncu, plan)
+    finally:
+        plan.close()
+    events = {
+        (what, Path(report).name): float(t)
+        for what, t, report in (r.split() for r in times.read_text().splitlines())
+    }
+    assert events[("measure", "ncu.gpu1")] < begun <= events[("profile", "ncu.gpu1")]
+    # No warm-up on its path:
+    assert events[("profile", "ncu.gpu1")] < events[("open", "ncu.launches.gpu0")] + 0.5
+    assert events[("open", "ncu.launches.gpu0")] >= begun  # the script's GPU: after the timing turns
+    phase = manifest.phases.ncu.to_json()
+    assert all(r["exit_code"] == 0 for r in phase["passes"])
+    assert (out / rundir.NCU_CSV).is_file() and (out / rundir.NCU_LAUNCHES_CSV).is_file()
+
+
 def test_phase_two_waits_for_the_timing_processes_where_the_host_memory_is_short(
     tmp_path, monkeypatch, fake_ncu
 ):

@@ -134,7 +134,7 @@ class Turns:
         return opened
 
     def also_wait_for(self, others: list[Turn]) -> None:
-        """Open a timed turn only once ``others`` (another batch's) are at their gates too."""
+        """Let a timed turn measure only once ``others`` (another batch's) wait too."""
         self.others = list(others)
 
     def resume(self) -> None:

@@ -9,7 +9,8 @@ The kinds and what each does are the contract's table (``design``: fix recipes).
   as the root, changes ``root.modules()`` and removes itself. Children run after the root's
   pre-hook, so they already take the new forward (``norm-swap``, ``compile-module``,
   ``compile-model``, ``hf-attention``, ``autocast``, ``channels-last``; ``fsdp-prefetch`` and
-  ``fsdp-reshard`` set FSDP2's layers, ``recipes/fsdp.py``).
+  ``fsdp-reshard`` set FSDP2's layers, ``recipes/fsdp.py``; ``gemm-pad`` pads named layers'
+  GEMMs, ``recipes/gemm_pad.py``).
 
 ``install`` returns an ``Applied`` that says what was done (``details``), whether it happened at
 all (``problem``), and undoes it (``remove``, for tests that apply fixes in-process).
@@ -42,6 +43,7 @@ KINDS = (
     "ddp",
     "fsdp-prefetch",
     "fsdp-reshard",
+    "gemm-pad",
 )
 #: DistributedDataParallel's constructor settings a ``ddp`` fix may set (where the report finds
 #: its communication exposed): every DDP the script builds gets them.
@@ -56,6 +58,7 @@ AT_FIRST_FORWARD = (
     "channels-last",
     "fsdp-prefetch",
     "fsdp-reshard",
+    "gemm-pad",
 )
 _FIELDS: dict[str, tuple[str, ...]] = {
     "norm-swap": ("classes",),
@@ -135,6 +138,10 @@ def check(apply: Any) -> str | None:
         from kerneltriage.recipes import fsdp
 
         return fsdp.check(apply)
+    if kind == "gemm-pad":
+        from kerneltriage.recipes import gemm_pad
+
+        return gemm_pad.check(apply)
     return None
 
 
@@ -187,7 +194,20 @@ def _fsdp(torch, applied: Applied, fields: dict[str, Any]) -> None:
     _at_first_forward(torch, applied, at_root)
 
 
-_INSTALLERS_DDP = {"ddp": _ddp, "fsdp-prefetch": _fsdp, "fsdp-reshard": _fsdp}
+def _gemm_pad(torch, applied: Applied, fields: dict[str, Any]) -> None:
+    """The named ``nn.Linear`` layers' GEMMs on padded dimensions (``recipes/gemm_pad.py``)."""
+    from kerneltriage.recipes import gemm_pad
+
+    def at_root(root, _args):
+        try:
+            return gemm_pad.pad_layers(torch, root, fields)
+        except gemm_pad.NothingToPad as exc:
+            raise ApplyFailed(str(exc)) from None
+
+    _at_first_forward(torch, applied, at_root)
+
+
+_INSTALLERS_DDP = {"ddp": _ddp, "fsdp-prefetch": _fsdp, "fsdp-reshard": _fsdp, "gemm-pad": _gemm_pad}
 
 
 def install(apply: dict[str, Any]) -> Applied:

@@ -133,6 +133,11 @@ class Plan:
         c = next((c for c in self.to_run if c.id == label), None)
         return self.run_seconds + (self.compile_seconds(c) if c is not None else 0.0)
 
+    def start_margin(self) -> float:
+        """How much longer than its expected time a run must still fit in the budget to start
+        (``measurement.yaml``: ``start_margin``)."""
+        return float(_measurement()["start_margin"])
+
     def run_timeout(self, label: str | None) -> float:
         """One run's time limit: ``--run-timeout``, else a multiple of its estimate."""
         if self.settings.run_timeout_s:
@@ -434,6 +439,10 @@ def _default_timeout() -> str:
 
 
 def _duration(seconds: float) -> str:
+    """Seconds under 90, else minutes: whole, or to a tenth under ten (a budget of 3.5 min)."""
     if seconds < 90:
         return f"{seconds:.0f} s"
-    return f"{seconds / 60:.0f} min"
+    minutes = seconds / 60
+    if minutes < 10 and abs(minutes - round(minutes)) >= 0.05:
+        return f"{minutes:.1f} min"
+    return f"{minutes:.0f} min"

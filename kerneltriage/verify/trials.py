@@ -155,13 +155,15 @@ def run_verify(
         remaining = _remaining(plan, trials, total - index + 1)
         say.run_started(label, index, total, remaining)
         start = trials.elapsed()
-        limit = _timeout(plan, trials, label)
+        limit, at_budget_end = _timeout(plan, trials, label)
         if batch is not None:
             code, tail = batch.next(limit)
             timed_out = together.timed_out(code)
             result = _timed_out(limit) if timed_out else _result(command, prefix(label), code, tail)
         else:
             result = _run_one(command, where, manifest.env, s, apply, prefix(label), timeout=limit)
+        if result.get("status") == "timed-out" and at_budget_end:  # no sign that the fix misbehaved
+            result.update(budget_end=True, error=f"was stopped at the budget's end ({limit:.0f} s were left)")
         seconds = trials.elapsed() - start
         result["seconds"] = round(seconds, 2)
         say.run_done(label, result, seconds)
@@ -182,7 +184,8 @@ def run_verify(
                     # The baseline, then the fixes by their expected time: a long compile runs last
                     # in its round, so it cannot hold up the others.
                     labels = [BASELINE, *sorted(active, key=lambda label: trials.run_seconds(label, plan))]
-                    need = sum(trials.run_seconds(label, plan) for label in labels)
+                    margin = plan.start_margin()
+                    need = margin * sum(trials.run_seconds(label, plan) for label in labels)
                     if rounds >= s.repeats and trials.elapsed() + need > s.budget_s:
                         break  # past the first rounds, a round that would end past the budget is not started
                     batch = start_round(labels)
@@ -190,9 +193,9 @@ def run_verify(
                         for label in labels:
                             if (
                                 rounds >= 1
-                                and trials.elapsed() + trials.run_seconds(label, plan) > s.budget_s
+                                and trials.elapsed() + margin * trials.run_seconds(label, plan) > s.budget_s
                             ) or _budget_spent(trials, s):
-                                # A run cut off at once would read as "timed out": it is "not run".
+                                # A run the budget would cut off is "not run", never "timed out".
                                 if batch is not None:
                                     batch.skip()
                                 continue
@@ -256,12 +259,12 @@ def _budget_note(data: record.VerifyFile, trials: Trials, plan: Plan) -> str | N
     )
 
 
-def _timeout(plan: Plan, trials: Trials, label: str) -> float:
-    """One run's limit: its own (``--run-timeout`` or from its estimate), never past the
-    budget's end, and never more than half the budget (one slow fix leaves the others time)."""
-    own = plan.run_timeout(None if label in (BASELINE, WARMUP) else label)
-    budget = plan.settings.budget_s
-    return max(1.0, min(own, budget - trials.elapsed(), budget / 2))
+def _timeout(plan: Plan, trials: Trials, label: str) -> tuple[float, bool]:
+    """One run's limit: its own (``--run-timeout`` or from its estimate), never more than half the
+    budget (one slow fix leaves the others time) nor past the budget's end; and whether that end set it."""
+    own = min(plan.run_timeout(None if label in (BASELINE, WARMUP) else label), plan.settings.budget_s / 2)
+    left = plan.settings.budget_s - trials.elapsed()
+    return max(1.0, min(own, left)), left < own
 
 
 def _budget_spent(trials: Trials, s: Settings) -> bool:
@@ -546,7 +549,8 @@ def _entry(
     if not c.verifiable:
         return entry
     ok = [r for r in fixed if r.get("status") == "ok" and r.get("step_ms")]
-    failed = [r for r in fixed if r not in ok]
+    stopped = [r for r in fixed if r.get("budget_end")]  # by the budget's end: not the fix's fault
+    failed = [r for r in fixed if r not in ok and r not in stopped]
     timed_out = [r for r in failed if r.get("status") == "timed-out"]
     entry.partial = len(ok) < s.repeats and not timed_out
     if not fixed:
@@ -554,8 +558,9 @@ def _entry(
             "not run (interrupted before its first run)" if not complete else "not run within the budget"
         )
         return entry
-    if timed_out and not ok:
-        entry.why = f"not measured within the budget: its run {timed_out[0].get('error')} (compiling?)"
+    if not ok and (timed_out or (stopped and not failed)):
+        said = f"{timed_out[0].get('error')} (compiling?)" if timed_out else stopped[0].get("error")
+        entry.why = f"not measured within the budget: its run {said}"
         return entry
     entry.applied = next((r.get("applied") for r in ok if r.get("applied")), None)
     if failed and not ok:
@@ -587,6 +592,8 @@ def _entry(
             entry.why += f"; {len(t.outlier_runs_ms)} {side} run(s) left out as outliers ({said})"
     if failed:
         entry.why += f"; {len(failed)} of its {len(fixed)} runs failed ({failed[0].get('error')})"
+    if stopped:
+        entry.why += f"; its last run {stopped[0].get('error')} and is not counted"
     if entry.partial:
         entry.why += f" (partial: {len(ok)} of {s.repeats} runs)"
     return entry

@@ -287,3 +287,53 @@ def test_t5_position_bias_is_cast_by_the_runner_and_keeps_its_gradient():
     torch.testing.assert_close(fixed_loss, loss, rtol=1e-2, atol=1e-3)
     assert grad.abs().max() > 0 and fixed_grad is not None
     torch.testing.assert_close(fixed_grad, grad, rtol=5e-2, atol=1e-3)
+
+
+class TiedLM(nn.Module):
+    """An LM head tied to its embedding, N and K both off every multiple (GPT-2's lm_head:
+    50257 × 1024)."""
+
+    def __init__(self, vocab: int = 1001, hidden: int = 37):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, hidden)
+        self.mix = nn.Linear(hidden, hidden)
+        self.lm_head = nn.Linear(hidden, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, ids):
+        return self.lm_head(torch.tanh(self.mix(self.wte(ids)))).flatten(0, 1)
+
+
+def test_an_unaligned_linear_runs_padded_with_the_same_loss_and_gradients():
+    ids = torch.randint(0, 1001, (3, 5))
+    labels = torch.randint(0, 1001, (15,))
+    apply = {"kind": "gemm-pad", "modules": ["lm_head", "mi*"], "multiple": 64}
+    seen = []
+
+    def record(model):
+        # The padded GEMM itself: N and K whole tiles, the output sliced back to the vocabulary.
+        model.lm_head.register_forward_hook(lambda m, a, out: seen.append(out.shape))
+        return model
+
+    applied, model, eager, fixed = _eager_then_fixed(apply, TiedLM, ids, labels, run=record)
+    assert applied.done and applied.details["padded"] == {
+        "lm_head": "N 1001 → 1024, K 37 → 64",
+        "mix": "N 37 → 64, K 37 → 64",
+    }
+    assert seen == [torch.Size([3, 5, 1001])]
+    assert model.lm_head.weight is model.wte.weight  # still tied: read, never replaced
+    _same(eager, fixed)
+
+
+def test_gemm_pad_refuses_what_it_cannot_pad():
+    from kerneltriage.recipes.install import ApplyFailed, check
+
+    assert "multiple must be a whole number" in check({"kind": "gemm-pad", "modules": "x", "multiple": 0})
+    assert "takes modules" in check({"kind": "gemm-pad", "modules": "", "multiple": 64})
+    for apply, said in (
+        ({"kind": "gemm-pad", "modules": "decoder", "multiple": 64}, "found no module decoder under ConvNet"),
+        ({"kind": "gemm-pad", "modules": "conv", "multiple": 64}, "conv is a Conv2d"),
+        ({"kind": "gemm-pad", "modules": "head", "multiple": 2}, "a multiple of 2 already"),
+    ):
+        with pytest.raises(ApplyFailed, match=said):
+            _eager_then_fixed(apply)

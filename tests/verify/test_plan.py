@@ -85,6 +85,11 @@ def test_plan_with_recipes_in_the_contracts_shape(naive):
     assert "applied  by the runner: norm-swap (classes=['RMSNorm'])" in text
     assert "7 runs (1 warm-up + 2 × baseline + 2 × 2 fixes, interleaved), about" in text
     assert "an inconclusive fix gets more rounds, up to 10" in text
+    # The budget as given, not rounded: 3.5 minutes read "4 min" before.
+    plan.settings.budget_s = 210.0
+    assert "within a budget of 3.5 min;" in "\n".join(describe(plan))
+    plan.settings.budget_s = 1200.0
+    assert "within a budget of 20 min;" in "\n".join(describe(plan))
 
 
 def test_plan_refuses_blocked_unknown_kinds_and_unknown_ids(naive):

@@ -38,19 +38,24 @@ def planned(cid: str, predicted: float, apply: dict | None = None) -> Planned:
 
 
 class FakeRuns:
-    """Each label's process medians in order (a list per label); steps scatter 0.3% around them."""
+    """Each label's process medians in order (a list per label); steps scatter 0.3% around them.
+    A run takes its label's ``seconds`` (1 s unless given; a list: each run's in turn)."""
 
-    def __init__(self, medians: dict[str, list[float]], seconds: dict[str, float] | None = None):
+    def __init__(
+        self, medians: dict[str, list[float]], seconds: dict[str, float | list[float]] | None = None
+    ):
         self.medians = {k: list(v) for k, v in medians.items()}
         self.seconds = seconds or {}
         self.calls: list[str] = []
         self.rng = np.random.default_rng(0)
-        self.clock = 0.0  # each run takes its label's seconds (1 s unless given)
+        self.clock = 0.0
 
     def __call__(self, command, cwd, env, settings, apply, prefix, timeout=None):
         label = "baseline" if apply is None else apply["id"]
         self.calls.append(Path(prefix).name)
         took = self.seconds.get(label, 1.0)
+        if isinstance(took, list):  # each run's seconds in turn, the last one repeated
+            took = took.pop(0) if len(took) > 1 else took[0]
         self.clock += min(took, timeout or float("inf"))
         if took > (timeout or float("inf")):
             return {"status": "timed-out", "error": f"ran past its {timeout:.0f} s limit", "step_ms": []}
@@ -193,3 +198,27 @@ def test_a_budget_that_gave_every_fix_its_runs_says_nothing_of_the_budget(run, m
     out = verify(run, monkeypatch, fake, [planned("C1", 0.2)], repeats=3, budget_s=600.0)
     assert out["C1"].status == "verified"
     assert not [n for n in out["_file"].notes if "--budget" in n]
+
+
+def test_a_run_starts_only_where_it_would_end_within_the_budget_with_a_margin(run, monkeypatch):
+    # An HF GPT-2-class LM on an H200: a compile fix's runs took 31.5 then 34.6 s. Its second run
+    # started with 36 s of the budget left, was stopped at 34 s and read "1 of its 2 runs failed".
+    # 20 s warm-up, then baseline 20 s and C1 30 s a round: 90 s in when round 2's C1 is due; 30 s
+    # would fit the 120 s budget exactly, 1.2 × 30 s does not, so it is not started.
+    fake = FakeRuns({"baseline": [50.0], "C1": [40.0]}, seconds={"baseline": 20.0, "C1": [30.0, 34.0]})
+    out = verify(run, monkeypatch, fake, [planned("C1", 0.2)], repeats=3, budget_s=120.0)
+    assert fake.calls.count("C1.1") == 0 and fake.clock <= 120.0
+    assert out["C1"].status == "inconclusive" and "one run of a side" in out["C1"].why
+    assert "failed" not in out["C1"].why
+    assert any("--budget" in n for n in out["_file"].notes)
+
+
+def test_a_run_the_budgets_end_stops_is_not_counted_as_a_failure(run, monkeypatch):
+    # Round 2's C1 fits with its margin (90 + 36 ≤ 130 s) but runs 50 s: the budget's end stops it
+    # at 40 s. That is no sign of a broken fix: not "failed", and the run it finished still counts.
+    fake = FakeRuns({"baseline": [50.0], "C1": [40.0]}, seconds={"baseline": 20.0, "C1": [30.0, 50.0]})
+    out = verify(run, monkeypatch, fake, [planned("C1", 0.2)], repeats=3, budget_s=130.0)
+    assert "C1.1" in fake.calls and fake.clock <= 130.0
+    why = out["C1"].why
+    assert out["C1"].fixed.runs == 1 and "failed" not in why
+    assert "its last run was stopped at the budget's end (40 s were left) and is not counted" in why

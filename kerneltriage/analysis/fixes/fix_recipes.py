@@ -57,6 +57,7 @@ APPLY_KINDS: dict[str, tuple[str, ...]] = {
     "ddp": ("gradient_as_bucket_view", "static_graph", "bucket_cap_mb"),
     "fsdp-prefetch": ("forward", "backward"),
     "fsdp-reshard": ("last",),
+    "gemm-pad": ("modules", "multiple"),
 }
 #: Candidate fields a recipe's ``when`` may test.
 WHEN_FIELDS = (

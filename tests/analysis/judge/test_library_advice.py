@@ -125,6 +125,25 @@ def test_a_recorded_k_off_the_multiple_is_padded_to_it():
     assert "out_features 30 → 32" in recipe["text"]
 
 
+def test_an_unaligned_linear_layer_is_padded_by_the_runner():
+    # GPT-2's lm_head (bf16 under autocast): N=50257. A Linear's N and K are known, so the runner
+    # pads its GEMM (gemm-pad-linear) and verify can measure the padding; any other layer, or one
+    # of unknown dimensions, stays a fix by hand.
+    c = cand("gemm", headroom=6.4, share=0.168, ops=("aten::linear",), kernels=(kernel(ALIGN1_BF16),))
+    c.example = [linear(8192, 50257, 1024)]
+    c.roofline.precision = "bf16"
+    c.module = "lm_head (Linear)"
+    judge(c, A100)
+    assert c.verdict == Verdict.USE_BUILTIN and c.builtin == "pad N=50257 → 50264"
+    recipe = fixed(c)
+    assert recipe["id"] == "gemm-pad-linear"
+    assert recipe["apply"] == {"kind": "gemm-pad", "modules": "lm_head", "multiple": 64}
+    assert "out_features 50257 → 50264" in recipe["text"]
+    assert "verify pads this layer's GEMM to a multiple of 64" in recipe["text"]
+    c.module, c.recipe, c.fix = "transformer.h.*.attn.c_attn (Conv1D)", None, None
+    assert fixed(c)["id"] == "gemm-pad" and fixed(c)["apply"] is None
+
+
 def test_fp32_simt_gemms_name_the_tensor_unit_the_gpu_has():
     """A hot FP32 SIMT GEMM: TF32 where the GPU has it, bf16 autocast on AMD's CDNA2 (bf16 matrix
     units, no TF32), fp16 with a loss scaler on a V100 (its bf16 is emulated)."""

@@ -124,7 +124,8 @@ class Plan:
         if c.command is not None or not str(apply.get("kind", "")).startswith("compile"):
             return 0.0
         table = _measurement()["compile_seconds"]
-        return float(table.get(apply.get("mode") or "default", table["default"]))
+        mode = apply.get("mode") or ("module-class" if apply.get("kind") == "compile-module" else "default")
+        return float(table.get(mode, table["default"]))
 
     def run_estimate(self, label: str | None) -> float | None:
         """One run: the baseline's (``label`` None) or a fix's, compilation included."""

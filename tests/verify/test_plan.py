@@ -279,3 +279,20 @@ def test_a_run_is_estimated_from_one_process_start_up_not_the_whole_timing_phase
     # One process only: the phase is phase 1's start-up and steps, as before.
     manifest.phases.timeline.step_time.processes_plain_ms = []
     assert run_seconds(manifest, settings, None) == pytest.approx(70.25 - 50 * 0.0934 + 23 * 0.0934)
+
+
+def test_a_runs_estimate_adds_what_its_compile_takes():
+    # A module-class compile measured 1-19 s on H100s and H200s (47 s once), a whole model's
+    # 25-40 s, max-autotune past 5-10 minutes (measurement.yaml, compile_seconds).
+    from kerneltriage.verify.plan import Plan, Planned
+
+    fixes = {
+        "C1": {"kind": "compile-module", "classes": ["LayerNorm"], "mode": None},
+        "C2": {"kind": "compile-model", "mode": None},
+        "C3": {"kind": "compile-model", "mode": "max-autotune"},
+        "C4": {"kind": "norm-swap", "classes": ["RMSNorm"]},
+    }
+    planned = [Planned(i, i, "compile", 0.1, "r", "fix", a, None) for i, a in fixes.items()]
+    plan = Plan("run", ["python", "train.py"], Settings(), planned, run_seconds=20.0)
+    assert [plan.run_estimate(i) for i in fixes] == [40.0, 65.0, 620.0, 20.0]
+    assert plan.run_estimate(None) == 20.0  # the baseline compiles nothing

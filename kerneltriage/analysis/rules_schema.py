@@ -92,6 +92,7 @@ else:
 Patterns = tuple[CompiledPattern, ...]
 
 _Open = ConfigDict(extra="allow", frozen=True)
+_Closed = ConfigDict(extra="forbid", frozen=True)
 
 
 def _rules_error(reason: str) -> PydanticCustomError:
@@ -134,6 +135,15 @@ class OpClassEntry(BaseModel):
     activity: tuple[StrictStr, ...] = ()
 
 
+class AloneSkip(BaseModel):
+    """``already_alone:`` of a recommendation: the skip of an op that is, alone, the fused
+    kernel its ``already`` names (no neighbour for a compile to fuse, nothing to swap in)."""
+
+    model_config = _Closed
+    reason: StrictStr
+    note: StrictStr
+
+
 class Recommendation(BaseModel):
     """What a kind is recommended. Read by key as well (``rec["verdict"]``, ``rec.get("note",
     "")``): a key that is absent or null gives the default."""
@@ -145,6 +155,7 @@ class Recommendation(BaseModel):
     variant_builtin: StrictStr | None = None
     candidates: tuple[StrictStr, ...] = ()
     already: Patterns = ()
+    already_alone: AloneSkip | None = None
     note: StrictStr | None = None
     # The ``compiled`` recommendation's texts (an Inductor kernel's verdict).
     at_roof_note: StrictStr | None = None

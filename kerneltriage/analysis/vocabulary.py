@@ -57,6 +57,9 @@ class Reason(_Word):
     UNSTABLE_SHAPES = "unstable-shapes"
     LAUNCH_BOUND = "launch-bound"
     FP32_OFF_TENSOR_CORES = "fp32-off-tensor-cores"
+    # A fused library op alone, below its roof, that no fix was measured to speed up
+    # (recommendations.<kind>.already_alone).
+    ALREADY_FUSED = "already-fused"
     # Skips the shipped rules give (recommendations.communication / memcpy): no kernel at all.
     COMMUNICATION = "communication"
     NOT_A_KERNEL = "not-a-kernel"

@@ -166,7 +166,7 @@ def _print_candidate_detail(console: Console, c: Candidate, run_ref: str, rank: 
         )
     if c.verification:
         console.print(Text(f"  verify     {verification_line(c.verification)}"))
-    if c.verdict != Verdict.SKIP or c.fix:
+    if c.verdict != Verdict.SKIP or c.fix or c.note:
         why = c.reason + (f"; {c.note}" if c.note else "")
         console.print(f"  why        {why}")
         if c.fix:

@@ -244,3 +244,17 @@ def test_the_idle_headline_counts_every_gap_its_fix_covers(example_report):
     assert "aten::mul_, aten::addcdiv_ (36.00 ms per step together) is the optimizer's for-loop" in text
     report.gaps = report.gaps[1:]
     assert "aten::addcdiv_ (15.00 ms per step) is the optimizer's for-loop" in idle_headline(report)
+
+
+def test_a_skip_with_a_note_says_why_in_the_terminal():
+    # ConvNeXt-T's LayerNorms are ATen's one kernel each, skipped as no fix of their own was
+    # measured to take their headroom: the reader needs that note, not the bare code.
+    from kerneltriage import api
+
+    rep = api.report("examples/runs/convnext-t-h200")
+    norm = next(c for c in rep.candidates if c.id == "C1")
+    assert (norm.verdict, norm.reason) == ("skip", "already-fused")
+    text = render(rep, "terminal", color=False, width=400)
+    detail = text[text.index("C1  aten::layer_norm") :]
+    assert "why        already-fused; aten::layer_norm is one fused kernel already" in detail
+    assert "slowed BERT-base's" in detail and "fix  " not in detail.split("\n\n")[0]

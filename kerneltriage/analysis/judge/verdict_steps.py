@@ -24,7 +24,7 @@ from kerneltriage.analysis.judge.verdict_data import (
 )
 from kerneltriage.analysis.model import Candidate
 from kerneltriage.analysis.rules import Rules
-from kerneltriage.analysis.rules_schema import Recommendation
+from kerneltriage.analysis.rules_schema import AloneSkip, Recommendation
 from kerneltriage.analysis.vocabulary import Reason, Verdict
 
 
@@ -66,9 +66,9 @@ def low_headroom(c: Candidate, rules: Rules, what: str) -> None:
     )
 
 
-def rules_reason(rec: Recommendation) -> str:
+def rules_reason(rec: Recommendation | AloneSkip) -> str:
     """A skip reason the rules give: the vocabulary's word when it is one, else the file's."""
-    reason = str(rec["reason"])
+    reason = str(rec.reason)
     try:
         return Reason(reason)
     except ValueError:
@@ -227,6 +227,14 @@ def _recommend(
     else:
         c.reason = Reason.ALL_CONDITIONS
     used = already_uses(c, rec)
+    alone = rec.get("already_alone") if used and c.level == "op" else None
+    if alone is not None:
+        # The fused kernel alone: nothing beside it for a compile to fuse, nothing to swap in,
+        # and the rules say what was measured of the fixes that remain.
+        c.verdict, c.builtin = Verdict.SKIP, None
+        c.reason = rules_reason(alone)
+        c.note = alone.note.format(op=used)
+        return True
     if used:
         # It already runs the fused kernel the rules would recommend: nothing to swap in, and
         # torch.compile still covers it, so this is not yet a kernel to write by hand.

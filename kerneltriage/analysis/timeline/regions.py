@@ -82,7 +82,7 @@ def segment(ops: list[OpInfo], rules: Rules) -> list[Segment]:
         op = ops[i]
         if op.kind in boundary or op.boundary:
             flush()
-            segments.append(Segment("op", op.kind, None, [op]))
+            segments.append(_op_segment([op], rules))
         else:
             if run and not _same_branch(run, op):
                 flush()
@@ -200,9 +200,16 @@ def _is_residual_add(op: OpInfo, rules: Rules) -> bool:
     return len(tensors) >= 2 and tensors[0][0] == tensors[1][0] and len(tensors[0][0]) >= 2
 
 
+def _op_segment(ops: list[OpInfo], rules: Rules) -> Segment:
+    """One op alone. A norm op names its norm (``aten::layer_norm`` is a LayerNorm), so that the
+    rules recommend for that norm rather than for norms in general."""
+    variant = _norm_variant(ops, rules) if ops[0].kind == "norm" else None
+    return Segment("op", ops[0].kind, variant, ops)
+
+
 def _run_segment(ops: list[OpInfo], rules: Rules) -> Segment:
     if len(ops) == 1:
-        return Segment("op", ops[0].kind, None, ops)
+        return _op_segment(ops, rules)
     variant = _norm_variant(ops, rules)
     if variant is not None:
         fused_add = _is_residual_add(ops[0], rules) or variant.startswith("fused_add_")

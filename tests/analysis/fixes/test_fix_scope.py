@@ -56,9 +56,14 @@ def test_a_region_inside_the_compiled_block_reaches_its_neighbours(bert):
     assert set(add.recipe["apply"]["classes"]) == {"BertOutput", "BertSelfOutput"}
     assert add.attrs["compiles_also"] == ["C7"]
     norm = by_id(bert, "C7")
+    # ATen's LayerNorm alone is skipped (no fix of its own was measured to take its headroom),
+    # but the compile around it fuses the residual add and dropout into it: the fix counts the
+    # norm's headroom all the same (realized 6.9% in verify.json against 7.9% predicted).
+    assert (norm.verdict, norm.reason, norm.expected_saving_share) == ("skip", "already-fused", 0.0)
     assert add.attrs["fix_saving_share"] == pytest.approx(
-        add.expected_saving_share + norm.expected_saving_share
+        add.expected_saving_share + norm.time_share * (1.0 - 1.0 / norm.headroom)
     )
+    assert add.verification["status"] == "verified"
 
 
 def test_the_loss_only_kernel_is_offered_when_it_saves_more_than_fused_linear_ce(gemma2):

@@ -179,7 +179,7 @@ def test_convnext_on_an_h100_waits_on_its_host_and_gets_cuda_graphs(tmp_path):
     assert host["host_issue_ms"] == pytest.approx(30.106, abs=0.01) and host["share_of_step"] > 1.0
     # Every kernel-time prediction is capped to what the host leaves: nothing.
     capped = [c for c in report.candidates if "saving_before_host" in c.attrs]
-    assert {c.id for c in capped} >= {"C1", "C2", "C3", "C6"}
+    assert {c.id for c in capped} >= {"C2", "C3", "C6"}
     assert all(c.expected_saving_share == 0.0 for c in capped)
     assert any(w.startswith("host: issuing a step from an idle GPU takes 30.11 ms") for w in report.warnings)
     # The step's own fix: the kernels' 27.6 ms less 7.0 ms of fusing, over 28.56 ms.

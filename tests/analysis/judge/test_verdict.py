@@ -209,6 +209,20 @@ CASES: list[tuple[str, Candidate, GPUSpec | None, Verdict, Reason]] = [
         Reason.ALREADY_USES,
     ),
     (
+        "ATen's LayerNorm alone: no fix of its own measured to take its headroom",
+        cand("norm", variant="layernorm", ops=("aten::layer_norm",)),
+        H100,
+        Verdict.SKIP,
+        Reason.ALREADY_FUSED,
+    ),
+    (
+        "ATen's LayerNorm inside a region: a compile fuses its neighbours",
+        replace(cand("norm", variant="layernorm", ops=("aten::to", "aten::layer_norm")), level="region"),
+        H100,
+        Verdict.COMPILE,
+        Reason.ALREADY_USES,
+    ),
+    (
         "naive softcap attention",
         naive_attention(softcap=50.0),
         H100,

@@ -19,7 +19,7 @@ from kerneltriage.analysis.fixes.gemm_shapes import gemm_diagnostics
 from kerneltriage.analysis.fixes.loss_fixes import UPCAST_KEPT, combine_overlaps
 from kerneltriage.analysis.model import Candidate
 from kerneltriage.analysis.rules import Rules
-from kerneltriage.analysis.vocabulary import Reason, Verdict
+from kerneltriage.analysis.vocabulary import Verdict
 
 #: Ops a serving engine records (SGLang's profiler ranges, vLLM's custom ops): the model is
 #: the engine's, not a ``model`` the user holds.
@@ -172,7 +172,7 @@ def _compile_takes(o: Candidate, env: Environment) -> float:
     softcap) against that chain fused into one pass over the score matrix each way. The
     GEMMs stay cuBLAS calls."""
     if o.kind != "attention":
-        if o.verdict == Verdict.SKIP and o.reason == Reason.ALREADY_FUSED and (o.headroom or 0.0) > 1.0:
+        if o.attrs.get("already_alone") and (o.headroom or 0.0) > 1.0:
             # A fused op alone, skipped as no fix of its own takes its headroom: a compile of
             # the module around it fuses its neighbours into it, and that does.
             return o.time_share * (1.0 - 1.0 / (o.headroom or 1.0))

@@ -234,6 +234,7 @@ def _recommend(
         c.verdict, c.builtin = Verdict.SKIP, None
         c.reason = rules_reason(alone)
         c.note = alone.note.format(op=used)
+        c.attrs["already_alone"] = used  # a compile around it still takes its headroom (attach.py)
         return True
     if used:
         # It already runs the fused kernel the rules would recommend: nothing to swap in, and

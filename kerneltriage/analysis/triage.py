@@ -32,6 +32,7 @@ from kerneltriage.analysis.judge.host_bound import (
     host_time,
     launches_per_step,
     loading_ms,
+    queue_depth,
     step_fix,
 )
 from kerneltriage.analysis.judge.second_rung import rule_out_applied
@@ -240,6 +241,7 @@ def _step_time(
             blocking_ms(timeline, attr.windows),
             recorded_ms,
             launches_per_step(timeline, attr.windows),
+            lambda host_ms: queue_depth(timeline, attr.windows, host_ms),
         )
         if host is not None:
             source["timing"]["host"] = host.to_json()

@@ -47,6 +47,9 @@ from kerneltriage.kernels.norms.reference import (  # noqa: E402
 )
 from tests.kernels.norms.checks import DTYPES, TOL, assert_close, randn  # noqa: E402
 
+#: This Triton's internals are the fast path's (else it takes plain launches, naming the version).
+FAST_TRITON = tuple(int(x) for x in triton.__version__.split(".")[:2]) in host_path.SUPPORTED_TRITON
+
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = ROOT / "kerneltriage" / "kernels"
 GPU = torch.cuda.is_available()
@@ -303,9 +306,15 @@ def test_set_fast_launch_inside_an_override_outlives_it():
 
 def test_with_the_set_up_passing_the_fast_path_is_chosen(monkeypatch):
     """On this Triton with its driver found (a GPU; on CPU the driver check is stubbed): the
-    fast path, with the norms' bound calls only under the default configuration."""
+    fast path, with the norms' bound calls only under the default configuration; on a Triton
+    whose internals it was not set up for, the plain path, naming the version."""
     if not GPU:
         monkeypatch.setattr(host_path, "_check_driver", lambda: None)
+    if not FAST_TRITON:
+        with config.override(interpreter=False):
+            path = launch_path()
+        assert path.path == "plain" and path.reason.startswith(f"Triton {triton.__version__}: the fast path")
+        return
     with config.override(interpreter=False):
         path = launch_path()
         assert path.path == "fast", path.reason
@@ -339,6 +348,9 @@ def test_a_missing_compiler_keeps_the_python_fast_path_and_says_why(monkeypatch)
     assert native.build(timeout=60) is None
     with config.override(interpreter=False):
         path = launch_path()
+    if not FAST_TRITON:  # another Triton: plain launches, the C++ layer never asked for
+        assert path.path == "plain" and path.reason.startswith(f"Triton {triton.__version__}")
+        return
     assert path.path == "fast", path.reason
     assert path.native == "unavailable: RuntimeError: no C++ compiler (kerneltriage-no-such-compiler) on PATH"
 

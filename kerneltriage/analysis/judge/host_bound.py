@@ -18,14 +18,18 @@ launch queue holds waits for the GPU to drain it too (BERT-base, GPU-bound: 77% 
 Below the bound share the room it leaves is only a lower bound, so nothing is capped there.
 
 Not judged where the recorded steps block the host in synchronizing calls (a ``.item()``, a
-copy to the host), or make more launches than the launch queue holds (``host.launch_queue``):
-the host's clock then times the GPU's work too (T5-base, 4,365 launches: 91% of its step,
-while verify realized 36% on its kernels' side).
+copy to the host), or make more launches than the launch queue holds (``host.launch_queue``)
+and, played at the measured host pace against a GPU running them one after another
+(``queue_depth``), leave the GPU behind by half the queue or more: the host's clock then may
+time the GPU's work too (T5-base, 4,365 launches: 91% of its step, while verify realized 36% on
+its kernels' side). A fix that replaces the candidate's launches by fused ones from one call
+(``host.fewer_launches``) also takes those launches off the host, at its time per launch.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +57,8 @@ class HostTime:
     sync_ms: float  # blocking runtime calls per recorded step
     judged: bool  # False: the script blocks on the GPU inside its step (``why``)
     why: str = ""
+    launches: float = 0.0  # kernel launches a step
+    queue_depth: int | None = None  # the most launches left queued in a plain step (simulated)
 
     @property
     def share(self) -> float:
@@ -77,7 +83,22 @@ class HostTime:
             "blocking_sync_ms_per_step": round(self.sync_ms, 3),
             "judged": self.judged,
             **({"why_not": self.why} if self.why else {}),
+            "launches_per_step": round(self.launches, 1),
+            **({"launch_queue_depth": self.queue_depth} if self.queue_depth is not None else {}),
         }
+
+    @property
+    def per_launch_ms(self) -> float:
+        """The host's time per kernel launch it issues (its Python, dispatch and the launch)."""
+        return self.host_ms / self.launches if self.launches else 0.0
+
+
+def launches_removed(c: Candidate) -> float:
+    """Kernel launches a step the candidate's fused form saves: those its kernels make now, less
+    the one per fused instance its ceiling allows (``Roofline.launches_per_step``)."""
+    now = sum(k.launches_per_step for k in c.kernels)
+    fused = c.roofline.launches_per_step or c.instances_per_step
+    return max(0.0, now - fused)
 
 
 def settings() -> dict[str, Any]:
@@ -143,15 +164,57 @@ def launches_per_step(timeline: Timeline, windows: list[tuple[int, int]]) -> flo
     return sum(int(((start >= w0) & (start < w1)).sum()) for w0, w1 in windows) / len(windows)
 
 
+def queue_depth(timeline: Timeline, windows: list[tuple[int, int]], host_ms: float) -> int | None:
+    """The most kernels launched and not yet finished at any launch of a plain step, simulated
+    from each recorded step ``window`` (ns): its launches at their recorded host times, scaled
+    so that they span ``host_ms`` (the host's measured time to issue a step), against a GPU that
+    starts from idle and runs the kernels one after another in launch order (a kernel starts
+    once launched and once the one before it has ended: streams that overlap would lag less).
+    The deepest of the steps; None where the launches and their kernels cannot be matched."""
+    rt, kernels = timeline.runtime, timeline.kernels
+    if rt is None or rt.empty or kernels.empty or not windows or host_ms <= 0:
+        return None
+    launch = rt[rt["name"].astype(str).str.contains(_LAUNCH)]
+    start = launch["start"].to_numpy(dtype=np.int64)
+    corr = launch["correlation"].to_numpy(dtype=np.int64)
+    dur = kernels.groupby("correlation")["dur"].sum()
+    deepest = 0
+    for w0, w1 in windows:
+        inside = (start >= w0) & (start < w1)
+        order = np.argsort(start[inside], kind="stable")
+        t, c = start[inside][order], corr[inside][order]
+        if len(t) < 2:
+            continue
+        d = dur.reindex(c).to_numpy(dtype=np.float64)
+        if np.isnan(d).mean() > 0.1:  # launches without their kernel: cannot tell
+            return None
+        span = float(t[-1] - t[0])
+        if span <= 0:
+            continue
+        issue = (t - t[0]) * (host_ms * 1e6 / span)
+        end = np.empty(len(t))
+        previous = 0.0
+        for i, (at, took) in enumerate(zip(issue, np.nan_to_num(d))):
+            previous = max(at, previous) + took
+            end[i] = previous
+        # Ends are in launch order and never decrease: those finished by each launch, by search.
+        done = np.searchsorted(end, issue, side="right")
+        deepest = max(deepest, int((np.arange(len(t)) - np.minimum(done, np.arange(len(t)))).max()))
+    return deepest
+
+
 def host_time(
     timing: dict[str, Any] | None,
     step_ms: float,
     sync_ms: float,
     recorded_ms: float,
     launches: float = 0.0,
+    depth: Callable[[float], int | None] | None = None,
 ) -> HostTime | None:
     """The host's time to issue a step from ``profile``'s timing processes (None: not measured,
-    or fewer samples than measurement.yaml's ``host.min_samples``); ``launches`` a step."""
+    or fewer samples than measurement.yaml's ``host.min_samples``); ``launches`` a step.
+    ``depth(host_ms)``: how deep the launch queue gets in a plain step (``queue_depth``), asked
+    where the step makes more launches than the queue holds."""
     conf = settings()
     samples = [float(x) for x in (timing or {}).get("host_issue_ms") or [] if x and x > 0]
     if len(samples) < int(conf["min_samples"]) or step_ms <= 0:
@@ -160,19 +223,24 @@ def host_time(
     queue = int(conf["launch_queue"])
     share_sync = sync_ms / recorded_ms if recorded_ms else 0.0
     why = ""
-    if launches > queue:
+    deepest = depth(host) if depth is not None and launches > queue else None
+    if launches > queue and (deepest is None or deepest >= float(conf["queue_fill_share"]) * queue):
+        behind = (
+            f", and the GPU runs up to {deepest:,} of them behind the host (simulated from the recorded steps)"
+            if deepest is not None
+            else ""
+        )
         why = (
             f"a step makes {launches:,.0f} kernel launches, more than the {queue:,} the launch queue "
-            "holds: the host waits for the GPU to drain it, and its clock times the GPU's work too"
+            f"holds{behind}: the host may wait for the GPU to drain it, and its clock then times the "
+            "GPU's work too"
         )
     elif share_sync >= float(conf["max_sync_share"]):
         why = (
             f"the recorded steps block the host for {sync_ms:.2f} ms a step in synchronizing calls "
             f"({share_sync:.0%} of the step): its clock times the GPU's work too"
         )
-    if why:
-        return HostTime(host, step_ms, len(samples), sync_ms, judged=False, why=why)
-    return HostTime(host, step_ms, len(samples), sync_ms, judged=True)
+    return HostTime(host, step_ms, len(samples), sync_ms, not why, why, launches, deepest)
 
 
 def cap_to_host(candidates: list[Candidate], host: HostTime | None) -> list[str]:
@@ -184,12 +252,17 @@ def cap_to_host(candidates: list[Candidate], host: HostTime | None) -> list[str]
     bound; at 90% the GPU had at most a tenth of the step queued when the host was done."""
     if host is None or not host.paces_step:
         return []
-    room = host.room_ms
+    fewer = set(settings()["fewer_launches"])
     capped: list[Candidate] = []
     for c in candidates:
         apply = (c.recipe or {}).get("apply") or {}
         if apply.get("mode") == _HOST_MODE or not c.expected_saving_share:
             continue
+        # A fix that launches its fused kernels from one call also takes the launches it
+        # replaces off the host, at the host's time per launch.
+        removed = launches_removed(c) if apply.get("kind") in fewer else 0.0
+        freed = removed * host.per_launch_ms
+        room = min(host.step_ms, host.room_ms + freed)
         whole = float(c.attrs.get("fix_saving_share") or 0.0)
         saving_ms = c.expected_saving_share * host.step_ms
         if saving_ms <= room and whole * host.step_ms <= room:
@@ -198,9 +271,14 @@ def cap_to_host(candidates: list[Candidate], host: HostTime | None) -> list[str]
         c.expected_saving_share = min(c.expected_saving_share, room / host.step_ms)
         if whole:
             c.attrs["fix_saving_share"] = min(whole, room / host.step_ms)
+        off_host = (
+            f" + the {removed:.0f} launches it replaces at {1e3 * host.per_launch_ms:.3g} µs of host each"
+            if freed
+            else ""
+        )
         c.attrs["saving_basis"] = (
-            f"at most step − host = {room:.3g} ms: the host takes {host.host_ms:.3g} ms to issue a step, "
-            f"so {saving_ms:.3g} ms less kernel time shortens the step by that much at most"
+            f"at most step − host{off_host} = {room:.3g} ms: the host takes {host.host_ms:.3g} ms to issue "
+            f"a step, so {saving_ms:.3g} ms less kernel time shortens the step by that much at most"
         )
         extra = (
             "; a module compile also adds host time at every compiled call"

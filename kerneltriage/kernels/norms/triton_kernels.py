@@ -294,7 +294,8 @@ def _norm_bwd_kernel(
             c2 = tl.sum(a2, axis=1) / N
             # Pass 2, last chunk first (L2): dx, and this program's dw/db partial, which the
             # program's first row block initializes instead of reading.
-            not_first = start != first
+            # A tensor, not a scalar: triton 3.9's interpreter turns `tensor & scalar` masks into int32.
+            not_first = (cols * 0 + start) != first
             off = last
             while off >= 0:
                 c = off + cols

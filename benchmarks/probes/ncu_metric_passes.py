@@ -49,12 +49,21 @@ def child(out: Path, gib: float, pieces: int) -> None:
         else []
     )
 
+    times = timed_launches(LAUNCHES)
+    out.write_text(json.dumps({**times, "held_gib": sum(t.numel() for t in held) / 2**30}))
+
+
+def timed_launches(launches: int, stamps: list[float] | None = None) -> dict[str, list[float]]:
+    """``launches`` times each an 8 MiB fp32 ``mul_`` and a 2048³ bf16 ``mm``, each timed on the
+    host from launch to synchronize; ``stamps`` gets the wall clock after each pair."""
+    import torch
+
     x = torch.randn(2 * 1024 * 1024, device="cuda")  # 8 MiB
     a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
     torch.cuda.synchronize()
     times: dict[str, list[float]] = {"elementwise": [], "gemm": []}
-    for _ in range(LAUNCHES):
+    for _ in range(launches):
         start = time.perf_counter()
         x.mul_(1.0001)
         torch.cuda.synchronize()
@@ -63,7 +72,9 @@ def child(out: Path, gib: float, pieces: int) -> None:
         torch.mm(a, b)
         torch.cuda.synchronize()
         times["gemm"].append(time.perf_counter() - start)
-    out.write_text(json.dumps({**times, "held_gib": sum(t.numel() for t in held) / 2**30}))
+        if stamps is not None:
+            stamps.append(time.time())
+    return times
 
 
 def subset(variant: str, metrics: list[str]) -> list[str]:

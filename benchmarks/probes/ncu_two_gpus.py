@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ncu_metric_passes import timed_launches
 
 VARIANTS = ("alone", "both", "shared", "halves")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -48,22 +50,8 @@ def child(out: Path, gib: float, pieces: int, launches: int) -> None:
         if gib
         else []
     )
-    x = torch.randn(2 * 1024 * 1024, device="cuda")
-    a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
-    torch.cuda.synchronize()
-    times: dict[str, list[float]] = {"elementwise": [], "gemm": []}
     stamps: list[float] = []
-    for _ in range(launches):
-        start = time.perf_counter()
-        x.mul_(1.0001)
-        torch.cuda.synchronize()
-        times["elementwise"].append(time.perf_counter() - start)
-        start = time.perf_counter()
-        torch.mm(a, b)
-        torch.cuda.synchronize()
-        times["gemm"].append(time.perf_counter() - start)
-        stamps.append(time.time())
+    times = timed_launches(launches, stamps)
     out.write_text(
         json.dumps({"times": times, "stamps": stamps, "held_gib": sum(t.numel() for t in held) / 2**30})
     )

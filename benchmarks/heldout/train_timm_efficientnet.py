@@ -3,10 +3,12 @@ not hold (batch norm with an activation, depthwise convolutions, squeeze-excite)
 the tool on it.
 
 Channels-last, bf16 autocast, SGD with momentum (foreach), batch 128 × 224². Host-bound on an
-H200: about 1,260 kernel launches a step, 28-48 ms a step against 26 ms of GPU work. Needs a CUDA
-GPU and timm.
+H200: about 1,260 kernel launches a step, 28-48 ms a step against 26 ms of GPU work. ``--model``
+takes another timm conv net of batch norms the same way (``resnet50``: BatchNorm + ReLU,
+bottleneck blocks). Needs a CUDA GPU and timm.
 
     bash benchmarks/gpu_ladder.sh OUT -- python benchmarks/heldout/train_timm_efficientnet.py
+    bash benchmarks/gpu_ladder.sh OUT -- python benchmarks/heldout/train_timm_efficientnet.py --model resnet50
 
 ``KT_EXAMPLE_STATS=FILE`` appends, at exit, the step times (``examples/stepstats.py``).
 """
@@ -27,11 +29,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--model", default="efficientnet_b0", help="a timm model name")
     args = p.parse_args()
     import timm
 
     device = torch.device("cuda")
-    model = timm.create_model("efficientnet_b0", num_classes=1000)
+    model = timm.create_model(args.model, num_classes=1000)
     model = model.to(device).to(memory_format=torch.channels_last).train()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
     x = torch.randn(args.batch, 3, 224, 224, device=device).to(memory_format=torch.channels_last)

@@ -200,6 +200,15 @@ class Norm(BaseModel):
     all_of: Patterns = ()
 
 
+class BatchStatistics(BaseModel):
+    """Norms whose statistics span the batch and spatial dims in training: their fused ceiling
+    counts a pass over the input for the statistics besides the one that normalizes it."""
+
+    model_config = _Open
+    ops: Patterns = ()
+    training_arg: StrictInt = Field(default=5, ge=0)
+
+
 class LaunchBound(BaseModel):
     """When a compiled graph is launch-bound: many short kernels, the GPU idle between them."""
 
@@ -220,6 +229,7 @@ class Regions(BaseModel):
     compiled_launch_bound: LaunchBound = LaunchBound()
     attention: Attention = Attention()
     norms: tuple[Norm, ...] = ()
+    batch_statistics: BatchStatistics = BatchStatistics()
     residual_add_ops: Patterns = ()
     gemm_leaf_ops: Patterns = ()
     kind_priority: tuple[StrictStr, ...] = ()

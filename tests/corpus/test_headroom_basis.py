@@ -400,3 +400,28 @@ def test_unaligned_gemms_name_the_dimension_to_pad():
     saving = c["time_share"] * (1 - 2.220 / 2.919)
     assert f"about {saving:.1%} of the step" in c["note"] and 0.015 < saving < 0.025
     assert "pad the layer itself" in c["note"]
+
+
+def test_a_batch_norm_in_training_is_ceilinged_with_its_statistics_pass():
+    """ResNet's batch norms (MI300X, training, `training=True` recorded): the fused ceiling of
+    a BatchNorm + ReLU region moves x twice forward (statistics, then normalize) besides y, and
+    dy and x twice backward besides dx: 3 tensors of x's size forward where one pass moved 2,
+    5 backward where it moved 3. (This run checkpoints activations: the trace links a backward
+    to a few instances only, so an instance moves 3 to 8.)"""
+    path = CORPUS / "tracelens-resnet-ckpt-8rank-mi300x" / "resnet_act_checkpoint.json.gz"
+    if not path.is_file():
+        pytest.skip(f"{path} is not in this checkout's corpus")
+    (rep,) = _reports(path)[:1]
+    norms = [
+        c
+        for c in rep["candidates"]
+        if c["ops"] == ["aten::add_", "aten::batch_norm", "aten::relu_"]
+        and c["roofline"]["source"] == "fused estimate"
+    ]
+    assert norms
+    for c in norms:
+        assert c["attrs"]["batch_statistics"] is True
+        bn = next(op for op in c["example"] if op["name"] == "aten::batch_norm")
+        x = math.prod(bn["dims"][0]) * 2  # bf16 activations
+        per_instance = c["roofline"]["bytes"] / c["instances_per_step"]
+        assert 3 * x * 0.99 <= per_instance <= 8 * x * 1.01

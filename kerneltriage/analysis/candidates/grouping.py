@@ -223,6 +223,7 @@ class _Cut:
     ideal: Any
     key: tuple
     label: str
+    stats_bytes: float = 0.0
 
     def segment(self, ops: list[OpInfo]) -> Segment:
         attrs = copy.deepcopy(self.attrs) if self.attrs else {}
@@ -234,6 +235,7 @@ class _Cut:
             attrs,
             copy.copy(self.ideal),
             self.label,
+            self.stats_bytes,
         )
 
 
@@ -257,6 +259,7 @@ def _cuts(segments: list[Segment], keys: list[tuple], ops: list[OpInfo]) -> list
                 copy.copy(seg.ideal),
                 key,
                 segment_name(seg),
+                seg.stats_bytes,
             )
         )
     return out

@@ -92,10 +92,12 @@ def _estimate_total(g: Group, k: pd.DataFrame, sms: int = 0) -> tuple[Work | Non
         if fwd is None:
             return None, 1.0
         precision = fwd.precision
-        works = [fwd]
+        # Batch statistics: x read once more forward; dy and x once more backward.
+        works = [dataclasses.replace(fwd, bytes=fwd.bytes + seg.stats_bytes)]
         if any((step, r) in bwd_steps_rows for r in seg.rows):
             fl, by = estimate.bwd_factor(seg.kind)
-            works.append(fwd.scaled(fl, by))
+            bwd = fwd.scaled(fl, by)
+            works.append(dataclasses.replace(bwd, bytes=bwd.bytes + 2.0 * seg.stats_bytes))
         for w in works:
             total_bytes += w.bytes
             total_flops += w.flops

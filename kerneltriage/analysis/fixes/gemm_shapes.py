@@ -7,18 +7,25 @@ position).
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from kerneltriage.analysis.candidates.estimate import tensor_inputs
 from kerneltriage.analysis.fixes.fix_environment import Environment
 
+#: Convolutions a GEMM kernel runs (a 1×1 convolution's kind is ``gemm``): their operands are
+#: an activation [N, C, H, W] and a filter [O, C/groups, kh, kw], whose implicit GEMM cuDNN
+#: maps; read as a matmul's, they gave dims such as N=1 and the padding of a Linear layer.
+_CONVOLUTION = re.compile(r"^aten::(_?conv|cudnn_conv|miopen_conv|mkldnn_conv)")
+
 
 def gemm_dims(c: Any) -> tuple[int, int, int, str] | None:
-    """(M, N, K, dtype) of a GEMM candidate's recorded op (linear, mm, addmm, matmul, bmm)."""
+    """(M, N, K, dtype) of a GEMM candidate's recorded op (linear, mm, addmm, matmul, bmm);
+    None for a convolution run as a GEMM."""
     op = (c.example or [{}])[0]
     tensors = tensor_inputs(op.get("dims"), op.get("types"))
     name = op.get("name", "")
-    if len(tensors) < 2:
+    if _CONVOLUTION.match(name) or len(tensors) < 2:
         return None
     if name == "aten::addmm" and len(tensors) >= 3:
         tensors = tensors[1:]

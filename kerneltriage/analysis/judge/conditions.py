@@ -126,6 +126,10 @@ def _headroom_detail(c: Candidate) -> str:
         if r.source == "fused estimate"
         else f"{r.bound}-bound ceiling"
     )
+    if c.attrs.get("batch_statistics") and r.source in ("fused estimate", "estimate"):
+        what = what.replace(" only)", ", and the pass its batch statistics take)")
+        if "(" not in what:
+            what += " (with the pass its batch statistics take)"
     if r.launch_bound:
         what = f"launch floor ({r.launches_per_step:.3g} launches per step as launched × {_floor_us(r):.3g} µs, no launch above what it ran; the work alone needs {_ms(r.work_ceiling_ms)})"
     elif r.fill < 0.95:

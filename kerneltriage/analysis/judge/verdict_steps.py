@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from kerneltriage.analysis.candidates.estimate import tensor_inputs
 from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.analysis.judge.attention_choice import choose_attention
 from kerneltriage.analysis.judge.conditions import shown_headroom
@@ -227,7 +228,7 @@ def _recommend(
     else:
         c.reason = Reason.ALL_CONDITIONS
     used = already_uses(c, rec)
-    alone = rec.get("already_alone") if used and c.level == "op" else None
+    alone = rec.get("already_alone") if used and _alone(c, used) else None
     if alone is not None:
         # The fused kernel alone: nothing beside it for a compile to fuse, nothing to swap in,
         # and the rules say what was measured of the fixes that remain.
@@ -249,6 +250,17 @@ def _recommend(
         c.note = step.compiled_library.format(library=library, builtin=c.builtin or "torch.compile")
         c.verdict, c.reason, c.builtin = Verdict.SKIP, Reason.LIBRARY_KERNEL, None
     return True
+
+
+def _alone(c: Candidate, used: str) -> bool:
+    """``c`` is the op ``used`` and nothing a kernel would fuse with it: an op of its own, or a
+    region whose other ops touch 0-dim tensors only (BatchNorm's ``num_batches_tracked += 1``)."""
+    if c.level == "op":
+        return True
+    others = [op for op in c.example if op.get("name") != used]
+    return len(others) < len(c.example) and all(
+        all(not d for d, _ in tensor_inputs(op.get("dims"), op.get("types"))) for op in others
+    )
 
 
 def kept_library_kernel(c: Candidate, rules: Rules) -> bool:

@@ -50,6 +50,9 @@ class Segment:
     ideal: Work | None = None  # forward work of a fused kernel (regions only)
     # Its name in a report, once made (``grouping``): instances of one shape share it.
     label: str | None = field(default=None, compare=False, repr=False)
+    # Bytes of the inputs of its batch-statistics norms (``_stats_bytes``): read once more
+    # forward, and with the gradient once more backward, by any kernel (``roofline.py``).
+    stats_bytes: float = 0.0
 
     @property
     def rows(self) -> list[int]:
@@ -204,7 +207,7 @@ def _op_segment(ops: list[OpInfo], rules: Rules) -> Segment:
     """One op alone. A norm op names its norm (``aten::layer_norm`` is a LayerNorm), so that the
     rules recommend for that norm rather than for norms in general."""
     variant = _norm_variant(ops, rules) if ops[0].kind == "norm" else None
-    return Segment("op", ops[0].kind, variant, ops)
+    return _with_stats(Segment("op", ops[0].kind, variant, ops), rules)
 
 
 def _run_segment(ops: list[OpInfo], rules: Rules) -> Segment:
@@ -215,12 +218,42 @@ def _run_segment(ops: list[OpInfo], rules: Rules) -> Segment:
         fused_add = _is_residual_add(ops[0], rules) or variant.startswith("fused_add_")
         if fused_add and not variant.startswith("fused_add_"):
             variant = f"fused_add_{variant}"
-        return Segment(
-            "region", "norm", variant, ops, {"residual_add": fused_add}, _norm_ideal(ops, fused_add)
+        return _with_stats(
+            Segment("region", "norm", variant, ops, {"residual_add": fused_add}, _norm_ideal(ops, fused_add)),
+            rules,
         )
     kinds = {op.kind for op in ops}
     kind = next((k for k in rules.regions.kind_priority if k in kinds), "elementwise")
-    return Segment("region", kind, None, ops, {}, _generic_ideal(ops, kind))
+    return _with_stats(Segment("region", kind, None, ops, {}, _generic_ideal(ops, kind)), rules)
+
+
+def _with_stats(seg: Segment, rules: Rules) -> Segment:
+    """``seg`` with the bytes of its batch-statistics norms' inputs (``_stats_bytes``), and
+    ``attrs["batch_statistics"]`` saying so where it has any."""
+    seg.stats_bytes = _stats_bytes(seg.ops, rules)
+    if seg.stats_bytes:
+        seg.attrs["batch_statistics"] = True
+    return seg
+
+
+def _stats_bytes(ops: list[OpInfo], rules: Rules) -> float:
+    """The input bytes of each op in ``ops`` that is a norm whose statistics span the batch,
+    run in training (its ``training`` argument recorded as True; ``regions.batch_statistics``):
+    a second pass over them is part of any kernel's work. 0 where none is, or where the trace
+    did not record the flag."""
+    spec = rules.regions.batch_statistics
+    total = 0.0
+    for op in ops:
+        if not any(p.search(op.name) for p in spec.ops):
+            continue
+        concrete = op.concrete if isinstance(op.concrete, list | tuple) else ()
+        if len(concrete) <= spec.training_arg or str(concrete[spec.training_arg]) != "True":
+            continue
+        tensors = tensor_inputs(op.dims, op.types)
+        if tensors:
+            x, x_type = tensors[0]
+            total += numel(x) * dtype_bytes(x_type)
+    return total
 
 
 def _norm_ideal(ops: list[OpInfo], fused_add: bool) -> Work | None:

@@ -31,6 +31,22 @@ SDPA_OP = {
     "types": [BF] * 3 + ["", "Scalar", "Scalar"],
     "concrete": ["", "", "", "", "0.", "False"],
 }
+# timm EfficientNet-B0's first BatchNormAct2d as an H200 recorded it (channels-last, bf16):
+# the num_batches_tracked increment, the norm in training, its SiLU.
+BN_X = [128, 32, 112, 112]
+BN_COUNT = {
+    "name": "aten::add_",
+    "dims": [[], [], []],
+    "types": ["long int", "long int", "Scalar"],
+    "concrete": ["", "", "1"],
+}
+BN_TRAIN = {
+    "name": "aten::batch_norm",
+    "dims": [BN_X, [32], [32], [32], [32], [], [], [], []],
+    "types": [BF, "float", "float", "float", "float", "Scalar", "Scalar", "Scalar", "Scalar"],
+    "concrete": ["", "", "", "", "", "True", "0.1", "1e-05", "True"],
+}
+BN_SILU = {"name": "aten::silu_", "dims": [BN_X], "types": [BF], "concrete": [""]}
 SDPA_FLOPS = attention_work([8, 16, 1024, 64], [8, 16, 1024, 64], [8, 16, 1024, 64], BF, False).flops
 
 
@@ -218,6 +234,29 @@ CASES: list[tuple[str, Candidate, GPUSpec | None, Verdict, Reason]] = [
     (
         "ATen's LayerNorm inside a region: a compile fuses its neighbours",
         replace(cand("norm", variant="layernorm", ops=("aten::to", "aten::layer_norm")), level="region"),
+        H100,
+        Verdict.COMPILE,
+        Reason.ALREADY_USES,
+    ),
+    (
+        "ATen's batch norm in training, its num_batches_tracked add aside: nothing to fuse",
+        replace(
+            cand("norm", ops=("aten::add_", "aten::batch_norm"), example=(BN_COUNT, BN_TRAIN)), level="region"
+        ),
+        H100,
+        Verdict.SKIP,
+        Reason.ALREADY_FUSED,
+    ),
+    (
+        "ATen's batch norm with the SiLU after it: a compile fuses the activation",
+        replace(
+            cand(
+                "norm",
+                ops=("aten::add_", "aten::batch_norm", "aten::silu_"),
+                example=(BN_COUNT, BN_TRAIN, BN_SILU),
+            ),
+            level="region",
+        ),
         H100,
         Verdict.COMPILE,
         Reason.ALREADY_USES,
@@ -548,3 +587,14 @@ def test_a_template_naming_an_unknown_field_is_refused():
     data["ladders"]["eager"]["steps"].append({"step": "cold"})
     with pytest.raises(ValidationError, match="a ladder ends with"):
         VerdictsFile.model_validate(data)
+
+
+def test_a_batch_norm_ceiling_says_it_counts_the_statistics_pass():
+    c = replace(
+        cand("norm", source="fused estimate", ops=("aten::add_", "aten::batch_norm"), batch_statistics=True),
+        level="region",
+    )
+    judge(c, H100)
+    assert "fused ceiling (external inputs/outputs, and the pass its batch statistics take)" in (
+        c.conditions["headroom"].detail
+    )

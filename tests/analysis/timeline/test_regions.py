@@ -12,7 +12,7 @@ import pytest
 from kerneltriage.analysis.candidates.grouping import group_candidates
 from kerneltriage.analysis.rules import load_rules
 from kerneltriage.analysis.timeline.attribution import attribute
-from kerneltriage.analysis.timeline.regions import enclosing_module, segment
+from kerneltriage.analysis.timeline.regions import OpInfo, enclosing_module, segment
 from kerneltriage.ingest.source import load_profile
 
 NAIVE = Path(__file__).resolve().parents[3] / "examples" / "runs" / "gpt-naive-h200"
@@ -90,3 +90,43 @@ def test_sibling_modules_are_never_one_region(step):
     moved = [replace(op, module="elsewhere:Other") if i == 2 else op for i, op in enumerate(norm.ops)]
     parts = segment(moved, rules)
     assert len(parts) > 1 and sum(len(p.ops) for p in parts) == len(norm.ops)
+
+
+def _batch_norm_ops(training: str) -> list[OpInfo]:
+    """timm EfficientNet-B0's first BatchNormAct2d as an H200 recorded it: the
+    num_batches_tracked increment, the norm (channels-last, bf16) and its SiLU."""
+    x = [128, 32, 112, 112]
+    stats = [[32]] * 4
+    return [
+        OpInfo(
+            0, "aten::add_", "elementwise", [[], [], []], ["long int", "long int", "Scalar"], ["", "", "1"]
+        ),
+        OpInfo(
+            1,
+            "aten::batch_norm",
+            "norm",
+            [x, *stats, [], [], [], []],
+            ["c10::BFloat16", *["float"] * 4, *["Scalar"] * 4],
+            ["", "", "", "", "", training, "0.1", "1e-05", "True"],
+        ),
+        OpInfo(2, "aten::silu_", "elementwise", [x], ["c10::BFloat16"], [""]),
+    ]
+
+
+def test_a_batch_norm_in_training_counts_the_pass_its_statistics_take():
+    """Its statistics span N·H·W: x is read once for them and once to normalize, so the
+    region's fused kernel moves x once more than its inputs and outputs say."""
+    rules = load_rules()
+    (norm,) = segment(_batch_norm_ops("True"), rules)
+    assert (norm.level, norm.kind) == ("region", "norm")
+    assert norm.stats_bytes == 128 * 32 * 112 * 112 * BF16
+    assert norm.attrs["batch_statistics"] is True
+    # Read x, write y: the one-pass ideal the statistics' pass comes on top of.
+    assert norm.ideal is not None and norm.ideal.bytes >= 2 * norm.stats_bytes
+
+
+def test_a_batch_norm_in_eval_or_unrecorded_takes_one_pass():
+    rules = load_rules()
+    for training in ("False", ""):
+        (norm,) = segment(_batch_norm_ops(training), rules)
+        assert norm.stats_bytes == 0.0 and "batch_statistics" not in norm.attrs

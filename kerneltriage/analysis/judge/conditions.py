@@ -121,15 +121,13 @@ def _headroom_detail(c: Candidate) -> str:
             f"{c.time_ms_per_step:.3g} ms measured vs {r.ceiling_ms:.3g} ms ceiling [{r.source}]: it ran "
             f"{1 / c.headroom:.2f}× faster than its ceiling allows, a measurement disagreement, not a headroom"
         )
-    what = (
-        "fused ceiling (external inputs/outputs only)"
-        if r.source == "fused estimate"
-        else f"{r.bound}-bound ceiling"
-    )
-    if c.attrs.get("batch_statistics") and r.source in ("fused estimate", "estimate"):
-        what = what.replace(" only)", ", and the pass its batch statistics take)")
-        if "(" not in what:
-            what += " (with the pass its batch statistics take)"
+    stats = bool(c.attrs.get("batch_statistics"))  # a batch norm's statistics: a pass of their own
+    if r.source == "fused estimate":
+        what = "fused ceiling (external inputs/outputs" + (
+            ", and the pass its batch statistics take)" if stats else " only)"
+        )
+    else:
+        what = f"{r.bound}-bound ceiling" + (" (with the pass its batch statistics take)" if stats else "")
     if r.launch_bound:
         what = f"launch floor ({r.launches_per_step:.3g} launches per step as launched × {_floor_us(r):.3g} µs, no launch above what it ran; the work alone needs {_ms(r.work_ceiling_ms)})"
     elif r.fill < 0.95:

@@ -150,6 +150,13 @@ class Candidate:
         return self.verdict != Verdict.SKIP and status not in ("refuted", "changes-results")
 
     @property
+    def compile_headroom(self) -> float:
+        """The headroom a compile takes: the roofline's, or less where the region holds a batch
+        norm whose own passes stay (``attrs["fusion_headroom"]``, ``roofline.fusion_headroom``)."""
+        h = self.headroom or 1.0
+        return min(h, self.attrs.get("fusion_headroom") or h)
+
+    @property
     def expected_saving_ms(self) -> float:
         return (
             self.expected_saving_share * (self.time_ms_per_step / self.time_share) if self.time_share else 0.0

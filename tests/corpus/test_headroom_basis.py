@@ -421,7 +421,19 @@ def test_a_batch_norm_in_training_is_ceilinged_with_its_statistics_pass():
     assert norms
     for c in norms:
         assert c["attrs"]["batch_statistics"] is True
+        # What a compile takes: the ReLU's own passes (2 x-sizes forward, 3 backward) over the
+        # norm's 3 and 5 that stay: 13/8 with a backward, 5/3 without.
+        assert 13 / 8 - 0.01 <= c["attrs"]["fusion_headroom"] <= 5 / 3 + 0.01
         bn = next(op for op in c["example"] if op["name"] == "aten::batch_norm")
         x = math.prod(bn["dims"][0]) * 2  # bf16 activations
         per_instance = c["roofline"]["bytes"] / c["instances_per_step"]
         assert 3 * x * 0.99 <= per_instance <= 8 * x * 1.01
+
+
+def test_a_batch_norm_alone_leaves_a_compile_nothing_to_fuse():
+    path = CORPUS / "tracelens-resnet-ckpt-8rank-mi300x" / "resnet_act_checkpoint.json.gz"
+    if not path.is_file():
+        pytest.skip(f"{path} is not in this checkout's corpus")
+    (rep,) = _reports(path)[:1]
+    alone = [c for c in rep["candidates"] if c["ops"] == ["aten::add_", "aten::batch_norm"]]
+    assert alone and all(c["attrs"]["fusion_headroom"] == 1.0 for c in alone)

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from kerneltriage.analysis.candidates.grouping import Group, module_label
-from kerneltriage.analysis.candidates.roofline import place_on_roofline
+from kerneltriage.analysis.candidates.roofline import fusion_headroom, place_on_roofline
 from kerneltriage.analysis.candidates.shapes import candidate_shapes
 from kerneltriage.analysis.gpus import GPUSpec
 from kerneltriage.analysis.model import Candidate, KernelInfo
@@ -52,6 +52,9 @@ def build_candidate(
         name = f"{name} in {module}"
     full_name, name = g.full_name or name, short_name(name)
     attrs = _json_attrs(g) | ({"full_name": full_name} if full_name != name else {})
+    fusion = fusion_headroom(g, k)
+    if fusion is not None:
+        attrs["fusion_headroom"] = round(fusion, 3)
     order = tuple(attrs)
     # What the report reads becomes a typed field; the rest stays in attrs for the analysis.
     full, fused_ops, q = attrs.pop("full_name", None), attrs.pop("fused_ops", None), attrs.pop("q", None)

@@ -16,6 +16,7 @@ lifts the run's ceiling of that precision (or its bandwidth) to the best measure
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -68,12 +69,54 @@ def kernel_unit(g: Group, k: pd.DataFrame) -> str | None:
     return best if by[best] >= 0.5 * float(k["dur"].sum()) else None
 
 
+def _bwd_rows(k: pd.DataFrame) -> set[tuple[int, int]]:
+    """(step, forward row) of every op whose backward kernels ``k`` holds."""
+    bwd = k["phase"] == "bwd"
+    return set(zip(k.loc[bwd, "step"].tolist(), k.loc[bwd, "fwd_root"].tolist()))
+
+
+#: Ops whose backward hands the gradient on unchanged (no kernel of their own).
+_PASSTHROUGH_BWD = re.compile(r"^aten::(add|sub)_?$")
+
+
+def fusion_headroom(g: Group, k: pd.DataFrame) -> float | None:
+    """What a compile can take from a region holding a batch norm in training: the bytes its
+    ops move one kernel each over those of one fused kernel. The norm's own passes (x three
+    times forward, x and dy five times backward: ``regions.batch_statistics``) stay whoever
+    writes them: ATen's batch-norm kernels take exactly those, and Inductor's fused ones took
+    the norm's part of the step at about the same rate (timm ResNet-50 and EfficientNet-B0 on
+    an H200, BENCHMARKS.md). What a compile removes is the traffic of the ops fused into it:
+    each op alone reads its inputs and writes its output (and its backward, but for an add's,
+    which hands dy on); fused, it adds only the inputs besides the tensor flowing through (a
+    residual). None for any other group."""
+    if g.level != "region" or not g.segments or not all(seg.stats_bytes for _, seg in g.segments):
+        return None
+    bwd = _bwd_rows(k)
+    fused = alone = 0.0
+    for step, seg in g.segments:
+        backward = any((step, r) in bwd for r in seg.rows)
+        x = seg.stats_bytes
+        norm = 3.0 * x + (5.0 * x if backward else 0.0)
+        fused, alone = fused + norm, alone + norm
+        for op in seg.ops:
+            tensors = tensor_inputs(op.dims, op.types)
+            if op.kind == "norm" or all(not d for d, _ in tensors):
+                continue  # the norm's passes are counted; a 0-dim counter moves nothing
+            w = estimate.op_work(op.kind, op.name, op.dims, op.types, op.concrete, op.compute_type)
+            if w is None:
+                return None
+            back = 0.0 if _PASSTHROUGH_BWD.match(op.name) or not backward else estimate.bwd_factor(op.kind)[1]
+            alone += w.bytes * (1.0 + back)
+            sizes = [estimate.numel(d) * estimate.dtype_bytes(t) for d, t in tensors]
+            flowing = next((i for i, b in enumerate(sizes) if b == x), None)
+            fused += sum(b for i, b in enumerate(sizes) if i != flowing)
+    return max(1.0, alone / fused) if fused else None
+
+
 def _estimate_total(g: Group, k: pd.DataFrame, sms: int = 0) -> tuple[Work | None, float]:
     """Summed forward + backward work of the group's instances, and the share of the GPU's
     compute its GEMM tiles can fill (FLOP-weighted, wave quantization on ``sms`` SMs)."""
-    bwd_steps_rows = set(
-        zip(k.loc[k["phase"] == "bwd", "step"].tolist(), k.loc[k["phase"] == "bwd", "fwd_root"].tolist())
-    )
+    bwd_steps_rows = _bwd_rows(k)
     total_bytes = total_flops = filled_flops = 0.0
     precision = None
     # Instances share their shapes (the trace interns argument lists): each is estimated once.

@@ -174,8 +174,9 @@ def _compile_takes(o: Candidate, env: Environment) -> float:
     if o.kind != "attention":
         if o.attrs.get("already_alone") and (o.headroom or 0.0) > 1.0:
             # A fused op alone, skipped as no fix of its own takes its headroom: a compile of
-            # the module around it fuses its neighbours into it, and that does.
-            return o.time_share * (1.0 - 1.0 / (o.headroom or 1.0))
+            # the module around it fuses its neighbours into it, and that does (a batch
+            # norm's own passes stay: what fusing removes, ``compile_headroom``).
+            return o.time_share * (1.0 - 1.0 / o.compile_headroom)
         return (
             o.expected_saving_share
             if o.verdict in (Verdict.COMPILE, Verdict.USE_BUILTIN, Verdict.WRITE)

@@ -327,7 +327,8 @@ def step_fix(
     """For a step the host paces (the host takes ``bound_share`` of it or more): CUDA graphs
     over the whole model, which replay the step's launches at once and fuse what Inductor
     fuses. Predicted as the kernels' work after the compile: their time in the step, less what
-    fusing takes from every fusable candidate (its time × (1 − 1/headroom), verdict aside);
+    fusing takes from every fusable candidate (its time × (1 − 1/headroom), verdict aside, a
+    batch norm's region at what fusing its neighbours removes: ``compile_headroom``);
     GEMMs and convolutions keep theirs (timm ConvNeXt-T on an H100: predicted 28.1%, measured
     37.2% by ``benchmarks/probes/conv_layouts.py``: Inductor also fuses GEMM epilogues). The
     step stays at least the host's data loading (``loading``, ms a recorded step), which CUDA
@@ -340,7 +341,7 @@ def step_fix(
     if host is None or not host.paces_step:
         return None
     fused_off = sum(
-        c.time_ms_per_step * (1.0 - 1.0 / c.headroom)
+        c.time_ms_per_step * (1.0 - 1.0 / c.compile_headroom)
         for c in candidates
         if c.kind in FUSABLE_KINDS and c.headroom and c.headroom > 1.0
     )

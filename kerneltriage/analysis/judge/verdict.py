@@ -47,12 +47,26 @@ def decide(
         h = c.headroom
         c.expected_saving_share = c.time_share * (1.0 - 1.0 / h) if h and h > 1.0 else 0.0
         _verdict(c, rules, gpu)
+        _fusion_saving(c)
         library_advice(c, rules, gpu)
         if c.verdict == Verdict.SKIP:
             # A skip saves nothing: what a fix could take, if any, is in its note.
             c.expected_saving_share = 0.0
         c.attrs["headroom_basis"] = headroom_basis(c, gpu)
     assign_fixes(candidates, rules, env or environment(gpu, None, None))
+
+
+def _fusion_saving(c: Candidate) -> None:
+    """A compile of a region around a batch norm in training takes what fusing removes, not
+    the norm's own headroom (``roofline.fusion_headroom``)."""
+    fusion = c.compile_headroom
+    if c.verdict != Verdict.COMPILE or fusion >= (c.headroom or 1.0):
+        return
+    c.expected_saving_share = c.time_share * (1.0 - 1.0 / fusion)
+    c.attrs["saving_basis"] = (
+        f"share × (1 − 1/{fusion:.3g}): its ops alone move {fusion:.3g}× the bytes of one fused kernel, "
+        "and the batch norm's own passes stay"
+    )
 
 
 def _verdict(c: Candidate, rules: Rules, gpu: GPUSpec | None) -> None:

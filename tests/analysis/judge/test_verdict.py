@@ -598,3 +598,25 @@ def test_a_batch_norm_ceiling_says_it_counts_the_statistics_pass():
     assert "fused ceiling (external inputs/outputs, and the pass its batch statistics take)" in (
         c.conditions["headroom"].detail
     )
+
+
+def test_a_compile_around_a_batch_norm_takes_what_fusing_removes():
+    """EfficientNet-B0's BatchNorm + SiLU (H200): 3.7× below its roof, but a compile removes
+    only the SiLU's passes, 1.625× the fused kernel's bytes: the norm's own passes stay."""
+    c = replace(
+        cand(
+            "norm",
+            headroom=3.74,
+            source="fused estimate",
+            ops=("aten::add_", "aten::batch_norm", "aten::silu_"),
+            example=(BN_COUNT, BN_TRAIN, BN_SILU),
+            batch_statistics=True,
+            fusion_headroom=1.625,
+        ),
+        level="region",
+    )
+    judge(c, H100)
+    assert c.verdict == Verdict.COMPILE
+    assert c.compile_headroom == 1.625
+    assert c.expected_saving_share == pytest.approx(0.2 * (1 - 1 / 1.625))
+    assert "1.62× the bytes of one fused kernel" in c.attrs["saving_basis"]

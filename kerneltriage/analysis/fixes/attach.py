@@ -132,14 +132,17 @@ def _fix(
     apply = recipe.get("apply") or {}
     if apply.get("kind") == "compile-module":
         _compile_coverage(c, candidates, rules, apply.get("classes") or [], env)
+    elif apply.get("kind") == "compile-model":
+        _compile_coverage(c, candidates, rules, None, env)
 
 
 def _compile_coverage(
-    c: Candidate, candidates: list[Candidate], rules: Rules, classes: list[str], env: Environment
+    c: Candidate, candidates: list[Candidate], rules: Rules, classes: list[str] | None, env: Environment
 ) -> None:
-    """Compiling a module class compiles everything its instances run. The row keeps this
-    candidate's own saving (its rank among the others); the fix's prediction, which verify
-    judges, adds what the compile takes from the other candidates inside those modules."""
+    """Compiling a module class compiles everything its instances run, and compiling the model
+    (``classes`` None) everything. The row keeps this candidate's own saving (its rank among
+    the others); the fix's prediction, which verify judges, adds what the compile takes from
+    the other candidates it covers."""
     inside = _compiled_with(c, candidates, classes, rules.cutoffs.compiles_also_min_share)
     if not inside:
         return
@@ -147,12 +150,17 @@ def _compile_coverage(
     taken = {o.id: _compile_takes(o, env) for o in inside}
     whole = c.expected_saving_share + sum(taken.values())
     c.attrs["fix_saving_share"] = whole
-    listed = ", ".join(f"{o.id} ({o.kind}, {taken[o.id]:.1%} of the step)" for o in inside[:3])
+    # The ones it takes most from: a covered candidate it takes nothing from is no news.
+    named = sorted((o for o in inside if taken[o.id] > 0.0), key=lambda o: -taken[o.id])[:3]
+    if not named:
+        return
+    listed = ", ".join(f"{o.id} ({o.kind}, {taken[o.id]:.1%} of the step)" for o in named)
     c.note = "; ".join(
         x
         for x in (
             c.note,
-            f"compiling {' and '.join(classes)} also compiles {listed}: the fix as a whole is predicted "
+            f"compiling {' and '.join(classes) if classes is not None else 'the model'} also compiles {listed}: "
+            "the fix as a whole is predicted "
             f"to save {whole:.1%} (this candidate {c.expected_saving_share:.1%}), an alternative to their own fixes",
         )
         if x
@@ -199,12 +207,23 @@ def _compile_takes(o: Candidate, env: Environment) -> float:
 FUSABLE_KINDS = frozenset({"elementwise", "reduction", "softmax", "norm", "cross-entropy"})
 
 
+def _fused_by_compile(o: Candidate) -> bool:
+    """Work a compile fuses: elementwise ops, norms, naive attention's softmax and scaling; a
+    library GEMM or attention stays the library's call."""
+    return o.kind in FUSABLE_KINDS or (o.kind == "attention" and o.attrs.get("written") == "naive")
+
+
 def _compiled_with(
-    c: Candidate, candidates: list[Candidate], classes: list[str], min_share: float
+    c: Candidate, candidates: list[Candidate], classes: list[str] | None, min_share: float
 ) -> list[Candidate]:
     """The other candidates (``min_share`` of the step or more) that run inside the instances of
-    ``classes`` and that a compile of those module classes fuses too (elementwise work, norms,
-    naive attention's softmax and scaling)."""
+    ``classes`` (None: anywhere in the model) and that a compile of them fuses too (elementwise
+    work, norms, naive attention's softmax and scaling)."""
+    if classes is None:
+        return sorted(
+            (o for o in candidates if o is not c and o.time_share >= min_share and _fused_by_compile(o)),
+            key=lambda o: -o.time_share,
+        )
     roots = {
         o.module.partition(" (")[0]
         for o in candidates
@@ -221,7 +240,7 @@ def _compiled_with(
         path = (o.module or "").partition(" (")[0]
         if o is c or not path or o.time_share < min_share:
             continue
-        if o.kind not in FUSABLE_KINDS and not (o.kind == "attention" and o.attrs.get("written") == "naive"):
+        if not _fused_by_compile(o):
             continue  # a library GEMM or attention stays the library's call when compiled
         if any(path == r or path.startswith(r + ".") for r in roots):
             inside.append(o)

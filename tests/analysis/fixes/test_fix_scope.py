@@ -126,3 +126,21 @@ def test_a_model_sharded_by_fsdp2_keeps_its_hugging_face_recipes():
         chosen["id"] == loss.recipe["id"] == "liger-fused-linear-ce-hf" and chosen["apply"]["kind"] == "liger"
     )
     assert "apply_liger_kernel_to_llama(" in chosen["text"]
+
+
+def test_compiling_the_model_counts_every_candidate_a_compile_fuses(bert):
+    """BERT-base's GEMM fix compiles the whole model (max-autotune): its prediction, which
+    verify judges, adds what the compile takes from the loss, the norms and the residual adds,
+    the row keeping its own saving."""
+    gemm = by_id(bert, "C2")
+    assert gemm.recipe["apply"]["kind"] == "compile-model"
+    covered = [by_id(bert, cid) for cid in gemm.attrs["compiles_also"]]
+    assert covered and all(
+        c.kind in {"elementwise", "reduction", "softmax", "norm", "cross-entropy"} for c in covered
+    )
+    assert {"C7", "C8"} <= {c.id for c in covered}
+    whole = gemm.attrs["fix_saving_share"]
+    assert (
+        gemm.expected_saving_share < whole <= gemm.expected_saving_share + sum(c.time_share for c in covered)
+    )
+    assert "compiling the model also compiles" in gemm.note and f"predicted to save {whole:.1%}" in gemm.note
